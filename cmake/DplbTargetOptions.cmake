@@ -1,0 +1,34 @@
+# Small functions that apply the project's warnings and sanitizers per target.
+
+# Warnings every dplb target compiles with; DPLB_WERROR turns them into errors.
+function(dplb_apply_warnings target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wno-unused-parameter)
+  if(DPLB_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+endfunction()
+
+# DPLB_SANITIZE is a comma-separated list passed to -fsanitize (e.g. "address,undefined" or "thread").
+# It is applied globally in the top-level CMakeLists so that every object, including the Asio/Beast
+# library, is instrumented the same way.
+function(dplb_apply_sanitizers)
+  if(DPLB_SANITIZE)
+    add_compile_options(-fsanitize=${DPLB_SANITIZE} -fno-omit-frame-pointer -g)
+    add_link_options(-fsanitize=${DPLB_SANITIZE})
+    if(DPLB_SANITIZE MATCHES "undefined")
+      add_compile_options(-fno-sanitize-recover=undefined)
+    endif()
+  endif()
+endfunction()
+
+# ccache makes rebuilds after a branch switch or a clean clone cheap. The sloppiness settings let it
+# cache translation units that use a precompiled header.
+function(dplb_use_ccache)
+  find_program(DPLB_CCACHE ccache)
+  if(DPLB_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
+    set(CMAKE_CXX_COMPILER_LAUNCHER
+        ${CMAKE_COMMAND} -E env CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+        CCACHE_BASEDIR=${PROJECT_SOURCE_DIR} CCACHE_NOHASHDIR=1
+        ${DPLB_CCACHE} PARENT_SCOPE)
+  endif()
+endfunction()

@@ -1,0 +1,81 @@
+#pragma once
+// dplb's configuration: one plain struct, filled from (highest precedence first) the command line, the
+// environment (DPLB_*), a JSON config file, and the defaults written here. Parsing is pure (no I/O except
+// reading the config file) so that precedence is unit-tested without starting anything.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dplb::config {
+
+// Thrown for any bad option, value or config file; the message is one line that says what to fix.
+// main() prints it and exits with status 2.
+class config_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct listen_address {
+  std::string host = "0.0.0.0";  // IPv4 or IPv6 literal, or a name resolved at start-up
+  std::uint16_t port = 8000;     // vLLM's default port, so clients need no change; 0 = ephemeral
+};
+
+enum class log_format { text, json };
+
+struct settings {
+  listen_address listen;
+  // Backend base URLs (http://host:port), in rank order: backends[i] is rank i.
+  std::vector<std::string> backends;
+  // Balancing policy name: "round-robin" or "least-inflight" (see balancer/policy_factory.hpp).
+  std::string policy = "least-inflight";
+  // Worker threads, each with its own event loop and upstream connection pool. 0 = one per CPU core.
+  unsigned threads = 0;
+  std::string log_level = "info";  // trace, debug, info, warn, error, critical, off
+  log_format log_fmt = log_format::text;
+
+  // --- limits (bytes) ---
+  std::size_t max_request_body_bytes = 64u << 20;   // larger request bodies get 413
+  std::size_t max_header_bytes = 64u << 10;         // larger request/response heads get 431 / 502
+
+  // --- timeouts ---
+  std::chrono::milliseconds client_idle_timeout{60'000};     // keep-alive wait for the next request
+  std::chrono::milliseconds request_read_timeout{30'000};    // whole request head+body once it started
+  std::chrono::milliseconds upstream_connect_timeout{5'000};
+  std::chrono::milliseconds upstream_read_timeout{600'000};  // longest silence from an engine (between bytes)
+  std::chrono::milliseconds client_write_timeout{60'000};    // longest a client may take to accept bytes
+
+  // --- upstream connection pool ---
+  // Idle pooled connections older than this are closed: below vLLM's 5 s keep-alive so that dplb closes
+  // first and the keep-alive race is rare (it is still handled by a transparent retry).
+  std::chrono::milliseconds upstream_idle_timeout{4'000};
+  std::size_t upstream_max_idle_per_rank = 256;  // per worker thread
+
+  std::optional<std::string> config_file;  // the file that was read, if any (for the start-up log)
+};
+
+// The process environment as name -> value (only DPLB_* entries matter). Tests pass their own.
+using environment = std::map<std::string, std::string>;
+environment process_environment();
+
+// What parse_command_line returns: either settings to run with, or text to print and exit 0 with
+// (--help, --version).
+struct parse_result {
+  std::optional<settings> run;
+  std::string print_and_exit;
+};
+
+// Parses argv (argv[0] is the program name), then the environment, then the config file named by
+// --config or DPLB_CONFIG, applying precedence command line > environment > config file > defaults.
+// Throws config_error with a one-line message on any problem (unknown flag, bad value, no backend, ...).
+parse_result parse_command_line(int argc, const char* const* argv, const environment& env);
+
+// Text of --help (every option, its environment variable, config key and default).
+std::string help_text();
+
+}  // namespace dplb::config
