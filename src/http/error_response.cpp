@@ -1,1 +1,33 @@
-// placeholder
+#include "dplb/http/error_response.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace dplb::http {
+
+std::string_view error_type_for(unsigned status) noexcept {
+  switch (status) {
+    case 400: return "BadRequestError";
+    case 404: return "NotFoundError";
+    case 405: return "MethodNotAllowedError";
+    case 408: return "RequestTimeoutError";
+    case 413: return "RequestEntityTooLargeError";
+    case 429: return "RateLimitError";
+    case 431: return "RequestHeaderFieldsTooLargeError";
+    case 501: return "NotImplementedError";
+    case 502: return "BadGatewayError";
+    case 503: return "ServiceUnavailableError";
+    case 504: return "GatewayTimeoutError";
+    default: return status >= 500 ? "InternalServerError" : "BadRequestError";
+  }
+}
+
+std::string error_body(unsigned status, std::string_view message) {
+  nlohmann::ordered_json body;
+  body["error"]["message"] = message;
+  body["error"]["type"] = error_type_for(status);
+  body["error"]["param"] = nullptr;
+  body["error"]["code"] = status;
+  return body.dump();
+}
+
+}  // namespace dplb::http

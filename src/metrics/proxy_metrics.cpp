@@ -1,1 +1,161 @@
-// placeholder
+#include "dplb/metrics/proxy_metrics.hpp"
+
+#include <prometheus/text_serializer.h>
+
+#include "dplb/balancer/balancer.hpp"
+
+namespace dplb::metrics {
+
+namespace {
+
+// LLM latencies span milliseconds (a cached short prompt) to minutes (a long generation queued behind
+// others); the buckets cover both ends.
+prometheus::Histogram::BucketBoundaries latency_buckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,   2.5,
+          5,     10,     20,    30,   60,    120,  300, 600, 1200, 1800, 3600};
+}
+
+}  // namespace
+
+proxy_metrics::proxy_metrics(const std::vector<std::string>& backend_urls, const balancer::balancer& balancer,
+                             std::string_view policy_name)
+    : balancer_(balancer),
+      registry_(std::make_shared<prometheus::Registry>()),
+      requests_family_(prometheus::BuildCounter()
+                           .Name("dplb_requests_total")
+                           .Help("Requests proxied to a rank, by rank and final HTTP status")
+                           .Register(*registry_)),
+      rejected_family_(prometheus::BuildCounter()
+                           .Name("dplb_rejected_requests_total")
+                           .Help("Requests dplb answered itself without choosing a rank, by HTTP status")
+                           .Register(*registry_)),
+      skew_(prometheus::BuildGauge()
+                .Name("dplb_inflight_skew")
+                .Help("Max minus min in-flight requests over the usable ranks")
+                .Register(*registry_)
+                .Add({})),
+      client_connections_(prometheus::BuildGauge()
+                              .Name("dplb_client_connections")
+                              .Help("Client connections open now")
+                              .Register(*registry_)
+                              .Add({})),
+      client_connections_total_(prometheus::BuildCounter()
+                                    .Name("dplb_client_connections_total")
+                                    .Help("Client connections accepted")
+                                    .Register(*registry_)
+                                    .Add({})) {
+  auto& inflight = prometheus::BuildGauge()
+                       .Name("dplb_rank_inflight")
+                       .Help("Requests dplb has sent to the rank and not yet finished")
+                       .Register(*registry_);
+  auto& healthy = prometheus::BuildGauge()
+                      .Name("dplb_rank_healthy")
+                      .Help("1 when the rank may receive new requests, 0 when it is down or ejected")
+                      .Register(*registry_);
+  auto& duration = prometheus::BuildHistogram()
+                       .Name("dplb_request_duration_seconds")
+                       .Help("From the pick of a rank to the end of the relayed response")
+                       .Register(*registry_);
+  auto& ttfb = prometheus::BuildHistogram()
+                   .Name("dplb_time_to_first_byte_seconds")
+                   .Help("From the pick of a rank to the arrival of the engine's response head")
+                   .Register(*registry_);
+  auto& prompt = prometheus::BuildCounter()
+                     .Name("dplb_prompt_tokens_total")
+                     .Help("Prompt tokens reported in the usage of responses relayed from the rank")
+                     .Register(*registry_);
+  auto& completion = prometheus::BuildCounter()
+                         .Name("dplb_completion_tokens_total")
+                         .Help("Completion tokens reported in the usage of responses relayed from the rank")
+                         .Register(*registry_);
+  auto& connects = prometheus::BuildCounter()
+                       .Name("dplb_upstream_connections_total")
+                       .Help("New TCP connections opened to the rank (pooled reuse does not count)")
+                       .Register(*registry_);
+  auto& retries = prometheus::BuildCounter()
+                      .Name("dplb_upstream_keepalive_retries_total")
+                      .Help("Requests re-sent on a fresh connection because a pooled one was found closed")
+                      .Register(*registry_);
+  auto& midstream = prometheus::BuildCounter()
+                        .Name("dplb_upstream_midstream_failures_total")
+                        .Help("Responses cut short because the engine failed after the response began")
+                        .Register(*registry_);
+  prometheus::BuildGauge()
+      .Name("dplb_build_info")
+      .Help("Always 1; the labels tell the version and the balancing policy")
+      .Register(*registry_)
+      .Add({{"version", DPLB_VERSION}, {"policy", std::string(policy_name)}})
+      .Set(1);
+
+  ranks_.reserve(backend_urls.size());
+  for (std::size_t r = 0; r < backend_urls.size(); ++r) {
+    const auto label = std::to_string(r);
+    rank_labels_.push_back(label);
+    ranks_.push_back(rank_handles{
+        &inflight.Add({{"rank", label}, {"url", backend_urls[r]}}),
+        &healthy.Add({{"rank", label}}),
+        &duration.Add({{"rank", label}}, latency_buckets()),
+        &ttfb.Add({{"rank", label}}, latency_buckets()),
+        &prompt.Add({{"rank", label}}),
+        &completion.Add({{"rank", label}}),
+        &connects.Add({{"rank", label}}),
+        &retries.Add({{"rank", label}}),
+        &midstream.Add({{"rank", label}}),
+        std::make_unique<std::array<std::atomic<prometheus::Counter*>, 600>>(),
+    });
+  }
+}
+
+proxy_metrics::~proxy_metrics() = default;
+
+prometheus::Counter& proxy_metrics::status_counter(std::size_t rank, unsigned status) {
+  if (status >= 600) status = 599;
+  auto& slot = (*ranks_[rank].by_status)[status];
+  auto* counter = slot.load(std::memory_order_acquire);
+  if (!counter) {
+    // First request with this status on this rank: Family::Add is thread-safe and returns the same
+    // counter for the same labels, so a race here only costs a second lookup.
+    counter = &requests_family_.Add({{"rank", rank_labels_[rank]}, {"code", std::to_string(status)}});
+    slot.store(counter, std::memory_order_release);
+  }
+  return *counter;
+}
+
+void proxy_metrics::request_finished(std::size_t rank, unsigned status, std::chrono::duration<double> duration) {
+  status_counter(rank, status).Increment();
+  ranks_[rank].duration->Observe(duration.count());
+}
+
+void proxy_metrics::first_byte(std::size_t rank, std::chrono::duration<double> since_pick) {
+  ranks_[rank].ttfb->Observe(since_pick.count());
+}
+
+void proxy_metrics::tokens(std::size_t rank, std::uint64_t prompt, std::uint64_t completion) {
+  ranks_[rank].prompt_tokens->Increment(static_cast<double>(prompt));
+  ranks_[rank].completion_tokens->Increment(static_cast<double>(completion));
+}
+
+void proxy_metrics::rejected(unsigned status) {
+  rejected_family_.Add({{"code", std::to_string(status)}}).Increment();
+}
+
+void proxy_metrics::upstream_connected(std::size_t rank) { ranks_[rank].connects->Increment(); }
+void proxy_metrics::keepalive_retry(std::size_t rank) { ranks_[rank].keepalive_retries->Increment(); }
+void proxy_metrics::upstream_failed_midstream(std::size_t rank) { ranks_[rank].midstream_failures->Increment(); }
+
+void proxy_metrics::client_connection_opened() {
+  client_connections_.Increment();
+  client_connections_total_.Increment();
+}
+void proxy_metrics::client_connection_closed() { client_connections_.Decrement(); }
+
+std::string proxy_metrics::render() {
+  for (std::size_t r = 0; r < ranks_.size(); ++r) {
+    ranks_[r].inflight->Set(balancer_.inflight(r));
+    ranks_[r].healthy->Set(balancer_.usable(r) ? 1 : 0);
+  }
+  skew_.Set(balancer_.inflight_skew());
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+}  // namespace dplb::metrics

@@ -1,0 +1,16 @@
+#pragma once
+// Every response dplb makes itself uses the OpenAI/vLLM error shape, so SDK clients surface the message:
+// {"error":{"message":"...","type":"...","param":null,"code":N}}
+
+#include <string>
+#include <string_view>
+
+namespace dplb::http {
+
+// The OpenAI error type for a status (BadRequestError, NotFoundError, ServiceUnavailableError, ...).
+std::string_view error_type_for(unsigned status) noexcept;
+
+// The JSON body, with the message escaped properly.
+std::string error_body(unsigned status, std::string_view message);
+
+}  // namespace dplb::http

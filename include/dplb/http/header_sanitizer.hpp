@@ -1,0 +1,31 @@
+#pragma once
+// Header rules of an HTTP/1.1 intermediary (RFC 9110 7.6.1, RFC 9112 6): what must not cross dplb, and
+// which request framings are ambiguous enough to be refused. Pure functions over Beast's field maps.
+
+#include <boost/beast/http/fields.hpp>
+#include <optional>
+#include <string_view>
+
+namespace dplb::http {
+
+// Removes the hop-by-hop headers: Connection and every header it names, Keep-Alive, Proxy-Connection,
+// TE, Transfer-Encoding, Upgrade, Proxy-Authorization and Proxy-Authenticate (meant for a proxy, never
+// for the engine). Framing (Content-Length / chunked) is re-applied by the caller.
+void strip_hop_by_hop(boost::beast::http::fields& fields);
+
+// Why a request's framing is refused, or nullopt when it is unambiguous.
+struct framing_problem {
+  unsigned status;           // 400, or 501 for a transfer coding dplb does not implement
+  std::string_view message;  // for the client, in the error JSON
+};
+
+// Refuses what request smuggling relies on: Content-Length together with Transfer-Encoding,
+// Content-Length repeated or not a plain decimal number, any transfer coding other than a single
+// "chunked".
+std::optional<framing_problem> check_request_framing(const boost::beast::http::fields& fields);
+
+// Appends the client address to X-Forwarded-For (keeping what earlier proxies put there) and sets
+// X-Forwarded-Proto and Via.
+void add_forwarding_headers(boost::beast::http::fields& fields, std::string_view client_address);
+
+}  // namespace dplb::http

@@ -1,0 +1,82 @@
+#pragma once
+// dplb's Prometheus metrics. Every family is registered once at start-up and the per-rank handles are
+// kept (prometheus-cpp's Family::Add takes a lock and hashes labels: too slow for the request path).
+// The in-flight gauges are not updated per request: they are read from the balancer's atomics when
+// /metrics is scraped, so they can never drift from the counts that drive the balancing.
+//
+// Threading contract: every member may be called from any thread.
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+namespace dplb::balancer {
+class balancer;
+}
+
+namespace dplb::metrics {
+
+class proxy_metrics {
+ public:
+  proxy_metrics(const std::vector<std::string>& backend_urls, const balancer::balancer& balancer,
+                std::string_view policy_name);
+  ~proxy_metrics();
+
+  // A proxied request finished (response relayed, or dplb answered an error on the rank's behalf).
+  void request_finished(std::size_t rank, unsigned status, std::chrono::duration<double> duration);
+  // The engine's response head arrived this long after dplb picked the rank.
+  void first_byte(std::size_t rank, std::chrono::duration<double> since_pick);
+  void tokens(std::size_t rank, std::uint64_t prompt, std::uint64_t completion);
+  // A request dplb answered itself without choosing a rank (bad request, no usable rank, ...).
+  void rejected(unsigned status);
+
+  void upstream_connected(std::size_t rank);
+  // A pooled connection was found closed before any response byte and the request was re-sent.
+  void keepalive_retry(std::size_t rank);
+  // The engine failed after part of the response had reached the client; the client sees a truncation.
+  void upstream_failed_midstream(std::size_t rank);
+
+  void client_connection_opened();
+  void client_connection_closed();
+
+  // The Prometheus text exposition of every metric, with gauges refreshed from the balancer.
+  std::string render();
+
+ private:
+  struct rank_handles {
+    prometheus::Gauge* inflight;
+    prometheus::Gauge* healthy;
+    prometheus::Histogram* duration;
+    prometheus::Histogram* ttfb;
+    prometheus::Counter* prompt_tokens;
+    prometheus::Counter* completion_tokens;
+    prometheus::Counter* connects;
+    prometheus::Counter* keepalive_retries;
+    prometheus::Counter* midstream_failures;
+    std::unique_ptr<std::array<std::atomic<prometheus::Counter*>, 600>> by_status;  // lazily filled
+  };
+
+  prometheus::Counter& status_counter(std::size_t rank, unsigned status);
+
+  const balancer::balancer& balancer_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& requests_family_;
+  prometheus::Family<prometheus::Counter>& rejected_family_;
+  prometheus::Gauge& skew_;
+  prometheus::Gauge& client_connections_;
+  prometheus::Counter& client_connections_total_;
+  std::vector<rank_handles> ranks_;
+  std::vector<std::string> rank_labels_;
+};
+
+}  // namespace dplb::metrics
