@@ -1,1 +1,156 @@
-// placeholder
+#include "dplb/app/application.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <optional>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+#include <thread>
+
+#include "dplb/app/version.hpp"
+#include "dplb/balancer/policy_factory.hpp"
+#include "dplb/server/listener.hpp"
+
+namespace dplb::app {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+void configure_logging(const config::settings& settings) {
+  auto logger = spdlog::stderr_logger_mt("dplb");
+  if (settings.log_fmt == config::log_format::json) {
+    // Messages are written by dplb itself and contain no quotes or control characters.
+    logger->set_pattern(R"({"time":"%Y-%m-%dT%H:%M:%S.%e%z","level":"%l","logger":"%n","msg":"%v"})");
+  } else {
+    logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %l %n: %v");
+  }
+  logger->set_level(spdlog::level::from_str(settings.log_level));
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(std::move(logger));
+}
+
+namespace {
+
+tcp::endpoint listen_endpoint(const config::listen_address& listen) {
+  boost::system::error_code ec;
+  auto address = asio::ip::make_address(listen.host, ec);
+  if (!ec) return {address, listen.port};
+  asio::io_context io;
+  tcp::resolver resolver(io);
+  auto results = resolver.resolve(listen.host, std::to_string(listen.port), ec);
+  if (ec || results.empty()) {
+    throw config::config_error("cannot resolve listen host '" + listen.host + "': " + ec.message());
+  }
+  return results.begin()->endpoint();
+}
+
+std::string format_endpoint(const tcp::endpoint& endpoint) {
+  const auto address = endpoint.address();
+  return (address.is_v6() ? "[" + address.to_string() + "]" : address.to_string()) + ":" +
+         std::to_string(endpoint.port());
+}
+
+unsigned thread_count(unsigned configured) {
+  if (configured > 0) return configured;
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// One event loop with its own acceptor and connection pool: nothing in it is shared with other
+// workers, so none of it needs a lock. The concurrency hint 1 lets Asio skip its internal locking.
+struct worker {
+  worker(server::shared_state& shared, const std::vector<upstream::backend>& backends,
+         upstream::pool_limits limits, const tcp::endpoint& endpoint)
+      : pool(io.get_executor(), backends, limits),
+        state{shared, pool},
+        acceptor(server::open_acceptor(io.get_executor(), endpoint)) {}
+
+  asio::io_context io{1};
+  upstream::connection_pool pool;
+  server::worker_state state;
+  tcp::acceptor acceptor;
+  std::thread thread;
+};
+
+}  // namespace
+
+struct application::impl {
+  explicit impl(config::settings s)
+      : settings(std::move(s)),
+        backends(upstream::resolve_backends(settings.backends)),
+        balancer(backends.size(), balancer::make_policy(settings.policy)),
+        metrics(settings.backends, balancer, settings.policy),
+        shared{settings, backends, balancer, metrics},
+        signals(signal_io, SIGINT, SIGTERM) {
+    const upstream::pool_limits limits{settings.upstream_connect_timeout, settings.upstream_idle_timeout,
+                                       settings.upstream_max_idle_per_rank};
+    auto endpoint = listen_endpoint(settings.listen);
+    const unsigned threads = thread_count(settings.threads);
+    for (unsigned i = 0; i < threads; ++i) {
+      workers.push_back(std::make_unique<worker>(shared, backends, limits, endpoint));
+      // With port 0 the first acceptor picks the port; the others must join that same port.
+      if (i == 0) endpoint = workers.front()->acceptor.local_endpoint();
+    }
+    bound = endpoint;
+  }
+
+  config::settings settings;
+  std::vector<upstream::backend> backends;
+  balancer::balancer balancer;
+  metrics::proxy_metrics metrics;
+  server::shared_state shared;
+  std::vector<std::unique_ptr<worker>> workers;
+  asio::io_context signal_io;
+  asio::signal_set signals;
+  tcp::endpoint bound;
+};
+
+application::application(config::settings settings) : impl_(std::make_unique<impl>(std::move(settings))) {}
+
+application::~application() = default;
+
+std::string application::listen_address() const { return format_endpoint(impl_->bound); }
+
+void application::stop() {
+  asio::post(impl_->signal_io, [this] { impl_->signal_io.stop(); });
+}
+
+int application::run() {
+  auto& s = *impl_;
+  std::string backend_list;
+  for (const auto& b : s.backends) {
+    backend_list += (backend_list.empty() ? "" : ",") + ("[" + std::to_string(b.rank) + "]" + b.url);
+  }
+  spdlog::info("dplb {} listening on {} policy={} threads={} backends={}", version(), listen_address(),
+               s.balancer.active_policy().name(), s.workers.size(), backend_list);
+
+  for (auto& w : s.workers) {
+    asio::co_spawn(w->io, server::accept_loop(w->state, w->acceptor), asio::detached);
+    asio::co_spawn(w->io, w->pool.sweep_loop(), asio::detached);
+    w->thread = std::thread([&io = w->io] { io.run(); });
+  }
+
+  s.signals.async_wait([&](const boost::system::error_code& ec, int signal_number) {
+    if (!ec) spdlog::info("received signal {}; shutting down", signal_number);
+    s.signal_io.stop();
+  });
+  s.signal_io.run();
+
+  for (auto& w : s.workers) {
+    asio::post(w->io, [&w = *w] {
+      boost::system::error_code ignored;
+      w.acceptor.close(ignored);
+      w.pool.stop();
+      w.io.stop();
+    });
+  }
+  for (auto& w : s.workers) w->thread.join();
+  spdlog::info("dplb stopped");
+  return 0;
+}
+
+}  // namespace dplb::app

@@ -1,0 +1,38 @@
+#pragma once
+// Wiring: builds the shared state (backends, balancer, metrics), starts one worker per thread (event
+// loop, acceptor, connection pool) and runs until SIGINT or SIGTERM.
+
+#include <memory>
+#include <string>
+
+#include "dplb/config/settings.hpp"
+
+namespace dplb::app {
+
+// Sets up spdlog's default logger ("dplb", to stderr) with the configured level and format.
+void configure_logging(const config::settings& settings);
+
+class application {
+ public:
+  // Resolves the backends and binds the listening port; throws config::config_error (bad backend) or
+  // boost::system::system_error (port in use) at start-up.
+  explicit application(config::settings settings);
+  ~application();
+  application(const application&) = delete;
+  application& operator=(const application&) = delete;
+
+  // Serves until a termination signal (or stop()); returns the process exit code.
+  int run();
+
+  // Asks run() to return; safe from any thread.
+  void stop();
+
+  // The address actually bound (useful with port 0).
+  std::string listen_address() const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace dplb::app

@@ -1,0 +1,6 @@
+#pragma once
+#include <string_view>
+
+namespace dplb::app {
+std::string_view version() noexcept;
+}

@@ -1,0 +1,70 @@
+#pragma once
+// Reusable keep-alive connections to the engines, one pool per worker thread (never shared between
+// threads, so it needs no locking). A connection is either idle in the pool or owned by exactly one
+// request; a request that cannot finish its response cleanly never gives its connection back.
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "dplb/upstream/backend.hpp"
+
+namespace dplb::upstream {
+
+struct upstream_connection {
+  explicit upstream_connection(const boost::asio::any_io_executor& ex) : stream(ex) {}
+  boost::beast::tcp_stream stream;
+  boost::beast::flat_buffer buffer;  // bytes read from the engine beyond the last parsed message
+  std::chrono::steady_clock::time_point idle_since{};
+  bool reused = false;  // true once it carried a response: the engine may have closed it since
+};
+using connection_ptr = std::unique_ptr<upstream_connection>;
+
+struct pool_limits {
+  std::chrono::milliseconds connect_timeout{5'000};
+  std::chrono::milliseconds idle_timeout{4'000};  // pooled connections older than this are closed
+  std::size_t max_idle_per_rank = 256;
+};
+
+// What connect() reports besides the connection, for metrics and error mapping.
+struct connect_result {
+  connection_ptr connection;      // null on failure
+  boost::system::error_code error;
+};
+
+class connection_pool {
+ public:
+  connection_pool(boost::asio::any_io_executor executor, const std::vector<backend>& backends,
+                  pool_limits limits);
+
+  // The most recently used idle connection to the rank that is young enough, or null.
+  connection_ptr take_idle(std::size_t rank);
+
+  // Opens a new connection to the rank (trying each resolved endpoint), bounded by connect_timeout.
+  boost::asio::awaitable<connect_result> connect(std::size_t rank);
+
+  // Returns a connection whose last response ended cleanly and that the engine keeps alive.
+  void give_back(std::size_t rank, connection_ptr connection);
+
+  // Periodically closes idle connections that outlived idle_timeout; runs until stop().
+  boost::asio::awaitable<void> sweep_loop();
+  void stop();
+
+  std::size_t idle_count(std::size_t rank) const { return idle_[rank].size(); }
+
+ private:
+  void drop_expired(std::size_t rank, std::chrono::steady_clock::time_point now);
+
+  boost::asio::any_io_executor executor_;
+  const std::vector<backend>& backends_;
+  pool_limits limits_;
+  std::vector<std::vector<connection_ptr>> idle_;  // per rank; back() is the most recently used
+  boost::asio::steady_timer sweep_timer_;
+  bool stopped_ = false;
+};
+
+}  // namespace dplb::upstream
