@@ -1,0 +1,66 @@
+#include "processes.hpp"
+
+#include <map>
+#include <regex>
+#include <stdexcept>
+
+namespace dplb::test {
+
+const char* dplb_binary() { return DPLB_TEST_DPLB_BINARY; }
+const char* mock_engine_binary() { return DPLB_TEST_MOCK_ENGINE_BINARY; }
+
+namespace {
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+}  // namespace
+
+mock_engine::mock_engine(std::size_t ranks, std::vector<std::string> extra_args)
+    : process_(mock_engine_binary(),
+               concat({"--host", "127.0.0.1", "--port", "0", "--ranks", std::to_string(ranks)}, extra_args)) {
+  const std::regex listening(R"(mock-engine rank (\d+) listening on [^:]+:(\d+))");
+  ports_.resize(ranks);
+  for (std::size_t i = 0; i < ranks; ++i) {
+    auto m = process_.wait_for_line(listening, std::chrono::seconds(10));
+    if (!m) throw std::runtime_error("mock engine did not start:\n" + process_.output());
+    ports_.at(std::stoul((*m)[1])) = static_cast<std::uint16_t>(std::stoul((*m)[2]));
+  }
+  if (!process_.wait_for_line(std::regex("mock-engine ready"), std::chrono::seconds(10))) {
+    throw std::runtime_error("mock engine not ready:\n" + process_.output());
+  }
+}
+
+std::vector<std::string> mock_engine::urls() const {
+  std::vector<std::string> out;
+  for (auto p : ports_) out.push_back("http://127.0.0.1:" + std::to_string(p));
+  return out;
+}
+
+dplb_proxy::dplb_proxy(const std::vector<std::string>& backends, std::vector<std::string> extra_args)
+    : process_(dplb_binary(), [&] {
+        std::vector<std::string> args{"--listen", "127.0.0.1:0"};
+        for (const auto& b : backends) {
+          args.push_back("--backend");
+          args.push_back(b);
+        }
+        return concat(args, extra_args);
+      }()) {
+  auto m = process_.wait_for_line(std::regex(R"(listening on 127\.0\.0\.1:(\d+))"), std::chrono::seconds(10));
+  if (!m) throw std::runtime_error("dplb did not start:\n" + process_.output());
+  port_ = static_cast<std::uint16_t>(std::stoul((*m)[1]));
+}
+
+double metric_sum(const std::map<std::string, double>& metrics, const std::string& prefix,
+                  const std::vector<std::string>& fragments) {
+  double sum = 0;
+  for (const auto& [key, value] : metrics) {
+    if (key.rfind(prefix, 0) != 0) continue;
+    bool all = true;
+    for (const auto& f : fragments) all = all && key.find(f) != std::string::npos;
+    if (all) sum += value;
+  }
+  return sum;
+}
+
+}  // namespace dplb::test

@@ -1,0 +1,47 @@
+#pragma once
+// The real programs an integration test runs: the mock engine (K ranks on ephemeral ports) and dplb in
+// front of it. Each waits for its own "listening" lines rather than sleeping, and stops its own pid.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "child_process.hpp"
+
+namespace dplb::test {
+
+// Paths of the binaries under test, set by CMake.
+const char* dplb_binary();
+const char* mock_engine_binary();
+
+class mock_engine {
+ public:
+  explicit mock_engine(std::size_t ranks, std::vector<std::string> extra_args = {});
+  const std::vector<std::uint16_t>& ports() const { return ports_; }
+  std::vector<std::string> urls() const;
+  child_process& process() { return process_; }
+
+ private:
+  child_process process_;
+  std::vector<std::uint16_t> ports_;
+};
+
+class dplb_proxy {
+ public:
+  // backends: URLs in rank order; extra_args e.g. {"--policy", "round-robin", "--threads", "2"}.
+  dplb_proxy(const std::vector<std::string>& backends, std::vector<std::string> extra_args = {});
+  std::uint16_t port() const { return port_; }
+  child_process& process() { return process_; }
+
+ private:
+  child_process process_;
+  std::uint16_t port_ = 0;
+};
+
+// Sum of a metric over the series whose key contains every given fragment, e.g.
+// metric_sum(m, "dplb_requests_total{", {"rank=\"0\""}).
+double metric_sum(const std::map<std::string, double>& metrics, const std::string& prefix,
+                  const std::vector<std::string>& fragments = {});
+
+}  // namespace dplb::test
