@@ -1,1 +1,778 @@
-// placeholder
+#include "dplb/config/settings.hpp"
+
+#include <boost/program_options.hpp>
+#include <boost/url/ipv4_address.hpp>
+#include <boost/url/ipv6_address.hpp>
+#include <boost/url/parse.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <span>
+#include <sstream>
+#include <string_view>
+#include <system_error>
+
+#ifndef DPLB_VERSION
+#error "DPLB_VERSION must be defined by the build (see CMakeLists.txt)"
+#endif
+
+extern char** environ;
+
+namespace dplb::config {
+namespace {
+
+namespace po = boost::program_options;
+using json = nlohmann::json;
+
+// Accepted values of the enumerated options. Each list is the single place to extend: --help, the error
+// messages and the docs' wording are all generated from it.
+constexpr std::array<std::string_view, 2> policy_names{"round-robin", "least-inflight"};
+// spdlog's level names (spdlog::level::from_str); "warning" and "err" aliases are left out so that one
+// spelling is documented.
+constexpr std::array<std::string_view, 7> log_level_names{"trace", "debug", "info",    "warn",
+                                                          "error", "critical", "off"};
+constexpr std::array<std::string_view, 2> log_format_names{"text", "json"};
+
+// A day: longer than any sane generation, and small enough that adding it to a steady_clock time point can
+// never overflow.
+constexpr std::uint64_t max_timeout_ms = 86'400'000;
+
+enum class value_kind {
+  flag,      // --help, --version: command line only, no value
+  text,      // free text validated by the option's own setter
+  choice,    // one of `choices`
+  number,    // unsigned integer in [min, max]
+  url_list,  // the backends: repeatable, comma-separated, taken whole from one source
+};
+
+// One option's value as found in the source that wins, with what an error message needs to point at it.
+struct raw_value {
+  std::vector<std::string> texts;  // one entry, except for url_list
+  std::string origin;              // "" for the command line, else " (from ...)"
+};
+
+struct option_spec {
+  std::string_view flag{};        // long name without the leading "--"
+  std::string_view env{};         // "" = not settable from the environment
+  std::string_view key{};         // "" = not settable from the config file
+  std::string_view value_name{};  // shown in --help; choices are listed instead when empty
+  std::string_view meaning{};     // --help text
+  value_kind kind = value_kind::text;
+  std::span<const std::string_view> choices{};
+  std::uint64_t min = 0;
+  std::uint64_t max = 0;
+  std::string_view unit{};
+  // text and choice: stores the (validated) value; text setters return why the value is bad, "" if good.
+  std::string (*set_text)(settings&, std::string_view) = nullptr;
+  void (*set_number)(settings&, std::uint64_t) = nullptr;
+  std::string (*show_default)(const settings&) = nullptr;
+};
+
+std::string format_listen(const listen_address& a) {
+  const bool v6 = a.host.find(':') != std::string::npos;
+  return (v6 ? "[" + a.host + "]" : a.host) + ":" + std::to_string(a.port);
+}
+
+std::string to_lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+// Digits only: a sign, spaces or a suffix ("5s") are refused rather than half-parsed.
+std::optional<std::uint64_t> parse_unsigned(std::string_view s) {
+  if (s.empty() || !std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); })) {
+    return std::nullopt;
+  }
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc{} || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+// An IPv4 literal or a DNS name (labels of letters, digits, '-' and '_'; '_' because Docker Compose and
+// Kubernetes service names use it). Something that looks numeric must be a valid IPv4 address, so that a
+// typo like 10.0.0.256 fails here instead of in the resolver.
+bool valid_host(std::string_view host) {
+  if (host.empty() || host.size() > 253) return false;
+  if (host.find_first_not_of("0123456789.") == std::string_view::npos) {
+    return static_cast<bool>(boost::urls::parse_ipv4_address(host));
+  }
+  if (host.back() == '.') host.remove_suffix(1);  // fully qualified "example.com."
+  std::size_t start = 0;
+  while (start <= host.size()) {
+    const std::size_t dot = std::min(host.find('.', start), host.size());
+    const std::string_view label = host.substr(start, dot - start);
+    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') return false;
+    for (unsigned char c : label) {
+      if (!std::isalnum(c) && c != '-' && c != '_') return false;
+    }
+    start = dot + 1;
+  }
+  return true;
+}
+
+std::string parse_listen(std::string_view text, listen_address& out) {
+  static constexpr std::string_view expected = "expected HOST:PORT, e.g. 0.0.0.0:8000";
+  std::string_view host;
+  std::string_view port;
+  if (text.starts_with('[')) {
+    const std::size_t close = text.find(']');
+    if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      return "expected [IPV6]:PORT, e.g. [::1]:8000";
+    }
+    host = text.substr(1, close - 1);
+    port = text.substr(close + 2);
+    if (!boost::urls::parse_ipv6_address(host)) return "'" + std::string(host) + "' is not an IPv6 address";
+  } else {
+    const std::size_t colon = text.rfind(':');
+    if (colon == std::string_view::npos || colon == 0) return std::string(expected);
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return "an IPv6 address needs brackets, e.g. [::1]:8000";
+    }
+    if (!valid_host(host)) {
+      return "'" + std::string(host) + "' is not an IP address or host name; " + std::string(expected);
+    }
+  }
+  const auto p = parse_unsigned(port);
+  if (!p || *p > 65535) return "port must be a number from 0 to 65535 (0 picks a free port)";
+  out.host = std::string(host);
+  out.port = static_cast<std::uint16_t>(*p);
+  return {};
+}
+
+// Validates one backend URL and writes its normal form, http://host:port, to `out`. Normalising (lower-case
+// host, explicit port, no trailing slash) is what makes the duplicate check meaningful.
+std::string parse_backend(std::string_view text, std::string& out) {
+  static constexpr std::string_view example = "expected a URL like http://127.0.0.1:8100";
+  const auto parsed = boost::urls::parse_uri(text);
+  if (!parsed) return std::string(example);
+  const boost::urls::url_view u = *parsed;
+  if (u.scheme_id() == boost::urls::scheme::https) {
+    return "https is not supported (dplb talks plain HTTP to the engines); use http://HOST:PORT";
+  }
+  if (u.scheme_id() != boost::urls::scheme::http) return std::string(example);
+  if (!u.has_authority() || u.encoded_host().empty()) return std::string(example);
+  if (u.has_userinfo()) return "user info ('user@') is not supported; expected http://HOST:PORT";
+  if (!u.encoded_path().empty() && u.encoded_path() != "/") {
+    return "a path is not supported; give the engine's base URL, http://HOST:PORT";
+  }
+  if (u.has_query()) return "a query is not supported; expected http://HOST:PORT";
+  if (u.has_fragment()) return "a fragment is not supported; expected http://HOST:PORT";
+
+  std::string host;
+  switch (u.host_type()) {
+    case boost::urls::host_type::ipv4:
+      host = u.host_ipv4_address().to_string();
+      break;
+    case boost::urls::host_type::ipv6:
+      host = "[" + u.host_ipv6_address().to_string() + "]";
+      break;
+    case boost::urls::host_type::name:
+      // Percent-encoded names are legal URLs but no resolver wants them.
+      if (!valid_host(u.encoded_host())) {
+        return "'" + std::string(u.encoded_host()) + "' is not an IP address or host name";
+      }
+      host = to_lower(u.encoded_host());
+      break;
+    default:
+      return "unsupported host '" + std::string(u.encoded_host()) + "'; expected http://HOST:PORT";
+  }
+
+  std::uint64_t port = 80;  // the scheme's default; vLLM users nearly always give one
+  if (u.has_port()) {
+    const auto p = parse_unsigned(u.port());
+    if (!p || *p == 0 || *p > 65535) return "port must be a number from 1 to 65535";
+    port = *p;
+  }
+  out = "http://" + host + ":" + std::to_string(port);
+  return {};
+}
+
+std::string join(std::span<const std::string_view> items, std::string_view sep, std::string_view last_sep) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += (i + 1 == items.size()) ? last_sep : sep;
+    out += items[i];
+  }
+  return out;
+}
+
+// The option table: one row per option, in --help order. Environment names and config keys are spelled out
+// (not derived) so that a search for DPLB_LOG_FORMAT lands here; the unit tests check they follow the rule
+// DPLB_<FLAG_UPPER_SNAKE> / flag_snake, with "backends" (plural) the one deliberate exception.
+constexpr std::array option_table{
+    option_spec{.flag = "help", .meaning = "Print this help and exit.", .kind = value_kind::flag},
+    option_spec{.flag = "version", .meaning = "Print the version and exit.", .kind = value_kind::flag},
+    option_spec{
+        .flag = "listen",
+        .env = "DPLB_LISTEN",
+        .key = "listen",
+        .value_name = "HOST:PORT",
+        .meaning = "Address to accept clients on: an IP address or host name and a port; IPv6 in brackets "
+                   "([::1]:8000); port 0 picks a free port.",
+        .set_text = [](settings& s, std::string_view v) { return parse_listen(v, s.listen); },
+        .show_default = [](const settings& s) { return format_listen(s.listen); }},
+    option_spec{
+        .flag = "backend",
+        .env = "DPLB_BACKENDS",
+        .key = "backends",
+        .value_name = "URL",
+        .meaning = "Engine base URL, http://HOST:PORT (port 80 if omitted). Repeatable, and a value may be a "
+                   "comma-separated list; the order gives the ranks 0..K-1. Required.",
+        .kind = value_kind::url_list,
+        .show_default = [](const settings&) { return std::string("none (required)"); }},
+    option_spec{.flag = "policy",
+                .env = "DPLB_POLICY",
+                .key = "policy",
+                .meaning = "How to pick a rank for each request.",
+                .kind = value_kind::choice,
+                .choices = policy_names,
+                .set_text = [](settings& s, std::string_view v) { return (s.policy = v, std::string()); },
+                .show_default = [](const settings& s) { return s.policy; }},
+    option_spec{.flag = "threads",
+                .env = "DPLB_THREADS",
+                .key = "threads",
+                .value_name = "N",
+                .meaning = "Worker threads, each with its own event loop and upstream connections; 0 = one "
+                           "per CPU core.",
+                .kind = value_kind::number,
+                .min = 0,
+                .max = 256,
+                .unit = "threads",
+                .set_number = [](settings& s, std::uint64_t n) { s.threads = static_cast<unsigned>(n); },
+                .show_default = [](const settings& s) { return std::to_string(s.threads); }},
+    option_spec{.flag = "config",
+                .env = "DPLB_CONFIG",
+                .value_name = "FILE",
+                .meaning = "JSON config file whose keys are the options' names in snake_case; unknown keys "
+                           "are an error.",
+                .set_text = [](settings& s, std::string_view v) {
+                  if (v.empty()) return std::string("expected a file path");
+                  s.config_file = std::string(v);
+                  return std::string();
+                },
+                .show_default = [](const settings&) { return std::string("none"); }},
+    option_spec{.flag = "log-level",
+                .env = "DPLB_LOG_LEVEL",
+                .key = "log_level",
+                .meaning = "Least severe log messages written.",
+                .kind = value_kind::choice,
+                .choices = log_level_names,
+                .set_text = [](settings& s, std::string_view v) { return (s.log_level = v, std::string()); },
+                .show_default = [](const settings& s) { return s.log_level; }},
+    option_spec{.flag = "log-format",
+                .env = "DPLB_LOG_FORMAT",
+                .key = "log_format",
+                .meaning = "Log line format: human-readable text or one JSON object per line.",
+                .kind = value_kind::choice,
+                .choices = log_format_names,
+                .set_text =
+                    [](settings& s, std::string_view v) {
+                      s.log_fmt = v == "json" ? log_format::json : log_format::text;
+                      return std::string();
+                    },
+                .show_default =
+                    [](const settings& s) { return std::string(s.log_fmt == log_format::json ? "json" : "text"); }},
+    option_spec{.flag = "max-request-body-bytes",
+                .env = "DPLB_MAX_REQUEST_BODY_BYTES",
+                .key = "max_request_body_bytes",
+                .value_name = "BYTES",
+                .meaning = "Largest request body accepted; larger ones get 413.",
+                .kind = value_kind::number,
+                .min = 1,
+                .max = std::uint64_t{4} << 30,
+                .unit = "bytes",
+                .set_number = [](settings& s, std::uint64_t n) { s.max_request_body_bytes = n; },
+                .show_default = [](const settings& s) { return std::to_string(s.max_request_body_bytes); }},
+    option_spec{.flag = "max-header-bytes",
+                .env = "DPLB_MAX_HEADER_BYTES",
+                .key = "max_header_bytes",
+                .value_name = "BYTES",
+                .meaning = "Largest request or response head (start line and headers); larger request heads "
+                           "get 431, larger response heads 502.",
+                .kind = value_kind::number,
+                .min = 1,
+                .max = std::uint64_t{16} << 20,
+                .unit = "bytes",
+                .set_number = [](settings& s, std::uint64_t n) { s.max_header_bytes = n; },
+                .show_default = [](const settings& s) { return std::to_string(s.max_header_bytes); }},
+    option_spec{.flag = "client-idle-timeout-ms",
+                .env = "DPLB_CLIENT_IDLE_TIMEOUT_MS",
+                .key = "client_idle_timeout_ms",
+                .value_name = "MS",
+                .meaning = "How long a keep-alive client connection may wait for its next request.",
+                .kind = value_kind::number,
+                .min = 1,
+                .max = max_timeout_ms,
+                .unit = "ms",
+                .set_number =
+                    [](settings& s, std::uint64_t n) { s.client_idle_timeout = std::chrono::milliseconds(n); },
+                .show_default =
+                    [](const settings& s) { return std::to_string(s.client_idle_timeout.count()); }},
+    option_spec{.flag = "request-read-timeout-ms",
+                .env = "DPLB_REQUEST_READ_TIMEOUT_MS",
+                .key = "request_read_timeout_ms",
+                .value_name = "MS",
+                .meaning = "How long a client may take to send a whole request (head and body) once it "
+                           "started.",
+                .kind = value_kind::number,
+                .min = 1,
+                .max = max_timeout_ms,
+                .unit = "ms",
+                .set_number =
+                    [](settings& s, std::uint64_t n) { s.request_read_timeout = std::chrono::milliseconds(n); },
+                .show_default =
+                    [](const settings& s) { return std::to_string(s.request_read_timeout.count()); }},
+    option_spec{.flag = "upstream-connect-timeout-ms",
+                .env = "DPLB_UPSTREAM_CONNECT_TIMEOUT_MS",
+                .key = "upstream_connect_timeout_ms",
+                .value_name = "MS",
+                .meaning = "How long connecting to an engine may take.",
+                .kind = value_kind::number,
+                .min = 1,
+                .max = max_timeout_ms,
+                .unit = "ms",
+                .set_number =
+                    [](settings& s, std::uint64_t n) {
+                      s.upstream_connect_timeout = std::chrono::milliseconds(n);
+                    },
+                .show_default =
+                    [](const settings& s) { return std::to_string(s.upstream_connect_timeout.count()); }},
+    option_spec{.flag = "upstream-read-timeout-ms",
+                .env = "DPLB_UPSTREAM_READ_TIMEOUT_MS",
+                .key = "upstream_read_timeout_ms",
+                .value_name = "MS",
+                .meaning = "Longest silence allowed from an engine between response bytes (including the "
+                           "wait for the first byte).",
+                .kind = value_kind::number,
+                .min = 1,
+                .max = max_timeout_ms,
+                .unit = "ms",
+                .set_number =
+                    [](settings& s, std::uint64_t n) { s.upstream_read_timeout = std::chrono::milliseconds(n); },
+                .show_default =
+                    [](const settings& s) { return std::to_string(s.upstream_read_timeout.count()); }},
+    option_spec{.flag = "client-write-timeout-ms",
+                .env = "DPLB_CLIENT_WRITE_TIMEOUT_MS",
+                .key = "client_write_timeout_ms",
+                .value_name = "MS",
+                .meaning = "Longest a client may take to accept bytes written to it.",
+                .kind = value_kind::number,
+                .min = 1,
+                .max = max_timeout_ms,
+                .unit = "ms",
+                .set_number =
+                    [](settings& s, std::uint64_t n) { s.client_write_timeout = std::chrono::milliseconds(n); },
+                .show_default =
+                    [](const settings& s) { return std::to_string(s.client_write_timeout.count()); }},
+    option_spec{.flag = "upstream-idle-timeout-ms",
+                .env = "DPLB_UPSTREAM_IDLE_TIMEOUT_MS",
+                .key = "upstream_idle_timeout_ms",
+                .value_name = "MS",
+                .meaning = "Idle pooled engine connections older than this are closed; keep it below the "
+                           "engine's keep-alive (vLLM: 5 s).",
+                .kind = value_kind::number,
+                .min = 1,
+                .max = max_timeout_ms,
+                .unit = "ms",
+                .set_number =
+                    [](settings& s, std::uint64_t n) { s.upstream_idle_timeout = std::chrono::milliseconds(n); },
+                .show_default =
+                    [](const settings& s) { return std::to_string(s.upstream_idle_timeout.count()); }},
+    option_spec{.flag = "upstream-max-idle-per-rank",
+                .env = "DPLB_UPSTREAM_MAX_IDLE_PER_RANK",
+                .key = "upstream_max_idle_per_rank",
+                .value_name = "N",
+                .meaning = "Most idle connections kept per engine by each worker thread; 0 keeps none.",
+                .kind = value_kind::number,
+                .min = 0,
+                .max = 65536,
+                .unit = "connections",
+                .set_number = [](settings& s, std::uint64_t n) { s.upstream_max_idle_per_rank = n; },
+                .show_default =
+                    [](const settings& s) { return std::to_string(s.upstream_max_idle_per_rank); }},
+};
+
+const option_spec& find_option(std::string_view flag) {
+  for (const auto& o : option_table) {
+    if (o.flag == flag) return o;
+  }
+  throw std::logic_error("dplb: no option --" + std::string(flag));
+}
+
+std::string value_name_of(const option_spec& o) {
+  return o.kind == value_kind::choice ? join(o.choices, "|", "|") : std::string(o.value_name);
+}
+
+// Options are shown in --help with their other two spellings and their default, so that --help alone is
+// enough to write an environment or a config file.
+po::options_description visible_options() {
+  const settings defaults;
+  po::options_description desc("Options", 100, 60);
+  for (const auto& o : option_table) {
+    std::string text(o.meaning);
+    if (o.kind == value_kind::number) {
+      text += " Range " + std::to_string(o.min) + ".." + std::to_string(o.max) + " " + std::string(o.unit) + ".";
+    }
+    // Separate short lines, so that wrapping never splits "default" from its value.
+    if (!o.env.empty()) text += "\nenv " + std::string(o.env);
+    if (!o.key.empty()) text += "\nconfig key \"" + std::string(o.key) + "\"";
+    if (o.show_default) text += "\ndefault " + o.show_default(defaults);
+    const std::string name(o.flag);
+    if (o.kind == value_kind::flag) {
+      desc.add_options()(name.c_str(), text.c_str());
+    } else {
+      desc.add_options()(name.c_str(), po::value<std::string>()->value_name(value_name_of(o)), text.c_str());
+    }
+  }
+  return desc;
+}
+
+// Stray words on the command line are collected under this hidden name so that the error can quote them.
+constexpr const char* positional_name = "dplb-positional-argument";
+
+// Edit distance, to suggest the option or key that a typo meant.
+std::size_t distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+template <typename Names>
+std::optional<std::string> closest(std::string_view typo, const Names& names) {
+  std::optional<std::string> best;
+  std::size_t best_d = std::max<std::size_t>(2, typo.size() / 3) + 1;
+  for (std::string_view n : names) {
+    if (n.empty()) continue;
+    if (const std::size_t d = distance(typo, n); d < best_d) {
+      best_d = d;
+      best = std::string(n);
+    }
+  }
+  return best;
+}
+
+std::string unknown_option_message(std::string_view given) {
+  if (const auto eq = given.find('='); eq != std::string_view::npos) given = given.substr(0, eq);
+  std::string msg = "unknown option '" + std::string(given) + "'";
+  std::string_view bare = given;
+  while (bare.starts_with('-')) bare.remove_prefix(1);
+  std::vector<std::string_view> flags;
+  for (const auto& o : option_table) flags.push_back(o.flag);
+  if (auto near = closest(bare, flags)) msg += " (did you mean '--" + *near + "'?)";
+  return msg + "; see 'dplb --help'";
+}
+
+using command_line_values = std::map<std::string, std::vector<std::string>, std::less<>>;
+
+command_line_values read_command_line(int argc, const char* const* argv) {
+  po::options_description all = visible_options();
+  all.add_options()(positional_name, po::value<std::string>());
+  po::positional_options_description positional;
+  positional.add(positional_name, -1);
+  // No short options (there are none, and "-listen" must not read as "-l isten") and no guessing of
+  // abbreviations: a script that works today must not change meaning when an option is added.
+  const int style = po::command_line_style::allow_long | po::command_line_style::long_allow_adjacent |
+                    po::command_line_style::long_allow_next;
+
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+
+  po::parsed_options parsed(nullptr);
+  try {
+    parsed = po::command_line_parser(args).options(all).positional(positional).style(style).run();
+  } catch (const po::unknown_option& e) {
+    throw config_error(unknown_option_message(e.get_option_name()));
+  } catch (const po::invalid_command_line_syntax& e) {
+    if (e.kind() == po::invalid_syntax::missing_parameter) {
+      throw config_error("option '" + e.get_option_name() + "' needs a value; see 'dplb --help'");
+    }
+    if (e.kind() == po::invalid_syntax::empty_adjacent_parameter) {
+      throw config_error("option '" + e.get_option_name() + "' needs a value after '='; see 'dplb --help'");
+    }
+    if (e.kind() == po::invalid_syntax::extra_parameter) {
+      throw config_error("option '" + e.get_option_name() + "' takes no value; see 'dplb --help'");
+    }
+    throw config_error(std::string("invalid command line: ") + e.what() + "; see 'dplb --help'");
+  } catch (const po::error& e) {
+    throw config_error(std::string("invalid command line: ") + e.what() + "; see 'dplb --help'");
+  }
+
+  command_line_values values;
+  for (const po::option& opt : parsed.options) {
+    const std::string value = opt.value.empty() ? std::string() : opt.value.front();
+    if (opt.string_key == positional_name) {
+      if (opt.position_key < 0) throw config_error(unknown_option_message("--" + opt.string_key));
+      if (value.starts_with('-')) throw config_error(unknown_option_message(value));
+      throw config_error("unexpected argument '" + value + "'; options start with '--', see 'dplb --help'");
+    }
+    // program_options takes the next word as the value even when it is another option, which would turn
+    // "--listen --backend URL" into a baffling complaint about URL.
+    if (value.starts_with("--") && find_option(opt.string_key).kind != value_kind::flag) {
+      throw config_error("option '--" + opt.string_key + "' needs a value; see 'dplb --help'");
+    }
+    auto& slot = values[opt.string_key];
+    if (!slot.empty() && find_option(opt.string_key).kind != value_kind::url_list) {
+      // Last-one-wins would hide a mistake in a long command line; only --backend repeats.
+      throw config_error("option '--" + opt.string_key + "' given more than once ('" + slot.front() + "' and '" +
+                         value + "'); pass it once");
+    }
+    slot.push_back(value);
+  }
+  return values;
+}
+
+std::string read_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw config_error("cannot read config file '" + path + "': it is a directory");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw config_error("cannot read config file '" + path + "': " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw config_error("cannot read config file '" + path + "': " + std::strerror(errno));
+  return text.str();
+}
+
+json read_config_file(const std::string& path) {
+  const std::string text = read_file(path);
+  // nlohmann keeps the last of two equal keys; a repeated key is as likely a mistake as an unknown one.
+  std::set<std::string> seen;
+  std::optional<std::string> repeated;
+  const json::parser_callback_t note_keys = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::key && depth == 1 && !repeated && !seen.insert(parsed.get<std::string>()).second) {
+      repeated = parsed.get<std::string>();
+    }
+    return true;
+  };
+  json doc;
+  try {
+    doc = json::parse(text, note_keys);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    // Drop nlohmann's "[json.exception.parse_error.101] " tag: it means nothing to a user.
+    if (const auto tag_end = what.find("] "); what.starts_with("[json.") && tag_end != std::string::npos) {
+      what.erase(0, tag_end + 2);
+    }
+    throw config_error("invalid JSON in config file '" + path + "': " + what);
+  }
+  if (!doc.is_object()) {
+    throw config_error("config file '" + path + "' must hold a JSON object, e.g. {\"backends\": [\"http://127.0.0.1:8100\"]}");
+  }
+  if (repeated) throw config_error("key '" + *repeated + "' appears twice in config file '" + path + "'");
+
+  std::vector<std::string_view> keys;
+  for (const auto& o : option_table) {
+    if (!o.key.empty()) keys.push_back(o.key);
+  }
+  for (const auto& item : doc.items()) {
+    if (std::find(keys.begin(), keys.end(), item.key()) != keys.end()) continue;
+    std::string msg = "unknown key '" + item.key() + "' in config file '" + path + "'";
+    if (auto near = closest(item.key(), keys)) {
+      msg += " (did you mean '" + *near + "'?)";
+    } else {
+      msg += "; known keys: " + join(keys, ", ", ", ");
+    }
+    throw config_error(msg);
+  }
+  return doc;
+}
+
+std::vector<std::string> texts_from_json(const option_spec& o, const json& node, const std::string& path) {
+  const auto wrong_type = [&](std::string_view wanted) {
+    return config_error("key '" + std::string(o.key) + "' in config file '" + path + "' must be " +
+                        std::string(wanted) + ", not " + node.type_name());
+  };
+  switch (o.kind) {
+    case value_kind::number:
+      // A fraction or a negative number is dumped and then refused with the range, like any bad number.
+      if (!node.is_number()) throw wrong_type("a number");
+      return {node.dump()};
+    case value_kind::url_list: {
+      if (node.is_string()) return {node.get<std::string>()};
+      if (!node.is_array()) throw wrong_type("an array of URL strings");
+      std::vector<std::string> texts;
+      for (const auto& item : node) {
+        if (!item.is_string()) throw wrong_type("an array of URL strings");
+        texts.push_back(item.get<std::string>());
+      }
+      return texts;
+    }
+    default:
+      if (!node.is_string()) throw wrong_type("a string");
+      return {node.get<std::string>()};
+  }
+}
+
+// Precedence, per option: command line > environment > config file. Only the winning source is validated,
+// so that a flag can override a broken environment variable.
+std::optional<raw_value> pick(const option_spec& o, const command_line_values& cli, const environment& env,
+                              const json& file, const std::string& file_path) {
+  if (const auto it = cli.find(o.flag); it != cli.end()) {
+    return raw_value{it->second, ""};
+  }
+  if (!o.env.empty()) {
+    // An empty variable counts as unset: container and systemd files often define every variable.
+    if (const auto it = env.find(std::string(o.env)); it != env.end() && !it->second.empty()) {
+      return raw_value{{it->second}, " (from " + std::string(o.env) + ")"};
+    }
+  }
+  if (!o.key.empty() && file.is_object()) {
+    if (const auto it = file.find(o.key); it != file.end()) {
+      return raw_value{texts_from_json(o, *it, file_path),
+                       " (from key '" + std::string(o.key) + "' in config file '" + file_path + "')"};
+    }
+  }
+  return std::nullopt;
+}
+
+[[noreturn]] void bad_value(const option_spec& o, const raw_value& v, std::string_view shown,
+                            std::string_view why) {
+  throw config_error("invalid --" + std::string(o.flag) + " '" + std::string(shown) + "'" + v.origin + ": " +
+                     std::string(why));
+}
+
+std::string_view trim(std::string_view s) {
+  const auto first = s.find_first_not_of(" \t");
+  if (first == std::string_view::npos) return {};
+  return s.substr(first, s.find_last_not_of(" \t") - first + 1);
+}
+
+std::vector<std::string> parse_backends(const option_spec& o, const raw_value& v) {
+  std::vector<std::string> backends;
+  std::map<std::string, std::pair<std::size_t, std::string>> rank_of;  // normal form -> rank, as written
+  for (const std::string& text : v.texts) {
+    std::size_t start = 0;
+    while (true) {
+      const std::size_t comma = std::min(text.find(',', start), text.size());
+      const std::string_view entry = trim(std::string_view(text).substr(start, comma - start));
+      if (entry.empty()) bad_value(o, v, text, "empty entry; expected http://HOST:PORT[,http://HOST:PORT...]");
+      std::string normal;
+      if (auto why = parse_backend(entry, normal); !why.empty()) bad_value(o, v, entry, why);
+      const auto [it, fresh] = rank_of.emplace(normal, std::pair{backends.size(), std::string(entry)});
+      if (!fresh) {
+        // The same engine twice would silently get twice the share of requests.
+        throw config_error("duplicate --backend '" + std::string(entry) + "'" + v.origin + ": same engine as rank " +
+                           std::to_string(it->second.first) + " ('" + it->second.second +
+                           "'); list each engine once");
+      }
+      backends.push_back(std::move(normal));
+      if (comma == text.size()) break;
+      start = comma + 1;
+    }
+  }
+  return backends;
+}
+
+void apply(const option_spec& o, const raw_value& v, settings& s) {
+  switch (o.kind) {
+    case value_kind::url_list:
+      s.backends = parse_backends(o, v);
+      return;
+    case value_kind::number: {
+      const auto n = parse_unsigned(v.texts.front());
+      if (!n || *n < o.min || *n > o.max) {
+        bad_value(o, v, v.texts.front(),
+                  "expected a whole number from " + std::to_string(o.min) + " to " + std::to_string(o.max) + " (" +
+                      std::string(o.unit) + ")");
+      }
+      o.set_number(s, *n);
+      return;
+    }
+    case value_kind::choice: {
+      // Case-insensitive because DPLB_LOG_LEVEL=INFO is a natural thing to write; stored in canonical form.
+      const std::string lower = to_lower(v.texts.front());
+      const auto it = std::find(o.choices.begin(), o.choices.end(), lower);
+      if (it == o.choices.end()) bad_value(o, v, v.texts.front(), "expected " + join(o.choices, ", ", " or "));
+      o.set_text(s, *it);
+      return;
+    }
+    case value_kind::text:
+      if (auto why = o.set_text(s, v.texts.front()); !why.empty()) bad_value(o, v, v.texts.front(), why);
+      return;
+    case value_kind::flag:
+      return;
+  }
+}
+
+}  // namespace
+
+environment process_environment() {
+  environment env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string_view text(*entry);
+    const auto eq = text.find('=');
+    if (!text.starts_with("DPLB_") || eq == std::string_view::npos) continue;
+    env.emplace(std::string(text.substr(0, eq)), std::string(text.substr(eq + 1)));
+  }
+  return env;
+}
+
+std::string help_text() {
+  std::ostringstream out;
+  out << "Usage: dplb --listen HOST:PORT --backend URL [--backend URL ...] --policy "
+      << join(policy_names, "|", "|") << "\n"
+      << "            [--threads N] [--config FILE] [--log-level LEVEL] [more options below]\n\n"
+      << "dplb " << DPLB_VERSION
+      << ": an HTTP/1.1 load balancer in front of vLLM engine servers, one per data-parallel rank.\n\n"
+      << "Every option can also be set by its environment variable or by its key in the JSON config file.\n"
+      << "Precedence, per option: command line > environment > config file > default. The backend list is\n"
+      << "taken whole from the highest-precedence source that has one (sources are never merged).\n\n"
+      << visible_options();
+  // program_options pads wrapped lines with spaces; trailing blanks are noise in a terminal or a diff.
+  std::string text = out.str();
+  std::string tidy;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    line.erase(line.find_last_not_of(' ') + 1);
+    tidy += line + "\n";
+  }
+  return tidy;
+}
+
+parse_result parse_command_line(int argc, const char* const* argv, const environment& env) {
+  const command_line_values cli = read_command_line(argc, argv);
+  // --help and --version answer even when the rest of the configuration is incomplete or wrong.
+  if (cli.contains("help")) return {std::nullopt, help_text()};
+  if (cli.contains("version")) return {std::nullopt, std::string("dplb ") + DPLB_VERSION + "\n"};
+
+  settings s;
+  json file;
+  const option_spec& config_option = find_option("config");
+  if (auto where = pick(config_option, cli, env, file, {})) {
+    apply(config_option, *where, s);
+    file = read_config_file(*s.config_file);
+  }
+  for (const auto& o : option_table) {
+    if (o.kind == value_kind::flag || &o == &config_option) continue;
+    if (auto v = pick(o, cli, env, file, s.config_file.value_or(""))) apply(o, *v, s);
+  }
+  if (s.backends.empty()) {
+    throw config_error("no backend given: pass --backend http://HOST:PORT (repeatable) or set DPLB_BACKENDS");
+  }
+  return {std::move(s), {}};
+}
+
+}  // namespace dplb::config

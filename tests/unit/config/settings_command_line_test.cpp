@@ -1,0 +1,431 @@
+// Command-line parsing and validation of dplb's settings: forms of each option, every validation error, --help
+// and --version. Precedence between sources and the config file are in settings_sources_test.cpp.
+
+#include <catch2/catch.hpp>
+
+#include <spdlog/common.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "dplb/config/settings.hpp"
+
+namespace cfg = dplb::config;
+
+namespace {
+
+cfg::parse_result parse(const std::vector<std::string>& args, const cfg::environment& env = {}) {
+  std::vector<const char*> argv{"dplb"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  return cfg::parse_command_line(static_cast<int>(argv.size()), argv.data(), env);
+}
+
+cfg::settings run(const std::vector<std::string>& args, const cfg::environment& env = {}) {
+  auto result = parse(args, env);
+  REQUIRE(result.run.has_value());
+  CHECK(result.print_and_exit.empty());
+  return *result.run;
+}
+
+// The message of the config_error that parsing throws; fails the test when nothing (or something else) is
+// thrown.
+std::string error_of(const std::vector<std::string>& args, const cfg::environment& env = {}) {
+  try {
+    parse(args, env);
+  } catch (const cfg::config_error& e) {
+    const std::string what = e.what();
+    CHECK(what.find('\n') == std::string::npos);  // one line, always
+    return what;
+  }
+  FAIL("expected a config_error");
+  return {};
+}
+
+const std::string one_backend = "--backend=http://127.0.0.1:8100";
+
+}  // namespace
+
+TEST_CASE("defaults apply when only a backend is given", "[config]") {
+  const cfg::settings s = run({"--backend", "http://127.0.0.1:8100"});
+  CHECK(s.listen.host == "0.0.0.0");
+  CHECK(s.listen.port == 8000);
+  CHECK(s.backends == std::vector<std::string>{"http://127.0.0.1:8100"});
+  CHECK(s.policy == "least-inflight");
+  CHECK(s.threads == 0);
+  CHECK(s.log_level == "info");
+  CHECK(s.log_fmt == cfg::log_format::text);
+  CHECK(s.max_request_body_bytes == 64u * 1024 * 1024);
+  CHECK(s.max_header_bytes == 64u * 1024);
+  CHECK(s.client_idle_timeout == std::chrono::milliseconds(60'000));
+  CHECK(s.request_read_timeout == std::chrono::milliseconds(30'000));
+  CHECK(s.upstream_connect_timeout == std::chrono::milliseconds(5'000));
+  CHECK(s.upstream_read_timeout == std::chrono::milliseconds(600'000));
+  CHECK(s.client_write_timeout == std::chrono::milliseconds(60'000));
+  CHECK(s.upstream_idle_timeout == std::chrono::milliseconds(4'000));
+  CHECK(s.upstream_max_idle_per_rank == 256);
+  CHECK_FALSE(s.config_file.has_value());
+}
+
+TEST_CASE("every option is read from the command line, in both --name value and --name=value form", "[config]") {
+  const bool adjacent = GENERATE(false, true);
+  const std::vector<std::pair<std::string, std::string>> options{
+      {"listen", "127.0.0.1:9000"},
+      {"backend", "http://10.0.0.1:8100"},
+      {"policy", "round-robin"},
+      {"threads", "8"},
+      {"log-level", "debug"},
+      {"log-format", "json"},
+      {"max-request-body-bytes", "1048576"},
+      {"max-header-bytes", "16384"},
+      {"client-idle-timeout-ms", "1001"},
+      {"request-read-timeout-ms", "1002"},
+      {"upstream-connect-timeout-ms", "1003"},
+      {"upstream-read-timeout-ms", "1004"},
+      {"client-write-timeout-ms", "1005"},
+      {"upstream-idle-timeout-ms", "1006"},
+      {"upstream-max-idle-per-rank", "7"},
+  };
+  std::vector<std::string> args;
+  for (const auto& [name, value] : options) {
+    if (adjacent) {
+      args.push_back("--" + name + "=" + value);
+    } else {
+      args.push_back("--" + name);
+      args.push_back(value);
+    }
+  }
+  const cfg::settings s = run(args);
+  CHECK(s.listen.host == "127.0.0.1");
+  CHECK(s.listen.port == 9000);
+  CHECK(s.backends == std::vector<std::string>{"http://10.0.0.1:8100"});
+  CHECK(s.policy == "round-robin");
+  CHECK(s.threads == 8);
+  CHECK(s.log_level == "debug");
+  CHECK(s.log_fmt == cfg::log_format::json);
+  CHECK(s.max_request_body_bytes == 1048576);
+  CHECK(s.max_header_bytes == 16384);
+  CHECK(s.client_idle_timeout == std::chrono::milliseconds(1001));
+  CHECK(s.request_read_timeout == std::chrono::milliseconds(1002));
+  CHECK(s.upstream_connect_timeout == std::chrono::milliseconds(1003));
+  CHECK(s.upstream_read_timeout == std::chrono::milliseconds(1004));
+  CHECK(s.client_write_timeout == std::chrono::milliseconds(1005));
+  CHECK(s.upstream_idle_timeout == std::chrono::milliseconds(1006));
+  CHECK(s.upstream_max_idle_per_rank == 7);
+}
+
+TEST_CASE("--backend is repeatable, takes comma-separated lists, and keeps rank order", "[config]") {
+  SECTION("repeated") {
+    const auto s = run({"--backend", "http://h:3", "--backend", "http://h:1", "--backend", "http://h:2"});
+    CHECK(s.backends == std::vector<std::string>{"http://h:3", "http://h:1", "http://h:2"});
+  }
+  SECTION("comma-separated list and repetition mixed") {
+    const auto s = run({"--backend", "http://a:1,http://b:2", "--backend", "http://c:3"});
+    CHECK(s.backends == std::vector<std::string>{"http://a:1", "http://b:2", "http://c:3"});
+  }
+  SECTION("blanks around list entries are ignored") {
+    const auto s = run({"--backend", " http://a:1 , http://b:2"});
+    CHECK(s.backends == std::vector<std::string>{"http://a:1", "http://b:2"});
+  }
+}
+
+TEST_CASE("backend URLs are normalised to http://host:port", "[config]") {
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"http://127.0.0.1:8100", "http://127.0.0.1:8100"},
+      {"http://127.0.0.1:8100/", "http://127.0.0.1:8100"},
+      {"http://engine-0.local:8000", "http://engine-0.local:8000"},
+      {"http://Engine-0.Local:8000/", "http://engine-0.local:8000"},
+      {"HTTP://localhost:8000", "http://localhost:8000"},
+      {"http://localhost", "http://localhost:80"},
+      {"http://[::1]:8100", "http://[::1]:8100"},
+      {"http://[0:0:0:0:0:0:0:1]:8100/", "http://[::1]:8100"},
+      {"http://vllm_rank_0:8000", "http://vllm_rank_0:8000"},
+      {"http://h:65535", "http://h:65535"},
+  };
+  for (const auto& [given, normal] : cases) {
+    INFO(given);
+    CHECK(run({"--backend", given}).backends == std::vector<std::string>{normal});
+  }
+}
+
+TEST_CASE("invalid backend URLs are refused, naming --backend and the value", "[config]") {
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"https://127.0.0.1:8100", "https is not supported"},
+      {"127.0.0.1:8100", "expected a URL like http://127.0.0.1:8100"},
+      {"localhost:8100", "expected a URL like http://127.0.0.1:8100"},
+      {"ftp://h:21", "expected a URL like http://127.0.0.1:8100"},
+      {"http:///v1", "expected a URL like http://127.0.0.1:8100"},
+      {"http://h:8100/v1", "a path is not supported"},
+      {"http://h:8100?x=1", "a query is not supported"},
+      {"http://h:8100#top", "a fragment is not supported"},
+      {"http://user:pw@h:8100", "user info"},
+      {"http://h:0", "port must be a number from 1 to 65535"},
+      {"http://h:65536", "port must be a number from 1 to 65535"},
+      {"http://h:", "port must be a number from 1 to 65535"},
+      {"http://h%41:80", "is not an IP address or host name"},
+      {"http://300.1.1.1:80", "is not an IP address or host name"},
+      {"http://-h:80", "is not an IP address or host name"},
+      {"not a url", "expected a URL"},
+  };
+  for (const auto& [bad, why] : cases) {
+    INFO(bad);
+    const std::string msg = error_of({"--backend", bad});
+    CHECK_THAT(msg, Catch::Contains("invalid --backend '" + bad + "'"));
+    CHECK_THAT(msg, Catch::Contains(why));
+  }
+}
+
+TEST_CASE("an https backend gets a message that says TLS to engines is unsupported", "[config]") {
+  CHECK(error_of({"--backend", "https://h:8100"}) ==
+        "invalid --backend 'https://h:8100': https is not supported (dplb talks plain HTTP to the engines); use "
+        "http://HOST:PORT");
+}
+
+TEST_CASE("an empty entry in a backend list is refused", "[config]") {
+  CHECK_THAT(error_of({"--backend", "http://a:1,,http://b:2"}), Catch::Contains("empty entry"));
+  CHECK_THAT(error_of({"--backend", "http://a:1,"}), Catch::Contains("invalid --backend 'http://a:1,'"));
+  CHECK_THAT(error_of({"--backend", ""}), Catch::Contains("invalid --backend '': empty entry"));
+}
+
+TEST_CASE("the same engine twice is refused, naming the duplicate and the first rank", "[config]") {
+  SECTION("literally repeated") {
+    CHECK(error_of({"--backend", "http://a:1", "--backend", "http://b:2", "--backend", "http://a:1"}) ==
+          "duplicate --backend 'http://a:1': same engine as rank 0 ('http://a:1'); list each engine once");
+  }
+  SECTION("spelled differently but equal once normalised") {
+    const std::string msg = error_of({"--backend", "http://b:2,http://A:1", "--backend", "http://a:1/"});
+    CHECK_THAT(msg, Catch::Contains("duplicate --backend 'http://a:1/'"));
+    CHECK_THAT(msg, Catch::Contains("rank 1 ('http://A:1')"));
+  }
+  SECTION("default port made explicit") {
+    CHECK_THAT(error_of({"--backend", "http://h,http://h:80"}), Catch::Contains("duplicate --backend 'http://h:80'"));
+  }
+}
+
+TEST_CASE("--listen accepts IPv4, bracketed IPv6, host names and port 0", "[config]") {
+  struct expected {
+    std::string given;
+    std::string host;
+    std::uint16_t port;
+  };
+  const std::vector<expected> cases{
+      {"0.0.0.0:8000", "0.0.0.0", 8000},       {"127.0.0.1:0", "127.0.0.1", 0},
+      {"[::1]:8000", "::1", 8000},             {"[::]:65535", "::", 65535},
+      {"localhost:8080", "localhost", 8080},   {"lb.example.com:80", "lb.example.com", 80},
+      {"[fe80::1:2]:1", "fe80::1:2", 1},
+  };
+  for (const auto& c : cases) {
+    INFO(c.given);
+    const auto s = run({"--listen", c.given, one_backend});
+    CHECK(s.listen.host == c.host);
+    CHECK(s.listen.port == c.port);
+  }
+}
+
+TEST_CASE("invalid --listen values are refused, naming --listen and the value", "[config]") {
+  CHECK(error_of({"--listen", "8000", one_backend}) ==
+        "invalid --listen '8000': expected HOST:PORT, e.g. 0.0.0.0:8000");
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {":8000", "expected HOST:PORT"},
+      {"0.0.0.0", "expected HOST:PORT"},
+      {"0.0.0.0:", "port must be a number from 0 to 65535"},
+      {"0.0.0.0:65536", "port must be a number from 0 to 65535"},
+      {"0.0.0.0:-1", "port must be a number from 0 to 65535"},
+      {"0.0.0.0:80x", "port must be a number from 0 to 65535"},
+      {"::1:8000", "an IPv6 address needs brackets"},
+      {"[::1]8000", "expected [IPV6]:PORT"},
+      {"[::1]", "expected [IPV6]:PORT"},
+      {"[nope]:80", "is not an IPv6 address"},
+      {"*:8000", "is not an IP address or host name"},
+      {"256.0.0.1:80", "is not an IP address or host name"},
+      {"bad host:80", "is not an IP address or host name"},
+      {"", "expected HOST:PORT"},
+  };
+  for (const auto& [bad, why] : cases) {
+    INFO(bad);
+    const std::string msg = error_of({"--listen", bad, one_backend});
+    CHECK_THAT(msg, Catch::StartsWith("invalid --listen '" + bad + "'"));
+    CHECK_THAT(msg, Catch::Contains(why));
+  }
+}
+
+TEST_CASE("--policy accepts the known policies and refuses others", "[config]") {
+  CHECK(run({"--policy", "round-robin", one_backend}).policy == "round-robin");
+  CHECK(run({"--policy", "least-inflight", one_backend}).policy == "least-inflight");
+  CHECK(run({"--policy", "Round-Robin", one_backend}).policy == "round-robin");  // stored canonical
+  CHECK(error_of({"--policy", "fastest", one_backend}) ==
+        "invalid --policy 'fastest': expected round-robin or least-inflight");
+  CHECK(error_of({"--policy", "", one_backend}) == "invalid --policy '': expected round-robin or least-inflight");
+}
+
+TEST_CASE("--log-level accepts exactly spdlog's level names", "[config]") {
+  const std::vector<std::pair<std::string, spdlog::level::level_enum>> levels{
+      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug},       {"info", spdlog::level::info},
+      {"warn", spdlog::level::warn},   {"error", spdlog::level::err},         {"critical", spdlog::level::critical},
+      {"off", spdlog::level::off},
+  };
+  for (const auto& [name, level] : levels) {
+    INFO(name);
+    const auto s = run({"--log-level", name, one_backend});
+    CHECK(s.log_level == name);
+    // The logging setup hands the name to spdlog, which must read it as the same level.
+    CHECK(spdlog::level::from_str(s.log_level) == level);
+  }
+  CHECK(run({"--log-level", "WARN", one_backend}).log_level == "warn");
+  const std::string msg = error_of({"--log-level", "verbose", one_backend});
+  CHECK(msg == "invalid --log-level 'verbose': expected trace, debug, info, warn, error, critical or off");
+}
+
+TEST_CASE("--log-format accepts text and json", "[config]") {
+  CHECK(run({"--log-format", "json", one_backend}).log_fmt == cfg::log_format::json);
+  CHECK(run({"--log-format", "text", one_backend}).log_fmt == cfg::log_format::text);
+  CHECK(error_of({"--log-format", "xml", one_backend}) == "invalid --log-format 'xml': expected text or json");
+}
+
+TEST_CASE("numeric options accept their range and refuse the rest, naming option and value", "[config]") {
+  struct range {
+    std::string flag;
+    std::string min;
+    std::string max;
+    std::string below;  // "" when the minimum is 0 (nothing below to try)
+    std::string above;
+  };
+  const std::vector<range> ranges{
+      {"threads", "0", "256", "", "257"},
+      {"max-request-body-bytes", "1", "4294967296", "0", "4294967297"},
+      {"max-header-bytes", "1", "16777216", "0", "16777217"},
+      {"client-idle-timeout-ms", "1", "86400000", "0", "86400001"},
+      {"request-read-timeout-ms", "1", "86400000", "0", "86400001"},
+      {"upstream-connect-timeout-ms", "1", "86400000", "0", "86400001"},
+      {"upstream-read-timeout-ms", "1", "86400000", "0", "86400001"},
+      {"client-write-timeout-ms", "1", "86400000", "0", "86400001"},
+      {"upstream-idle-timeout-ms", "1", "86400000", "0", "86400001"},
+      {"upstream-max-idle-per-rank", "0", "65536", "", "65537"},
+  };
+  for (const auto& r : ranges) {
+    INFO("--" << r.flag);
+    CHECK_NOTHROW(run({"--" + r.flag, r.min, one_backend}));
+    CHECK_NOTHROW(run({"--" + r.flag, r.max, one_backend}));
+    std::vector<std::string> bad{r.above, "abc", "-1", "1.5", "10ms", " 5", "+5", "99999999999999999999999"};
+    if (!r.below.empty()) bad.push_back(r.below);
+    for (const auto& value : bad) {
+      INFO("value '" << value << "'");
+      CHECK(error_of({"--" + r.flag + "=" + value, one_backend}) ==
+            "invalid --" + r.flag + " '" + value + "': expected a whole number from " + r.min + " to " + r.max +
+                (r.flag == "threads"                      ? " (threads)"
+                 : r.flag.ends_with("-ms")                ? " (ms)"
+                 : r.flag == "upstream-max-idle-per-rank" ? " (connections)"
+                                                          : " (bytes)"));
+    }
+  }
+}
+
+TEST_CASE("numeric values reach the settings unchanged at the range edges", "[config]") {
+  const auto s = run({"--threads", "256", "--max-request-body-bytes", "4294967296", "--upstream-read-timeout-ms",
+                      "86400000", "--upstream-max-idle-per-rank", "0", one_backend});
+  CHECK(s.threads == 256);
+  CHECK(s.max_request_body_bytes == 4294967296ull);
+  CHECK(s.upstream_read_timeout == std::chrono::milliseconds(86'400'000));
+  CHECK(s.upstream_max_idle_per_rank == 0);
+}
+
+TEST_CASE("no backend at all is an error that says how to give one", "[config]") {
+  CHECK(error_of({}) == "no backend given: pass --backend http://HOST:PORT (repeatable) or set DPLB_BACKENDS");
+  CHECK(error_of({"--listen", "0.0.0.0:8000", "--policy", "round-robin"}) ==
+        "no backend given: pass --backend http://HOST:PORT (repeatable) or set DPLB_BACKENDS");
+}
+
+TEST_CASE("command-line mistakes give one line that points to --help", "[config]") {
+  CHECK(error_of({"--foo", one_backend}) == "unknown option '--foo'; see 'dplb --help'");
+  CHECK(error_of({"--foo=1", one_backend}) == "unknown option '--foo'; see 'dplb --help'");
+  CHECK(error_of({"--polcy", "round-robin", one_backend}) ==
+        "unknown option '--polcy' (did you mean '--policy'?); see 'dplb --help'");
+  // Abbreviations are not guessed: a script must not change meaning when an option is added.
+  CHECK_THAT(error_of({"--pol", "round-robin", one_backend}), Catch::StartsWith("unknown option '--pol'"));
+  CHECK_THAT(error_of({"-h"}), Catch::StartsWith("unknown option '-h'"));
+  CHECK_THAT(error_of({"-listen", "0.0.0.0:1", one_backend}), Catch::StartsWith("unknown option '-listen'"));
+  CHECK(error_of({one_backend, "stray"}) == "unexpected argument 'stray'; options start with '--', see 'dplb --help'");
+  CHECK(error_of({one_backend, "--listen"}) == "option '--listen' needs a value; see 'dplb --help'");
+  CHECK(error_of({"--listen", "--backend", "http://h:1"}) == "option '--listen' needs a value; see 'dplb --help'");
+  CHECK(error_of({one_backend, "--threads="}) == "option '--threads' needs a value after '='; see 'dplb --help'");
+  CHECK(error_of({"--version=2"}) == "option '--version' takes no value; see 'dplb --help'");
+  CHECK(error_of({"--policy", "round-robin", "--policy", "least-inflight", one_backend}) ==
+        "option '--policy' given more than once ('round-robin' and 'least-inflight'); pass it once");
+}
+
+TEST_CASE("--help documents every option with its environment variable, config key and default", "[config]") {
+  const auto result = parse({"--help"});
+  CHECK_FALSE(result.run.has_value());
+  const std::string& help = result.print_and_exit;
+  CHECK(help == cfg::help_text());
+  CHECK_THAT(help, Catch::Contains("Usage: dplb --listen HOST:PORT --backend URL"));
+  CHECK_THAT(help, Catch::Contains("round-robin|least-inflight"));
+  CHECK_THAT(help, Catch::Contains("command line > environment > config file > default"));
+  const std::vector<std::string> flags{
+      "listen",
+      "backend",
+      "policy",
+      "threads",
+      "config",
+      "log-level",
+      "log-format",
+      "max-request-body-bytes",
+      "max-header-bytes",
+      "client-idle-timeout-ms",
+      "request-read-timeout-ms",
+      "upstream-connect-timeout-ms",
+      "upstream-read-timeout-ms",
+      "client-write-timeout-ms",
+      "upstream-idle-timeout-ms",
+      "upstream-max-idle-per-rank",
+  };
+  for (const auto& flag : flags) {
+    INFO(flag);
+    std::string snake = flag;
+    std::replace(snake.begin(), snake.end(), '-', '_');
+    std::string env = "DPLB_" + snake;
+    std::transform(env.begin(), env.end(), env.begin(), [](unsigned char c) { return std::toupper(c); });
+    if (flag == "backend") {
+      env = "DPLB_BACKENDS";
+      snake = "backends";
+    }
+    CHECK_THAT(help, Catch::Contains("--" + flag + " "));
+    CHECK_THAT(help, Catch::Contains("env " + env));
+    if (flag != "config") CHECK_THAT(help, Catch::Contains("config key \"" + snake + "\""));
+  }
+  CHECK_THAT(help, Catch::Contains("--help"));
+  CHECK_THAT(help, Catch::Contains("--version"));
+  // Defaults are printed from the settings struct itself.
+  CHECK_THAT(help, Catch::Contains("default 0.0.0.0:8000"));
+  CHECK_THAT(help, Catch::Contains("default least-inflight"));
+  CHECK_THAT(help, Catch::Contains("default 67108864"));
+  CHECK_THAT(help, Catch::Contains("default 600000"));
+  CHECK(help.back() == '\n');
+}
+
+TEST_CASE("--help and --version answer even when the rest would be refused", "[config]") {
+  const cfg::environment broken{{"DPLB_POLICY", "fastest"}, {"DPLB_CONFIG", "/nonexistent/dplb.json"}};
+  CHECK_FALSE(parse({"--help"}, broken).run.has_value());
+  CHECK_FALSE(parse({"--listen", "nonsense", "--help"}, broken).print_and_exit.empty());
+  CHECK(parse({"--version"}, broken).print_and_exit == std::string("dplb ") + DPLB_VERSION + "\n");
+  CHECK_FALSE(parse({"--version"}, broken).run.has_value());
+  // An unknown flag is still an error: the command line itself is wrong.
+  CHECK_THAT(error_of({"--help", "--foo"}), Catch::StartsWith("unknown option '--foo'"));
+}
+
+TEST_CASE("--version prints dplb and the build's version", "[config]") {
+  const std::string text = parse({"--version"}).print_and_exit;
+  CHECK(text == "dplb " DPLB_VERSION "\n");
+  CHECK(std::string(DPLB_VERSION).find('.') != std::string::npos);
+}
+
+TEST_CASE("process_environment reads DPLB_* variables from the real environment", "[config]") {
+  REQUIRE(::setenv("DPLB_UNIT_TEST_PROBE", "a=b,c", 1) == 0);
+  const cfg::environment env = cfg::process_environment();
+  ::unsetenv("DPLB_UNIT_TEST_PROBE");
+  REQUIRE(env.contains("DPLB_UNIT_TEST_PROBE"));
+  CHECK(env.at("DPLB_UNIT_TEST_PROBE") == "a=b,c");  // split at the first '=' only
+  for (const auto& [name, value] : env) CHECK(name.starts_with("DPLB_"));
+}
