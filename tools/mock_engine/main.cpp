@@ -1,1 +1,27 @@
-int main(){}
+// dplb-mock-engine: a fake vLLM engine for dplb's tests, demo and benchmarks (see --help).
+
+#include <exception>
+#include <iostream>
+
+#include "mock_options.hpp"
+#include "mock_server.hpp"
+
+int main(int argc, char** argv) {
+  auto parsed = dplb::mock::parse_command_line(argc, argv, std::cout, std::cerr);
+  if (!parsed.options) return parsed.exit_code;
+  const auto& options = *parsed.options;
+  try {
+    dplb::mock::mock_server server(options);
+    // Tests wait for these exact lines; each is flushed so a pipe sees it at once.
+    for (std::size_t rank = 0; rank < server.ports().size(); ++rank) {
+      std::cout << "mock-engine rank " << rank << " listening on " << options.host << ':'
+                << server.ports()[rank] << std::endl;
+    }
+    std::cout << "mock-engine ready" << std::endl;
+    server.run();
+  } catch (const std::exception& e) {
+    std::cerr << "dplb-mock-engine: " << e.what() << '\n';
+    return 1;
+  }
+  return 0;
+}

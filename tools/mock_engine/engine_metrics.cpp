@@ -1,0 +1,97 @@
+#include "engine_metrics.hpp"
+
+namespace dplb::mock {
+namespace {
+
+// Prometheus label values escape backslash, double quote and newline.
+void append_label_value(std::string& out, std::string_view value) {
+  for (const char c : value) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+}
+
+class text_writer {
+ public:
+  text_writer(std::string_view engine, std::string_view model_name) : engine_(engine), model_(model_name) {}
+
+  void family(std::string_view name, std::string_view type, std::string_view help) {
+    out_.append("# HELP ").append(name).append(" ").append(help).append("\n");
+    out_.append("# TYPE ").append(name).append(" ").append(type).append("\n");
+  }
+
+  // name{engine="..",<extra_label>,model_name=".."} value; extra_label sorts between the two.
+  void vllm_sample(std::string_view name, std::int64_t value, std::string_view extra_label = {}) {
+    out_.append(name).append("{engine=\"");
+    append_label_value(out_, engine_);
+    out_.append("\",");
+    if (!extra_label.empty()) out_.append(extra_label).append(",");
+    out_.append("model_name=\"");
+    append_label_value(out_, model_);
+    out_.append("\"} ");
+    append_value(value);
+  }
+
+  void mock_sample(std::string_view name, std::int64_t value) {
+    out_.append(name).append("{engine=\"");
+    append_label_value(out_, engine_);
+    out_.append("\"} ");
+    append_value(value);
+  }
+
+  std::string take() { return std::move(out_); }
+
+ private:
+  void append_value(std::int64_t value) { out_.append(std::to_string(value)).append(".0\n"); }
+
+  std::string_view engine_;
+  std::string_view model_;
+  std::string out_;
+};
+
+std::int64_t load(const std::atomic<std::uint64_t>& counter) {
+  return static_cast<std::int64_t>(counter.load(std::memory_order_relaxed));
+}
+
+std::int64_t load(const std::atomic<std::int64_t>& gauge) { return gauge.load(std::memory_order_relaxed); }
+
+}  // namespace
+
+std::string render_metrics(const engine_metrics& m, std::string_view engine, std::string_view model_name) {
+  text_writer w(engine, model_name);
+  w.family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.");
+  w.vllm_sample("vllm:num_requests_running", load(m.requests_running));
+  // No scheduler is simulated yet: every admitted request runs at once.
+  w.family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.");
+  w.vllm_sample("vllm:num_requests_waiting", 0);
+  w.family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.");
+  w.vllm_sample("vllm:kv_cache_usage_perc", 0);
+  w.family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.");
+  w.vllm_sample("vllm:prompt_tokens_total", load(m.prompt_tokens));
+  w.family("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.");
+  w.vllm_sample("vllm:generation_tokens_total", load(m.generation_tokens));
+  w.family("vllm:request_success_total", "counter", "Count of successfully processed requests.");
+  w.vllm_sample("vllm:request_success_total", load(m.requests_succeeded), "finished_reason=\"length\"");
+
+  w.family("mock_requests_received_total", "counter",
+           "Requests whose head reached this rank (any path but /metrics), dropped ones included.");
+  w.mock_sample("mock_requests_received_total", load(m.requests_received));
+  w.family("mock_requests_aborted_total", "counter",
+           "Generation and /mock/stream requests whose client went away before the end.");
+  w.mock_sample("mock_requests_aborted_total", load(m.requests_aborted));
+  w.family("mock_requests_dropped_total", "counter", "Requests closed unanswered by --close-on-request.");
+  w.mock_sample("mock_requests_dropped_total", load(m.requests_dropped));
+  w.family("mock_connections_accepted_total", "counter", "Connections accepted.");
+  w.mock_sample("mock_connections_accepted_total", load(m.connections_accepted));
+  w.family("mock_connections_open", "gauge", "Connections open now.");
+  w.mock_sample("mock_connections_open", load(m.connections_open));
+  return w.take();
+}
+
+}  // namespace dplb::mock

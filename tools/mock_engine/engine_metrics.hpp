@@ -1,0 +1,81 @@
+#pragma once
+// One rank's counters, shared by every event-loop thread (relaxed atomics: each value is read alone),
+// and their rendering as vLLM-like Prometheus text.
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace dplb::mock {
+
+struct engine_metrics {
+  // vLLM's series (vllm:*), with the same meaning as in vLLM.
+  std::atomic<std::int64_t> requests_running{0};     // generating now (vllm:num_requests_running)
+  std::atomic<std::uint64_t> prompt_tokens{0};       // vllm:prompt_tokens_total, added at admission
+  std::atomic<std::uint64_t> generation_tokens{0};   // vllm:generation_tokens_total, per token
+  std::atomic<std::uint64_t> requests_succeeded{0};  // vllm:request_success_total{finished_reason="length"}
+  // The mock's own (mock_*): what the tests need to see from the engine's side.
+  std::atomic<std::uint64_t> requests_received{0};  // every request head read, except GET /metrics
+  std::atomic<std::uint64_t> requests_aborted{0};   // the client went away before the end
+  std::atomic<std::uint64_t> requests_dropped{0};   // closed unanswered by --close-on-request
+  std::atomic<std::uint64_t> connections_accepted{0};
+  std::atomic<std::int64_t> connections_open{0};
+};
+
+// The /metrics body (content type text/plain; version=0.0.4) for rank `engine` serving `model_name`.
+// Labels print in alphabetical order and values as floats ("3.0"), as vLLM's prometheus_client does.
+std::string render_metrics(const engine_metrics& metrics, std::string_view engine,
+                           std::string_view model_name);
+
+// Follows one admitted generation request through the metrics: running while it generates, then
+// exactly one of success (finish()) or aborted (destroyed unfinished, e.g. the client went away).
+// finish() comes before the last bytes are written, as in vLLM where the engine finishes the request
+// before the API server sends the end: a client that saw the end then sees the counts.
+class generation_tracker {
+ public:
+  generation_tracker(engine_metrics& metrics, std::uint64_t prompt_tokens) : metrics_(metrics) {
+    metrics_.requests_running.fetch_add(1, std::memory_order_relaxed);
+    metrics_.prompt_tokens.fetch_add(prompt_tokens, std::memory_order_relaxed);
+  }
+  generation_tracker(const generation_tracker&) = delete;
+  generation_tracker& operator=(const generation_tracker&) = delete;
+  ~generation_tracker() {
+    if (!finished_) {
+      metrics_.requests_aborted.fetch_add(1, std::memory_order_relaxed);
+      metrics_.requests_running.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+
+  void tokens(std::uint64_t n) { metrics_.generation_tokens.fetch_add(n, std::memory_order_relaxed); }
+
+  void finish() {
+    if (finished_) return;
+    finished_ = true;
+    metrics_.requests_succeeded.fetch_add(1, std::memory_order_relaxed);
+    metrics_.requests_running.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  bool finished() const { return finished_; }
+
+ private:
+  engine_metrics& metrics_;
+  bool finished_ = false;
+};
+
+// Counts one accepted connection as open for its lifetime.
+class open_connection {
+ public:
+  explicit open_connection(engine_metrics& metrics) : metrics_(metrics) {
+    metrics_.connections_accepted.fetch_add(1, std::memory_order_relaxed);
+    metrics_.connections_open.fetch_add(1, std::memory_order_relaxed);
+  }
+  open_connection(const open_connection&) = delete;
+  open_connection& operator=(const open_connection&) = delete;
+  ~open_connection() { metrics_.connections_open.fetch_sub(1, std::memory_order_relaxed); }
+
+ private:
+  engine_metrics& metrics_;
+};
+
+}  // namespace dplb::mock

@@ -1,0 +1,38 @@
+#pragma once
+// The mock engine's command line: one plain struct and the parser that fills it. Pure (no sockets), so
+// the contract the tests rely on lives in one place.
+
+#include <chrono>
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+
+namespace dplb::mock {
+
+struct mock_options {
+  std::string host = "127.0.0.1";         // IP literal or a name resolved at start-up
+  std::uint16_t port = 8100;              // rank i listens on port + i; 0 = an ephemeral port per rank
+  unsigned ranks = 1;                     // data-parallel ranks served by this one process
+  std::string model = "mock-model";       // the only model name accepted and listed
+  std::chrono::milliseconds ttft{0};      // wait before the first token
+  std::chrono::milliseconds itl{0};       // wait between two tokens
+  std::uint64_t default_max_tokens = 16;  // completion tokens when the request sets none
+  std::chrono::milliseconds keepalive_timeout{5000};  // an idle connection is closed silently after this
+  // Drop the N-th request of every connection after reading its head (no response byte): the
+  // keep-alive race seen from the proxy. 0 = off.
+  std::uint64_t close_on_request = 0;
+  unsigned threads = 1;  // event-loop threads, each with its own io_context and SO_REUSEPORT acceptors
+};
+
+// Either options to run with, or the process exit status (0 after --help, 2 after a bad command line).
+struct command_line_result {
+  std::optional<mock_options> options;
+  int exit_code = 0;
+};
+
+// Parses argv; --help text goes to `out`, one-line errors ("dplb-mock-engine: ...") to `err`.
+command_line_result parse_command_line(int argc, const char* const* argv, std::ostream& out,
+                                       std::ostream& err);
+
+}  // namespace dplb::mock

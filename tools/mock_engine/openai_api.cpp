@@ -1,0 +1,301 @@
+#include "openai_api.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <nlohmann/json.hpp>
+
+namespace dplb::mock {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+using json = nlohmann::json;
+
+constexpr std::string_view token_text = " tok";
+
+// Client-supplied strings (ids, model names) may hold invalid UTF-8; dump() would throw on them.
+std::string dump(const ordered_json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string sse(const ordered_json& value) {
+  std::string event = "data: ";
+  event += dump(value);
+  event += "\n\n";
+  return event;
+}
+
+api_error bad_request(std::string_view message) { return {400, error_body(message, "BadRequestError", 400)}; }
+
+bool is_json_media_type(std::string_view content_type) {
+  auto media = content_type.substr(0, content_type.find(';'));
+  while (!media.empty() && std::isspace(static_cast<unsigned char>(media.back())) != 0)
+    media.remove_suffix(1);
+  while (!media.empty() && std::isspace(static_cast<unsigned char>(media.front())) != 0)
+    media.remove_prefix(1);
+  constexpr std::string_view expected = "application/json";
+  return std::equal(media.begin(), media.end(), expected.begin(), expected.end(),
+                    [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; });
+}
+
+// Words of a completions prompt: a string, an array of strings, or token ids (one per id).
+std::variant<std::uint64_t, api_error> prompt_words(const json& prompt) {
+  if (prompt.is_string()) return count_words(prompt.get_ref<const std::string&>());
+  if (!prompt.is_array() || prompt.empty())
+    return bad_request("prompt must be a string or a non-empty array");
+  std::uint64_t words = 0;
+  for (const auto& part : prompt) {
+    if (part.is_string()) {
+      words += count_words(part.get_ref<const std::string&>());
+    } else if (part.is_number_integer()) {
+      ++words;
+    } else if (part.is_array()) {
+      words += part.size();
+    } else {
+      return bad_request("prompt must be a string, an array of strings or an array of token ids");
+    }
+  }
+  return words;
+}
+
+// Words of every message's content: a string, or text parts ({"type":"text","text":...}).
+std::variant<std::uint64_t, api_error> message_words(const json& messages) {
+  if (!messages.is_array()) return bad_request("messages must be an array");
+  std::uint64_t words = 0;
+  for (const auto& message : messages) {
+    if (!message.is_object()) return bad_request("each message must be an object");
+    const auto content = message.find("content");
+    if (content == message.end() || content->is_null()) continue;
+    if (content->is_string()) {
+      words += count_words(content->get_ref<const std::string&>());
+    } else if (content->is_array()) {
+      for (const auto& part : *content) {
+        if (!part.is_object()) continue;
+        const auto text = part.find("text");
+        if (text != part.end() && text->is_string())
+          words += count_words(text->get_ref<const std::string&>());
+      }
+    } else {
+      return bad_request("message content must be a string or an array of parts");
+    }
+  }
+  return words;
+}
+
+// max_completion_tokens wins over max_tokens in chat, as in vLLM; null means unset.
+std::variant<std::uint64_t, api_error> max_tokens_of(api_kind kind, const json& request,
+                                                     std::uint64_t fallback) {
+  const json* value = nullptr;
+  for (const char* key : {"max_completion_tokens", "max_tokens"}) {
+    if (kind == api_kind::completions && std::string_view(key) == "max_completion_tokens") continue;
+    const auto found = request.find(key);
+    if (found != request.end() && !found->is_null()) {
+      value = &*found;
+      break;
+    }
+  }
+  if (value == nullptr) return fallback;
+  if (!value->is_number_integer()) return bad_request("max_tokens must be an integer");
+  if (value->is_number_unsigned()) {
+    const auto n = value->get<std::uint64_t>();
+    if (n >= 1) return n;
+  }
+  return bad_request("max_tokens must be at least 1, got " + value->dump() + ".");
+}
+
+ordered_json header(std::string_view id, std::string_view object, std::int64_t created,
+                    std::string_view model) {
+  ordered_json j;
+  j["id"] = id;
+  j["object"] = object;
+  j["created"] = created;
+  j["model"] = model;
+  return j;
+}
+
+ordered_json usage(std::uint64_t prompt_tokens, std::uint64_t completion_tokens) {
+  ordered_json u;
+  u["prompt_tokens"] = prompt_tokens;
+  u["total_tokens"] = prompt_tokens + completion_tokens;
+  u["completion_tokens"] = completion_tokens;
+  return u;
+}
+
+}  // namespace
+
+std::uint64_t count_words(std::string_view text) noexcept {
+  std::uint64_t words = 0;
+  bool in_word = false;
+  for (const char c : text) {
+    const bool space = std::isspace(static_cast<unsigned char>(c)) != 0;
+    if (!space && !in_word) ++words;
+    in_word = !space;
+  }
+  return words;
+}
+
+std::variant<generation_request, api_error> parse_generation_request(api_kind kind,
+                                                                     std::string_view content_type,
+                                                                     std::string_view body,
+                                                                     std::string_view served_model,
+                                                                     std::uint64_t default_max_tokens) {
+  if (!is_json_media_type(content_type)) {
+    return bad_request("Unsupported Media Type: Only 'application/json' is allowed");
+  }
+  const json request = json::parse(body, nullptr, false);
+  if (request.is_discarded()) return bad_request("JSON decode error: the request body is not valid JSON");
+  if (!request.is_object()) return bad_request("The request body must be a JSON object");
+
+  if (const auto model = request.find("model"); model != request.end() && !model->is_null()) {
+    if (!model->is_string()) return bad_request("model must be a string");
+    const auto& name = model->get_ref<const std::string&>();
+    if (name != served_model) {
+      return api_error{404,
+                       error_body("The model `" + name + "` does not exist.", "NotFoundError", 404, "model")};
+    }
+  }
+
+  generation_request parsed;
+  parsed.kind = kind;
+
+  const auto max_tokens = max_tokens_of(kind, request, default_max_tokens);
+  if (const auto* error = std::get_if<api_error>(&max_tokens)) return *error;
+  parsed.max_tokens = std::get<std::uint64_t>(max_tokens);
+
+  if (const auto stream = request.find("stream"); stream != request.end() && !stream->is_null()) {
+    if (!stream->is_boolean()) return bad_request("stream must be a boolean");
+    parsed.stream = stream->get<bool>();
+  }
+  if (const auto options = request.find("stream_options"); options != request.end() && !options->is_null()) {
+    if (!parsed.stream) return bad_request("Stream options can only be defined when `stream=True`.");
+    if (!options->is_object()) return bad_request("stream_options must be an object");
+    if (const auto include = options->find("include_usage");
+        include != options->end() && !include->is_null()) {
+      if (!include->is_boolean()) return bad_request("stream_options.include_usage must be a boolean");
+      parsed.include_usage = include->get<bool>();
+    }
+  }
+
+  const char* input_key = kind == api_kind::chat ? "messages" : "prompt";
+  const auto input = request.find(input_key);
+  if (input == request.end()) return bad_request(std::string("Field required: ") + input_key);
+  const auto words = kind == api_kind::chat ? message_words(*input) : prompt_words(*input);
+  if (const auto* error = std::get_if<api_error>(&words)) return *error;
+  parsed.prompt_tokens = std::get<std::uint64_t>(words);
+  return parsed;
+}
+
+std::string error_body(std::string_view message, std::string_view type, unsigned code,
+                       std::string_view param) {
+  ordered_json error;
+  error["message"] = message;
+  error["type"] = type;
+  error["param"] = param.empty() ? ordered_json(nullptr) : ordered_json(param);
+  error["code"] = code;
+  ordered_json body;
+  body["error"] = std::move(error);
+  return dump(body);
+}
+
+response_renderer::response_renderer(api_kind kind, std::string_view id_suffix, std::int64_t created,
+                                     std::string_view model)
+    : kind_(kind),
+      id_((kind == api_kind::chat ? "chatcmpl-" : "cmpl-") + std::string(id_suffix)),
+      created_(created),
+      model_(model) {}
+
+std::string response_renderer::role_event() const {
+  ordered_json choice;
+  choice["index"] = 0;
+  choice["delta"] = {{"role", "assistant"}, {"content", ""}};
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = nullptr;
+  auto event = header(id_, "chat.completion.chunk", created_, model_);
+  event["choices"] = ordered_json::array({std::move(choice)});
+  return sse(event);
+}
+
+std::string response_renderer::token_event(bool last) const {
+  ordered_json choice;
+  choice["index"] = 0;
+  if (kind_ == api_kind::chat) {
+    // vLLM dumps chat chunks with exclude_unset: stop_reason appears only on the finishing chunk.
+    choice["delta"] = {{"content", token_text}};
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = last ? ordered_json("length") : ordered_json(nullptr);
+    if (last) choice["stop_reason"] = nullptr;
+  } else {
+    choice["text"] = token_text;
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = last ? ordered_json("length") : ordered_json(nullptr);
+    choice["stop_reason"] = nullptr;
+  }
+  auto event =
+      header(id_, kind_ == api_kind::chat ? "chat.completion.chunk" : "text_completion", created_, model_);
+  event["choices"] = ordered_json::array({std::move(choice)});
+  return sse(event);
+}
+
+std::string response_renderer::usage_event(std::uint64_t prompt_tokens,
+                                           std::uint64_t completion_tokens) const {
+  auto event =
+      header(id_, kind_ == api_kind::chat ? "chat.completion.chunk" : "text_completion", created_, model_);
+  event["choices"] = ordered_json::array();
+  event["usage"] = usage(prompt_tokens, completion_tokens);
+  return sse(event);
+}
+
+std::string response_renderer::full_response(std::uint64_t prompt_tokens,
+                                             std::uint64_t completion_tokens) const {
+  std::string text;
+  text.reserve(token_text.size() * completion_tokens);
+  for (std::uint64_t i = 0; i < completion_tokens; ++i) text += token_text;
+
+  ordered_json choice;
+  choice["index"] = 0;
+  ordered_json body;
+  auto full_usage = usage(prompt_tokens, completion_tokens);
+  full_usage["prompt_tokens_details"] = nullptr;
+  if (kind_ == api_kind::chat) {
+    body = header(id_, "chat.completion", created_, model_);
+    ordered_json message;
+    message["role"] = "assistant";
+    message["content"] = std::move(text);
+    message["tool_calls"] = ordered_json::array();
+    choice["message"] = std::move(message);
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = "length";
+    choice["stop_reason"] = nullptr;
+    body["choices"] = ordered_json::array({std::move(choice)});
+    body["usage"] = std::move(full_usage);
+    body["prompt_logprobs"] = nullptr;
+  } else {
+    body = header(id_, "text_completion", created_, model_);
+    choice["text"] = std::move(text);
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = "length";
+    choice["stop_reason"] = nullptr;
+    choice["prompt_logprobs"] = nullptr;
+    body["choices"] = ordered_json::array({std::move(choice)});
+    body["usage"] = std::move(full_usage);
+  }
+  return dump(body);
+}
+
+std::string models_body(std::string_view model, std::int64_t created) {
+  ordered_json card;
+  card["id"] = model;
+  card["object"] = "model";
+  card["created"] = created;
+  card["owned_by"] = "vllm";
+  card["root"] = model;
+  card["parent"] = nullptr;
+  card["max_model_len"] = 8192;
+  ordered_json body;
+  body["object"] = "list";
+  body["data"] = ordered_json::array({std::move(card)});
+  return dump(body);
+}
+
+std::string version_body() { return R"({"version":"0.0.0-mock"})"; }
+
+}  // namespace dplb::mock

@@ -1,0 +1,69 @@
+#pragma once
+// The OpenAI-compatible side of the mock, shaped after vLLM: request validation and every JSON body the
+// generation endpoints send. Pure functions over strings; the session only moves the bytes.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+
+namespace dplb::mock {
+
+enum class api_kind { completions, chat };
+
+// A request that passed validation: all the mock needs to fake vLLM's answer.
+struct generation_request {
+  api_kind kind = api_kind::completions;
+  std::uint64_t prompt_tokens = 0;  // see count_words
+  std::uint64_t max_tokens = 1;     // tokens to generate, >= 1; all of them are generated
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+// A vLLM error answer: HTTP status and the JSON body.
+struct api_error {
+  unsigned status = 400;
+  std::string body;
+};
+
+// Whitespace-separated words in `text`: the mock's deterministic stand-in for a tokenizer.
+std::uint64_t count_words(std::string_view text) noexcept;
+
+// Validates a POST body as vLLM would: Content-Type application/json, a JSON object, `model` (if
+// present) equal to served_model, max_tokens (chat: max_completion_tokens first) >= 1, `stream` a bool,
+// stream_options only with stream=true, a `prompt` (completions) or `messages` (chat).
+std::variant<generation_request, api_error> parse_generation_request(api_kind kind,
+                                                                     std::string_view content_type,
+                                                                     std::string_view body,
+                                                                     std::string_view served_model,
+                                                                     std::uint64_t default_max_tokens);
+
+// vLLM's error JSON: {"error":{"message":..,"type":..,"param":..,"code":..}}; empty param prints null.
+std::string error_body(std::string_view message, std::string_view type, unsigned code,
+                       std::string_view param = {});
+
+// The bodies of one generation response. Events are complete SSE events ("data: {...}\n\n").
+class response_renderer {
+ public:
+  // id_suffix: the x-request-id value, or a counter; created: Unix seconds.
+  response_renderer(api_kind kind, std::string_view id_suffix, std::int64_t created, std::string_view model);
+
+  std::string role_event() const;            // chat only: delta {role:assistant, content:""}
+  std::string token_event(bool last) const;  // one " tok"; last carries finish_reason "length"
+  std::string usage_event(std::uint64_t prompt_tokens, std::uint64_t completion_tokens) const;
+  std::string full_response(std::uint64_t prompt_tokens,
+                            std::uint64_t completion_tokens) const;  // non-stream
+
+ private:
+  api_kind kind_;
+  std::string id_;
+  std::int64_t created_;
+  std::string model_;
+};
+
+inline constexpr std::string_view done_event = "data: [DONE]\n\n";
+
+std::string models_body(std::string_view model, std::int64_t created);  // GET /v1/models
+std::string version_body();                                             // GET /version
+
+}  // namespace dplb::mock

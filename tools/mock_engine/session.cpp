@@ -1,0 +1,410 @@
+#include "session.hpp"
+
+#include <array>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <charconv>
+#include <chrono>
+#include <string>
+#include <string_view>
+
+#include "disconnect_watch.hpp"
+#include "echo_report.hpp"
+#include "openai_api.hpp"
+#include "stream_probe.hpp"
+
+namespace dplb::mock {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using request = http::request<http::string_body>;
+using std::chrono::steady_clock;
+
+constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
+
+// Limits (the proxy's own are the same, so the mock never hides one of its 413/431 answers).
+constexpr std::size_t header_limit = 64 * 1024;
+constexpr std::uint64_t body_limit = 64ULL << 20;
+// Deadline of each body read and each write once a request has begun: a client that stops reading a
+// stream is dropped after this instead of pinning the connection forever.
+constexpr auto io_timeout = std::chrono::seconds(60);
+
+constexpr std::string_view mock_rank_header = "x-mock-rank";
+constexpr std::string_view json_type = "application/json";
+constexpr std::string_view sse_type = "text/event-stream; charset=utf-8";
+constexpr std::string_view metrics_type = "text/plain; version=0.0.4; charset=utf-8";
+// FastAPI's bodies for unknown routes and wrong methods.
+constexpr std::string_view not_found_body = R"({"detail":"Not Found"})";
+constexpr std::string_view method_not_allowed_body = R"({"detail":"Method Not Allowed"})";
+constexpr std::string_view continue_response = "HTTP/1.1 100 Continue\r\n\r\n";
+
+std::string_view sv(beast::string_view s) { return {s.data(), s.size()}; }
+
+std::int64_t unix_seconds() {
+  using namespace std::chrono;
+  return duration_cast<seconds>(system_clock::now().time_since_epoch()).count();
+}
+
+bool is_read_only(http::verb method) { return method == http::verb::get || method == http::verb::head; }
+
+class connection {
+ public:
+  connection(tcp::socket socket, const mock_options& options, rank_state& rank)
+      : stream_(std::move(socket)),
+        timer_(stream_.get_executor()),
+        options_(options),
+        rank_(rank),
+        open_(rank.metrics) {}
+
+  asio::awaitable<void> run();
+
+ private:
+  asio::awaitable<void> answer_read_error(beast::error_code ec);
+  asio::awaitable<bool> serve(request& req);
+  asio::awaitable<bool> reply(const request& req, http::status status, std::string_view content_type,
+                              std::string body, std::string_view allow = {});
+  asio::awaitable<bool> serve_generation(const request& req, api_kind kind);
+  asio::awaitable<bool> stream_tokens(const request& req, const generation_request& gen,
+                                      const response_renderer& renderer, generation_tracker& tracker);
+  asio::awaitable<bool> emit_tokens(const generation_request& gen, const response_renderer& renderer,
+                                    generation_tracker& tracker);
+  asio::awaitable<bool> answer_at_once(const request& req, const generation_request& gen,
+                                       const response_renderer& renderer, generation_tracker& tracker);
+  asio::awaitable<bool> serve_stream_probe(const request& req, std::string_view query);
+  asio::awaitable<bool> emit_probe_events(const stream_probe_params& params, bool& finished);
+  asio::awaitable<bool> sleep_until(steady_clock::time_point deadline);
+  asio::awaitable<bool> write_sse_head(const request& req);
+  asio::awaitable<bool> write_chunk(std::string_view data, bool last = false);
+  asio::awaitable<bool> write_raw(std::string_view data);
+
+  template <class Body>
+  void stamp(http::response<Body>& res, const request& req) const {
+    res.set(mock_rank_header, rank_.label);
+    res.keep_alive(req.keep_alive());
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;  // kept across requests: holds pipelined bytes, and its capacity is reused
+  asio::steady_timer timer_;   // token and event pacing
+  const mock_options& options_;
+  rank_state& rank_;
+  open_connection open_;
+};
+
+asio::awaitable<void> connection::run() {
+  for (std::uint64_t number = 1;; ++number) {
+    http::request_parser<http::string_body> parser;
+    parser.header_limit(header_limit);
+    parser.body_limit(body_limit);
+
+    // Re-armed for every request: uvicorn's keep-alive idle timeout (it also bounds a new connection's
+    // first request and a slow head). Expiry closes the socket and we leave without a word, as uvicorn.
+    stream_.expires_after(options_.keepalive_timeout);
+    if (const auto [ec, n] = co_await http::async_read_header(stream_, buffer_, parser, as_result); ec) {
+      co_await answer_read_error(ec);
+      co_return;
+    }
+    const auto target = sv(parser.get().target());
+    if (target.substr(0, target.find('?')) != "/metrics") {
+      rank_.metrics.requests_received.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (number == options_.close_on_request) {
+      // The keep-alive race, staged: the request reached us, no byte of an answer will.
+      rank_.metrics.requests_dropped.fetch_add(1, std::memory_order_relaxed);
+      stream_.close();
+      co_return;
+    }
+
+    if (!parser.is_done()) {
+      // Beast leaves 100-continue to the application; curl waits a second for it before sending.
+      if (parser.get().version() >= 11 && beast::iequals(parser.get()[http::field::expect], "100-continue")) {
+        if (!co_await write_raw(continue_response)) co_return;
+      }
+      stream_.expires_after(io_timeout);
+      if (const auto [ec, n] = co_await http::async_read(stream_, buffer_, parser, as_result); ec) {
+        co_await answer_read_error(ec);
+        co_return;
+      }
+    }
+
+    request req = parser.release();
+    if (!co_await serve(req)) {
+      beast::error_code ignored;
+      stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+      co_return;
+    }
+  }
+}
+
+asio::awaitable<void> connection::answer_read_error(beast::error_code ec) {
+  // Idle timeout, a client gone, or a clean close between requests: nothing to answer.
+  if (ec.category() != beast::error_code(http::error::end_of_stream).category() ||
+      ec == http::error::end_of_stream || ec == http::error::partial_message) {
+    co_return;
+  }
+  auto status = http::status::bad_request;
+  std::string body = R"({"detail":"Invalid HTTP request received."})";
+  if (ec == http::error::body_limit) {
+    status = http::status::payload_too_large;
+    body = R"({"detail":"Request body larger than 64 MiB"})";
+  } else if (ec == http::error::header_limit) {
+    status = http::status::request_header_fields_too_large;
+    body = R"({"detail":"Request head larger than 64 KiB"})";
+  }
+  http::response<http::string_body> res{status, 11};
+  res.set(http::field::content_type, json_type);
+  res.set(mock_rank_header, rank_.label);
+  res.keep_alive(false);
+  res.body() = std::move(body);
+  res.prepare_payload();
+  stream_.expires_after(io_timeout);
+  co_await http::async_write(stream_, res, as_result);
+}
+
+asio::awaitable<bool> connection::serve(request& req) {
+  const auto target = sv(req.target());
+  const auto query_at = target.find('?');
+  const auto path = target.substr(0, query_at);
+  const auto query = query_at == std::string_view::npos ? std::string_view{} : target.substr(query_at + 1);
+  const auto method = req.method();
+
+  if (path == "/v1/completions" || path == "/v1/chat/completions") {
+    if (method != http::verb::post) {
+      co_return co_await reply(req, http::status::method_not_allowed, json_type,
+                               std::string(method_not_allowed_body), "POST");
+    }
+    co_return co_await serve_generation(req,
+                                        path == "/v1/completions" ? api_kind::completions : api_kind::chat);
+  }
+  if (path == "/mock/echo") {
+    received_request received{sv(req.method_string()), target, {}, req.body(), req.chunked()};
+    received.headers.reserve(16);
+    for (const auto& field : req) received.headers.emplace_back(sv(field.name_string()), sv(field.value()));
+    co_return co_await reply(req, http::status::ok, json_type, render_echo_report(received));
+  }
+  if (path == "/mock/echo-body") {
+    co_return co_await reply(req, http::status::ok, "application/octet-stream", std::move(req.body()));
+  }
+  if (path == "/mock/stream") co_return co_await serve_stream_probe(req, query);
+  if (path == "/ping") {
+    if (!is_read_only(method) && method != http::verb::post) {
+      co_return co_await reply(req, http::status::method_not_allowed, json_type,
+                               std::string(method_not_allowed_body), "GET, POST");
+    }
+    co_return co_await reply(req, http::status::ok, {}, {});
+  }
+
+  // The rest are read-only routes; FastAPI answers other methods with 405 and the route's Allow.
+  std::string body;
+  std::string_view content_type = json_type;
+  if (path == "/health") {
+    content_type = {};
+  } else if (path == "/metrics") {
+    body = render_metrics(rank_.metrics, rank_.label, options_.model);
+    content_type = metrics_type;
+  } else if (path == "/v1/models") {
+    body = models_body(options_.model, unix_seconds());
+  } else if (path == "/version") {
+    body = version_body();
+  } else {
+    co_return co_await reply(req, http::status::not_found, json_type, std::string(not_found_body));
+  }
+  if (!is_read_only(method)) {
+    co_return co_await reply(req, http::status::method_not_allowed, json_type,
+                             std::string(method_not_allowed_body), "GET");
+  }
+  co_return co_await reply(req, http::status::ok, content_type, std::move(body));
+}
+
+// Sends a complete response (head only for HEAD, with the Content-Length a GET would get).
+// Returns whether the connection can serve another request.
+asio::awaitable<bool> connection::reply(const request& req, http::status status,
+                                        std::string_view content_type, std::string body,
+                                        std::string_view allow) {
+  http::response<http::string_body> res{status, 11};
+  if (!content_type.empty()) res.set(http::field::content_type, content_type);
+  if (!allow.empty()) res.set(http::field::allow, allow);
+  stamp(res, req);
+  res.body() = std::move(body);
+  res.prepare_payload();
+  stream_.expires_after(io_timeout);
+  if (req.method() == http::verb::head) {
+    http::response_serializer<http::string_body> serializer{res};
+    const auto [ec, n] = co_await http::async_write_header(stream_, serializer, as_result);
+    co_return !ec && res.keep_alive();
+  }
+  const auto [ec, n] = co_await http::async_write(stream_, res, as_result);
+  co_return !ec && res.keep_alive();
+}
+
+asio::awaitable<bool> connection::serve_generation(const request& req, api_kind kind) {
+  auto parsed = parse_generation_request(kind, sv(req[http::field::content_type]), req.body(), options_.model,
+                                         options_.default_max_tokens);
+  if (auto* error = std::get_if<api_error>(&parsed)) {
+    co_return co_await reply(req, static_cast<http::status>(error->status), json_type,
+                             std::move(error->body));
+  }
+  const auto& gen = std::get<generation_request>(parsed);
+
+  const auto request_id = sv(req["x-request-id"]);
+  const std::string counted_id =
+      request_id.empty() ? std::to_string(rank_.next_request_id.fetch_add(1, std::memory_order_relaxed))
+                         : std::string{};
+  const response_renderer renderer(kind, request_id.empty() ? counted_id : request_id, unix_seconds(),
+                                   options_.model);
+  generation_tracker tracker(rank_.metrics, gen.prompt_tokens);
+  bool ok = false;
+  if (gen.stream) {
+    ok = co_await stream_tokens(req, gen, renderer, tracker);
+  } else {
+    ok = co_await answer_at_once(req, gen, renderer, tracker);
+  }
+  co_return ok&& req.keep_alive();
+}
+
+asio::awaitable<bool> connection::stream_tokens(const request& req, const generation_request& gen,
+                                                const response_renderer& renderer,
+                                                generation_tracker& tracker) {
+  // The head goes out at once, as Starlette's StreamingResponse sends it before the first token.
+  if (!co_await write_sse_head(req)) co_return false;
+  const bool waits = options_.ttft.count() > 0 || (options_.itl.count() > 0 && gen.max_tokens > 1);
+  if (!waits) co_return co_await emit_tokens(gen, renderer, tracker);
+  co_return co_await unless_disconnected(stream_.socket(), emit_tokens(gen, renderer, tracker));
+}
+
+asio::awaitable<bool> connection::emit_tokens(const generation_request& gen,
+                                              const response_renderer& renderer,
+                                              generation_tracker& tracker) {
+  // Rendered once: every token event of a request is the same bytes.
+  const std::string token = renderer.token_event(false);
+  const std::string last_token = renderer.token_event(true);
+  // An absolute schedule, so that slow writes do not stretch the configured gaps into drift.
+  const auto start = steady_clock::now();
+  for (std::uint64_t k = 0; k < gen.max_tokens; ++k) {
+    if (!co_await sleep_until(start + options_.ttft + options_.itl * static_cast<std::int64_t>(k)))
+      co_return false;
+    if (k == 0 && gen.kind == api_kind::chat) {
+      const std::string role = renderer.role_event();
+      if (!co_await write_chunk(role)) co_return false;
+    }
+    const bool last = k + 1 == gen.max_tokens;
+    tracker.tokens(1);
+    if (last) tracker.finish();
+    if (!co_await write_chunk(last ? last_token : token)) co_return false;
+  }
+  if (gen.include_usage) {
+    const std::string usage = renderer.usage_event(gen.prompt_tokens, gen.max_tokens);
+    if (!co_await write_chunk(usage)) co_return false;
+  }
+  co_return co_await write_chunk(done_event, true);
+}
+
+asio::awaitable<bool> connection::answer_at_once(const request& req, const generation_request& gen,
+                                                 const response_renderer& renderer,
+                                                 generation_tracker& tracker) {
+  const auto wait = options_.ttft + options_.itl * static_cast<std::int64_t>(gen.max_tokens - 1);
+  if (wait.count() > 0 &&
+      !co_await unless_disconnected(stream_.socket(), sleep_until(steady_clock::now() + wait)))
+    co_return false;
+  tracker.tokens(gen.max_tokens);
+  tracker.finish();
+  co_return co_await reply(req, http::status::ok, json_type,
+                           renderer.full_response(gen.prompt_tokens, gen.max_tokens));
+}
+
+asio::awaitable<bool> connection::serve_stream_probe(const request& req, std::string_view query) {
+  const auto params = parse_stream_probe_query(query);
+  if (!params) {
+    co_return co_await reply(
+        req, http::status::bad_request, json_type,
+        R"({"detail":"events, interval_ms and bytes must be integers in [0, 1000000], [0, 60000], [0, 16777216]"})");
+  }
+  if (!co_await write_sse_head(req)) co_return false;
+  if (req.method() == http::verb::head) co_return req.keep_alive();
+  bool finished = false;
+  bool ok = false;
+  if (params->interval.count() > 0 && params->events > 1) {
+    ok = co_await unless_disconnected(stream_.socket(), emit_probe_events(*params, finished));
+  } else {
+    ok = co_await emit_probe_events(*params, finished);
+  }
+  if (!finished) rank_.metrics.requests_aborted.fetch_add(1, std::memory_order_relaxed);
+  co_return ok&& req.keep_alive();
+}
+
+asio::awaitable<bool> connection::emit_probe_events(const stream_probe_params& params, bool& finished) {
+  std::string event;
+  const auto start = steady_clock::now();
+  for (std::uint64_t i = 0; i < params.events; ++i) {
+    if (!co_await sleep_until(start + params.interval * static_cast<std::int64_t>(i))) co_return false;
+    const auto now =
+        std::chrono::duration_cast<std::chrono::microseconds>(steady_clock::now().time_since_epoch());
+    render_stream_probe_event(event, i, now.count(), params.bytes);
+    if (!co_await write_chunk(event)) co_return false;
+  }
+  finished = co_await write_chunk(done_event, true);
+  co_return finished;
+}
+
+asio::awaitable<bool> connection::sleep_until(steady_clock::time_point deadline) {
+  if (deadline <= steady_clock::now()) co_return true;
+  timer_.expires_at(deadline);
+  const auto [ec] = co_await timer_.async_wait(as_result);
+  co_return !ec;
+}
+
+// The head of a chunked event stream. The same response and serializer types as reply() uses for HEAD,
+// so that Beast's write machinery is instantiated once less.
+asio::awaitable<bool> connection::write_sse_head(const request& req) {
+  http::response<http::string_body> res{http::status::ok, 11};
+  res.set(http::field::content_type, sse_type);
+  stamp(res, req);
+  res.chunked(true);
+  http::response_serializer<http::string_body> serializer{res};
+  stream_.expires_after(io_timeout);
+  const auto [ec, n] = co_await http::async_write_header(stream_, serializer, as_result);
+  co_return !ec;
+}
+
+// One SSE event = one HTTP chunk = one write, sent at once: what a relay's per-event latency is measured
+// on. `last` appends the terminating chunk to the same write. The framing is written here rather than
+// with http::make_chunk so that every raw write shares one buffer-sequence type (one instantiation of
+// the write machinery instead of three).
+asio::awaitable<bool> connection::write_chunk(std::string_view data, bool last) {
+  std::array<char, 20> size_line{};
+  char* end = std::to_chars(size_line.data(), size_line.data() + size_line.size() - 2, data.size(), 16).ptr;
+  *end++ = '\r';
+  *end++ = '\n';
+  constexpr std::string_view crlf = "\r\n";
+  constexpr std::string_view crlf_and_last_chunk = "\r\n0\r\n\r\n";
+  const std::array<asio::const_buffer, 3> buffers{
+      asio::buffer(size_line.data(), static_cast<std::size_t>(end - size_line.data())),
+      asio::buffer(data.data(), data.size()), asio::buffer(last ? crlf_and_last_chunk : crlf)};
+  stream_.expires_after(io_timeout);
+  const auto [ec, n] = co_await asio::async_write(stream_, buffers, as_result);
+  co_return !ec;
+}
+
+// Bytes outside any message framing (the interim 100 Continue).
+asio::awaitable<bool> connection::write_raw(std::string_view data) {
+  const std::array<asio::const_buffer, 3> buffers{asio::buffer(data.data(), data.size())};
+  stream_.expires_after(io_timeout);
+  const auto [ec, n] = co_await asio::async_write(stream_, buffers, as_result);
+  co_return !ec;
+}
+
+}  // namespace
+
+asio::awaitable<void> serve_connection(tcp::socket socket, const mock_options& options, rank_state& rank) {
+  connection conn(std::move(socket), options, rank);
+  co_await conn.run();
+}
+
+}  // namespace dplb::mock
