@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Configures and builds dplb, its tools and tests into BUILD_DIR (default: build).
+# Environment: DPLB_SANITIZE ("address,undefined" or "thread") builds with sanitizers;
+# CMAKE_BUILD_TYPE (default RelWithDebInfo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${1:-build}
+cmake -S . -B "$build_dir" -G Ninja \
+  -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}" \
+  -DDPLB_SANITIZE="${DPLB_SANITIZE:-}" -DDPLB_WERROR=ON >/dev/null
+# Two jobs at most: each Beast translation unit needs ~1 GB and a core.
+cmake --build "$build_dir" -j "${DPLB_BUILD_JOBS:-2}"

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs what is missing (Debian packages), builds, and runs every test with CTest.
+# Usage: scripts/test.sh [BUILD_DIR]   (DPLB_SANITIZE=address,undefined scripts/test.sh build-asan)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${1:-build}
+./scripts/setup.sh
+./scripts/build.sh "$build_dir"
+# Integration tests start processes on ephemeral loopback ports; two at a time keeps timing honest
+# on a 2-core machine.
+ctest --test-dir "$build_dir" --output-on-failure -j "${DPLB_TEST_JOBS:-2}" --timeout 300
