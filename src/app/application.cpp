@@ -10,6 +10,7 @@
 #include <optional>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <thread>
 
 #include "dplb/app/version.hpp"
@@ -53,6 +54,19 @@ std::string format_endpoint(const tcp::endpoint& endpoint) {
   const auto address = endpoint.address();
   return (address.is_v6() ? "[" + address.to_string() + "]" : address.to_string()) + ":" +
          std::to_string(endpoint.port());
+}
+
+// Every client connection and every upstream connection is a descriptor; the common soft limit of 1024
+// would cap dplb near 500 concurrent streams. Raise it to the hard limit, as nginx's
+// worker_rlimit_nofile does, and report what we got.
+rlim_t raise_open_file_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlimit raised{limit.rlim_max, limit.rlim_max};
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) return raised.rlim_cur;
+  }
+  return limit.rlim_cur;
 }
 
 unsigned thread_count(unsigned configured) {
@@ -125,8 +139,9 @@ int application::run() {
   for (const auto& b : s.backends) {
     backend_list += (backend_list.empty() ? "" : ",") + ("[" + std::to_string(b.rank) + "]" + b.url);
   }
-  spdlog::info("dplb {} listening on {} policy={} threads={} backends={}", version(), listen_address(),
-               s.balancer.active_policy().name(), s.workers.size(), backend_list);
+  const auto open_files = raise_open_file_limit();
+  spdlog::info("dplb {} listening on {} policy={} threads={} backends={} max_open_files={}", version(),
+               listen_address(), s.balancer.active_policy().name(), s.workers.size(), backend_list, open_files);
 
   for (auto& w : s.workers) {
     asio::co_spawn(w->io, server::accept_loop(w->state, w->acceptor), asio::detached);
