@@ -1,0 +1,418 @@
+// The load generator's pure parts: SSE assembly, event inspection, the per-response recorder, the
+// workload, the summary and the command line. No sockets.
+
+#include <catch2/catch.hpp>
+#include <sstream>
+
+#include "bench_cli.hpp"
+#include "loadgen.hpp"
+#include "recorder.hpp"
+#include "sse.hpp"
+#include "workload.hpp"
+
+using namespace dplb::loadgen;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::vector<std::string> feed_in_pieces(std::string_view bytes, std::size_t piece) {
+  sse_reader reader;
+  std::vector<std::string> events;
+  for (std::size_t at = 0; at < bytes.size(); at += piece) {
+    reader.feed(bytes.substr(at, piece), [&](std::string_view data) { events.emplace_back(data); });
+  }
+  return events;
+}
+
+const std::string token_event =
+    R"({"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" the","logprobs":null,"finish_reason":null,"stop_reason":null}]})";
+const std::string usage_event =
+    R"({"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":1024,"total_tokens":1152,"completion_tokens":128}})";
+
+}  // namespace
+
+TEST_CASE("sse_reader yields the same events however the bytes are split") {
+  const std::string stream = "data: " + token_event + "\n\n" + "data: " + usage_event + "\n\n" + "data: [DONE]\n\n";
+  for (std::size_t piece = 1; piece <= stream.size(); ++piece) {
+    const auto events = feed_in_pieces(stream, piece);
+    REQUIRE(events.size() == 3);
+    CHECK(events[0] == token_event);
+    CHECK(events[1] == usage_event);
+    CHECK(events[2] == "[DONE]");
+  }
+}
+
+TEST_CASE("sse_reader handles CRLF, comments, other fields and multi-line data") {
+  const auto events = feed_in_pieces(": ping\r\nevent: x\r\ndata: a\r\ndata:b\r\nid: 7\r\n\r\n\n\ndata: c\n\n", 3);
+  REQUIRE(events.size() == 2);
+  CHECK(events[0] == "a\nb");
+  CHECK(events[1] == "c");
+}
+
+TEST_CASE("sse_reader never delivers an unterminated event") {
+  sse_reader reader;
+  int delivered = 0;
+  reader.feed("data: [DONE]\n", [&](std::string_view) { ++delivered; });
+  CHECK(delivered == 0);
+  CHECK(reader.mid_event());
+  reader.feed("\n", [&](std::string_view) { ++delivered; });
+  CHECK(delivered == 1);
+  CHECK_FALSE(reader.mid_event());
+}
+
+TEST_CASE("sse_reader drops a line over its limit and says so") {
+  sse_reader reader(16);
+  int delivered = 0;
+  reader.feed("data: 0123456789", [&](std::string_view) { ++delivered; });
+  reader.feed("abcdef", [&](std::string_view) { ++delivered; });
+  CHECK(reader.overflowed());
+}
+
+TEST_CASE("inspect_event tells tokens, usage, errors and the end apart") {
+  auto info = inspect_event(token_event);
+  CHECK(info.content);
+  CHECK_FALSE(info.usage);
+  CHECK_FALSE(info.error);
+
+  info = inspect_event(usage_event);
+  CHECK_FALSE(info.content);
+  REQUIRE(info.usage);
+  CHECK(info.usage->prompt_tokens == 1024);
+  CHECK(info.usage->completion_tokens == 128);
+
+  info = inspect_event(R"({"choices":[{"index":0,"text":"x"}],"usage":null})");
+  CHECK(info.content);
+  CHECK_FALSE(info.usage);
+
+  info = inspect_event(R"({"id":"chatcmpl-1","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})");
+  CHECK(info.content);
+
+  CHECK(inspect_event("[DONE]").done);
+  CHECK(inspect_event(R"({"error":{"message":"boom","type":"BadRequestError","code":400}})").error);
+  CHECK(inspect_event(R"({"object":"error","message":"boom","code":400})").error);
+}
+
+TEST_CASE("find_usage stays inside the usage object") {
+  const auto usage = find_usage(
+      R"({"prompt_tokens":1,"usage":{"prompt_tokens":7,"total_tokens":9,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}})");
+  REQUIRE(usage);
+  CHECK(usage->prompt_tokens == 7);
+  CHECK(usage->completion_tokens == 2);
+  CHECK_FALSE(find_usage(R"({"usage":{"total_tokens":9}})"));
+  CHECK_FALSE(find_usage(R"({"usage":null})"));
+}
+
+namespace {
+
+using rclock = std::chrono::steady_clock;
+
+request_result started_result(rclock::time_point t0, unsigned status = 200) {
+  request_result r;
+  r.start = t0;
+  r.status = status;
+  r.max_tokens = 3;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("response_recorder measures TTFT and gaps per read, usage from the usage event") {
+  const auto t0 = rclock::now();
+  auto r = started_result(t0);
+  response_recorder recorder(r, response_recorder::body_kind::event_stream);
+  const std::string token = "data: " + token_event + "\n\n";
+  recorder.consume(token.substr(0, 10), t0 + 5ms);  // half an event: no token yet
+  recorder.consume(token.substr(10), t0 + 10ms);
+  recorder.consume(token + token, t0 + 30ms);  // two in one read: the second gap is 0
+  recorder.consume("data: " + usage_event + "\n\ndata: [DONE]\n\n", t0 + 31ms);
+  recorder.complete(t0 + 32ms);
+  CHECK(r.ok);
+  CHECK(r.error.empty());
+  CHECK(r.events == 3);
+  CHECK(r.ttft_s == Approx(0.010));
+  REQUIRE(r.itl_s.size() == 2);
+  CHECK(r.itl_s[0] == Approx(0.020));
+  CHECK(r.itl_s[1] == Approx(0.0).margin(1e-12));
+  CHECK(r.has_usage);
+  CHECK(r.prompt_tokens == 1024);
+  CHECK(r.completion_tokens == 128);
+  CHECK(r.e2e_s == Approx(0.032));
+}
+
+TEST_CASE("response_recorder fails a stream without [DONE], and in-band errors") {
+  const auto t0 = rclock::now();
+  {
+    auto r = started_result(t0);
+    response_recorder recorder(r, response_recorder::body_kind::event_stream);
+    recorder.consume("data: " + token_event + "\n\n", t0 + 1ms);
+    recorder.complete(t0 + 2ms);
+    CHECK_FALSE(r.ok);
+    CHECK(r.error == "stream ended without data: [DONE]");
+  }
+  {
+    auto r = started_result(t0);
+    response_recorder recorder(r, response_recorder::body_kind::event_stream);
+    recorder.consume("data: " + token_event + "\n\n", t0 + 1ms);
+    recorder.fail(t0 + 2ms, "reading the body: end of stream");
+    CHECK_FALSE(r.ok);
+    CHECK(r.error == "reading the body: end of stream mid-stream");
+  }
+  {
+    auto r = started_result(t0);
+    response_recorder recorder(r, response_recorder::body_kind::event_stream);
+    recorder.consume(R"(data: {"error":{"message":"rank 9 out of range","code":400}})"
+                     "\n\ndata: [DONE]\n\n",
+                     t0 + 1ms);
+    recorder.complete(t0 + 2ms);
+    CHECK_FALSE(r.ok);
+    CHECK(r.error == "in-band error: rank 9 out of range");
+  }
+}
+
+TEST_CASE("response_recorder reads a JSON body and an error body") {
+  const auto t0 = rclock::now();
+  {
+    auto r = started_result(t0);
+    response_recorder recorder(r, response_recorder::body_kind::json);
+    recorder.consume(R"({"choices":[{"text":"a b"}],"usage":{"prompt_tokens":5,)", t0 + 1ms);
+    recorder.consume(R"("total_tokens":7,"completion_tokens":2}})", t0 + 2ms);
+    recorder.complete(t0 + 3ms);
+    CHECK(r.ok);
+    CHECK(r.prompt_tokens == 5);
+    CHECK(r.completion_tokens == 2);
+    CHECK(r.ttft_s == Approx(0.003));
+  }
+  {
+    auto r = started_result(t0, 404);
+    response_recorder recorder(r, response_recorder::body_kind::error_text);
+    recorder.consume("{\"error\":\n\"no\"}", t0 + 1ms);
+    recorder.complete(t0 + 2ms);
+    CHECK_FALSE(r.ok);
+    CHECK(r.error == "HTTP 404: {\"error\": \"no\"}");
+  }
+}
+
+TEST_CASE("plan_requests draws lengths in range, the same for the same seed") {
+  request_shape shape;
+  shape.input_len = 100;
+  shape.output_len = 10;
+  shape.range_ratio = 0.5;
+  const auto plans = plan_requests(shape, 500, 42);
+  bool varied = false;
+  for (const auto& plan : plans) {
+    CHECK(plan.input_words >= 50);
+    CHECK(plan.input_words <= 150);
+    CHECK(plan.max_tokens >= 5);
+    CHECK(plan.max_tokens <= 15);
+    varied = varied || plan.input_words != plans.front().input_words;
+  }
+  CHECK(varied);
+  const auto again = plan_requests(shape, 500, 42);
+  CHECK(again[77].input_words == plans[77].input_words);
+  CHECK(again[77].prompt_seed == plans[77].prompt_seed);
+
+  shape.range_ratio = 0;
+  for (const auto& plan : plan_requests(shape, 10, 1)) {
+    CHECK(plan.input_words == 100);
+    CHECK(plan.max_tokens == 10);
+  }
+}
+
+TEST_CASE("request bodies are JSON with exactly input_words prompt words") {
+  request_shape shape;
+  request_plan plan{37, 9, 1234};
+  auto json = nlohmann::json::parse(request_body(shape, "m\"x", plan));
+  CHECK(json["model"] == "m\"x");
+  CHECK(json["max_tokens"] == 9);
+  CHECK(json["stream"] == true);
+  CHECK(json["stream_options"]["include_usage"] == true);
+  CHECK(json["ignore_eos"] == true);
+  std::istringstream words(json["prompt"].get<std::string>());
+  std::size_t count = 0;
+  for (std::string w; words >> w;) ++count;
+  CHECK(count == 37);
+
+  shape.endpoint = "/v1/chat/completions";
+  shape.stream = false;
+  shape.ignore_eos = false;
+  json = nlohmann::json::parse(request_body(shape, "m", plan));
+  CHECK(json["messages"][0]["role"] == "user");
+  CHECK(json["max_completion_tokens"] == 9);
+  CHECK(json["stream"] == false);
+  CHECK_FALSE(json.contains("stream_options"));
+  CHECK_FALSE(json.contains("ignore_eos"));
+}
+
+TEST_CASE("arrival_offsets: all at once for inf, mean gap 1/rate otherwise") {
+  for (double t : arrival_offsets(50, std::numeric_limits<double>::infinity(), 1.0, 0)) CHECK(t == 0.0);
+  const auto offsets = arrival_offsets(20001, 100.0, 1.0, 3);
+  CHECK(offsets.front() == 0.0);
+  CHECK(offsets.back() / 20000 == Approx(0.01).epsilon(0.05));
+  for (std::size_t i = 1; i < offsets.size(); ++i) REQUIRE(offsets[i] >= offsets[i - 1]);
+  const auto bursty = arrival_offsets(20001, 100.0, 0.25, 3);
+  CHECK(bursty.back() / 20000 == Approx(0.01).epsilon(0.1));
+}
+
+TEST_CASE("validate rejects what run() cannot send") {
+  run_options options;
+  CHECK(validate(options).empty());
+  options.shape.range_ratio = 1.0;
+  CHECK_FALSE(validate(options).empty());
+  options.shape.range_ratio = 0;
+  options.shape.extra_headers = {{"x-a", "b\r\nx-evil: 1"}};
+  CHECK_FALSE(validate(options).empty());
+  options.shape.extra_headers.clear();
+  options.request_rate = 0;
+  CHECK_FALSE(validate(options).empty());
+}
+
+namespace {
+
+request_result finished_ok(rclock::time_point start, double ttft, double e2e, int rank, std::uint64_t out) {
+  request_result r;
+  r.ok = true;
+  r.status = 200;
+  r.rank = rank;
+  r.start = start;
+  r.ttft_s = ttft;
+  r.e2e_s = e2e;
+  r.events = out;
+  for (std::uint64_t i = 1; i < out; ++i) r.itl_s.push_back((e2e - ttft) / static_cast<double>(out - 1));
+  r.has_usage = true;
+  r.prompt_tokens = 10;
+  r.completion_tokens = out;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("summarize computes vllm's figures and the per-rank spread") {
+  const auto t0 = rclock::now();
+  run_report report;
+  report.duration_s = 2.0;
+  report.results.push_back(finished_ok(t0, 0.1, 1.0, 0, 11));
+  report.results.push_back(finished_ok(t0 + 500ms, 0.3, 1.0, 0, 11));
+  report.results.push_back(finished_ok(t0 + 1200ms, 0.2, 0.5, 2, 11));
+  request_result failed;
+  failed.status = 503;
+  failed.rank = 2;
+  failed.error = "HTTP 503";
+  report.results.push_back(failed);
+  request_result refused;
+  refused.error = "connecting: Connection refused";
+  report.results.push_back(refused);
+
+  const auto s = summarize(report);
+  CHECK(s.completed == 3);
+  CHECK(s.failed == 2);
+  CHECK(s.total_input_tokens == 30);
+  CHECK(s.total_output_tokens == 33);
+  CHECK(s.request_throughput == Approx(1.5));
+  CHECK(s.output_throughput == Approx(16.5));
+  CHECK(s.ttft.mean_ms == Approx(200));
+  CHECK(s.ttft.median_ms == Approx(200));
+  CHECK(s.ttft.p99_ms == Approx(298));  // numpy: 200 + 0.98 * 100
+  CHECK(s.tpot.mean_ms == Approx((90.0 + 70.0 + 30.0) / 3));
+  CHECK(s.itl.samples == 30);
+  CHECK(s.peak_concurrency == 2);
+  // rank 1 got nothing and shows as 0; the 503 counts for rank 2; the refused one nowhere.
+  CHECK(s.per_rank == std::map<int, std::size_t>{{0, 2}, {1, 0}, {2, 2}});
+  CHECK(s.rank_spread == 2);
+  CHECK(s.errors.at("HTTP 503") == 1);
+
+  const auto text = format_summary(s);
+  CHECK(text.find("============ Serving Benchmark Result ============\n") == 0);
+  CHECK(text.find("Successful requests:                     3\n") != std::string::npos);
+  CHECK(text.find("Mean TTFT (ms):                          200.00\n") != std::string::npos);
+  CHECK(text.find("rank 1:                                  0 (0.0%)\n") != std::string::npos);
+  CHECK(text.find("max-min:                                 2\n") != std::string::npos);
+
+  const auto json = to_json(s, report);
+  CHECK(json["completed"] == 3);
+  CHECK(json["per_rank"]["2"] == 2);
+  CHECK(json["rank_max_min"] == 2);
+}
+
+TEST_CASE("an even burst has a spread of 0") {
+  const auto t0 = rclock::now();
+  run_report report;
+  report.duration_s = 1;
+  for (int i = 0; i < 256; ++i) report.results.push_back(finished_ok(t0, 0.01, 0.1, i % 4, 4));
+  const auto s = summarize(report);
+  CHECK(s.per_rank == std::map<int, std::size_t>{{0, 64}, {1, 64}, {2, 64}, {3, 64}});
+  CHECK(s.rank_spread == 0);
+  CHECK(s.peak_concurrency == 256);
+}
+
+namespace {
+
+dplb::bench::cli_result parse(std::vector<const char*> args, std::string* error = nullptr) {
+  args.insert(args.begin(), "dplb-bench");
+  std::ostringstream out, err;
+  auto result = dplb::bench::parse_command_line(static_cast<int>(args.size()), args.data(), out, err);
+  if (error) *error = err.str();
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("the command line has vllm bench serve's defaults and shapes") {
+  auto parsed = parse({});
+  REQUIRE(parsed.options);
+  const auto& run = parsed.options->run;
+  CHECK(run.host == "127.0.0.1");
+  CHECK(run.port == 8000);
+  CHECK(run.shape.endpoint == "/v1/completions");
+  CHECK(std::isinf(run.request_rate));
+  CHECK(run.num_prompts == 1000);
+  CHECK(run.shape.input_len == 1024);
+  CHECK(run.shape.output_len == 128);
+  CHECK(run.shape.stream);
+  CHECK_FALSE(run.shape.ignore_eos);
+
+  parsed = parse({"--backend", "openai-chat", "--base-url", "http://[::1]:9000/api/", "--request-rate", "12.5",
+                  "--max-concurrency", "64", "--ignore-eos", "--no-stream", "--header", "Authorization=Bearer k",
+                  "--timeout-s", "1.5"});
+  REQUIRE(parsed.options);
+  const auto& chat = parsed.options->run;
+  CHECK(chat.host == "::1");
+  CHECK(chat.port == 9000);
+  CHECK(chat.shape.endpoint == "/api/v1/chat/completions");
+  CHECK(chat.request_rate == 12.5);
+  CHECK(chat.max_concurrency == 64);
+  CHECK(chat.shape.ignore_eos);
+  CHECK_FALSE(chat.shape.stream);
+  CHECK(chat.timeout == std::chrono::milliseconds(1500));
+  REQUIRE(chat.shape.extra_headers.size() == 1);
+  CHECK(chat.shape.extra_headers[0] == std::pair<std::string, std::string>{"Authorization", "Bearer k"});
+}
+
+TEST_CASE("a bad command line is one line and exit status 2") {
+  for (const auto& args : std::vector<std::vector<const char*>>{{"--request-rate", "0"},
+                                                                {"--request-rate", "fast"},
+                                                                {"--backend", "tgi"},
+                                                                {"--base-url", "https://x"},
+                                                                {"--max-concurrency", "0"},
+                                                                {"--random-range-ratio", "1"},
+                                                                {"--num-prompts", "-3"},
+                                                                {"--bogus"}}) {
+    std::string error;
+    const auto parsed = parse(args, &error);
+    CHECK_FALSE(parsed.options);
+    CHECK(parsed.exit_code == 2);
+    CHECK(error.rfind("dplb-bench: ", 0) == 0);
+    CHECK(std::count(error.begin(), error.end(), '\n') == 1);
+  }
+  CHECK(parse({"--help"}).exit_code == 0);
+}
+
+TEST_CASE("parse_base_url") {
+  auto url = dplb::bench::parse_base_url("http://localhost");
+  REQUIRE(url);
+  CHECK(url->host == "localhost");
+  CHECK(url->port == 80);
+  CHECK(url->path_prefix.empty());
+  CHECK_FALSE(dplb::bench::parse_base_url("http://:80"));
+  CHECK_FALSE(dplb::bench::parse_base_url("http://h:99999"));
+  CHECK_FALSE(dplb::bench::parse_base_url("127.0.0.1:8000"));
+}

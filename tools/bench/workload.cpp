@@ -1,0 +1,133 @@
+#include "workload.hpp"
+
+#include <iterator>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <random>
+
+namespace dplb::loadgen {
+
+namespace {
+
+// Short common words: a prompt of N of them is N whitespace-separated tokens to the mock engine and
+// roughly N tokens to a real tokenizer.
+constexpr std::string_view vocabulary[] = {
+    "the",   "of",    "and",   "to",    "in",    "is",    "you",   "that",  "it",    "he",    "was",
+    "for",   "on",    "are",   "as",    "with",  "his",   "they",  "at",    "be",    "this",  "have",
+    "from",  "or",    "one",   "had",   "by",    "word",  "but",   "not",   "what",  "all",   "were",
+    "we",    "when",  "your",  "can",   "said",  "there", "use",   "an",    "each",  "which", "she",
+    "do",    "how",   "their", "if",    "will",  "up",    "other", "about", "out",   "many",  "then",
+    "them",  "these", "so",    "some",  "her",   "would", "make",  "like",  "him",   "into",  "time",
+    "has",   "look",  "two",   "more",  "write", "go",    "see",   "number", "no",   "way",   "could",
+    "people", "my",   "than",  "first", "water", "been",  "call",  "who",   "oil",   "its",   "now",
+    "find",  "long",  "down",  "day",   "did",   "get",   "come",  "made",  "may",   "part",  "over",
+    "new",   "sound", "take",  "only",  "little", "work", "know",  "place", "year",  "live",  "me",
+    "back",  "give",  "most",  "very",  "after", "thing", "our",   "just",  "name",  "good",  "man",
+    "think", "say",   "great", "where", "help",  "much",  "before", "line"};
+
+// splitmix64: a fast, well-mixed generator; each request gets its own stream so prompts do not depend
+// on which thread builds them or in what order.
+struct splitmix64 {
+  std::uint64_t state;
+  std::uint64_t operator()() {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+};
+
+std::size_t draw_length(std::mt19937_64& rng, std::size_t length, double ratio) {
+  const auto low = static_cast<std::size_t>(std::floor(static_cast<double>(length) * (1.0 - ratio)));
+  const auto high = static_cast<std::size_t>(std::ceil(static_cast<double>(length) * (1.0 + ratio)));
+  const std::size_t drawn = low == high ? low : std::uniform_int_distribution<std::size_t>(low, high)(rng);
+  return drawn == 0 ? 1 : drawn;
+}
+
+}  // namespace
+
+std::vector<request_plan> plan_requests(const request_shape& shape, std::size_t count, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<request_plan> plans(count);
+  for (auto& plan : plans) plan.input_words = draw_length(rng, shape.input_len, shape.range_ratio);
+  for (auto& plan : plans) plan.max_tokens = draw_length(rng, shape.output_len, shape.range_ratio);
+  splitmix64 seeds{seed ^ 0x5eedf00dULL};
+  for (auto& plan : plans) plan.prompt_seed = seeds();
+  return plans;
+}
+
+std::vector<double> arrival_offsets(std::size_t count, double rate, double burstiness, std::uint64_t seed) {
+  std::vector<double> offsets(count, 0.0);
+  if (std::isinf(rate) || count == 0) return offsets;
+  // A separate stream from the lengths', so changing the rate leaves the prompts as they were.
+  std::mt19937_64 rng(seed ^ 0xa441a1ULL);
+  std::gamma_distribution<double> gap(burstiness, 1.0 / (rate * burstiness));
+  double at = 0.0;
+  for (std::size_t i = 1; i < count; ++i) {
+    at += gap(rng);
+    offsets[i] = at;
+  }
+  return offsets;
+}
+
+void append_prompt(std::string& out, std::size_t words, std::uint64_t seed) {
+  splitmix64 rng{seed};
+  out.reserve(out.size() + words * 6);
+  for (std::size_t i = 0; i < words; ++i) {
+    if (i != 0) out.push_back(' ');
+    out.append(vocabulary[rng() % std::size(vocabulary)]);
+  }
+}
+
+bool is_chat_endpoint(std::string_view endpoint) {
+  return endpoint.find("/chat/completions") != std::string_view::npos;
+}
+
+std::string request_body(const request_shape& shape, std::string_view model, const request_plan& plan) {
+  const bool chat = is_chat_endpoint(shape.endpoint);
+  std::string body;
+  body.reserve(plan.input_words * 6 + 256);
+  body.append("{\"model\":").append(nlohmann::json(model).dump());
+  body.append(chat ? ",\"messages\":[{\"role\":\"user\",\"content\":\"" : ",\"prompt\":\"");
+  append_prompt(body, plan.input_words, plan.prompt_seed);
+  body.append(chat ? "\"}],\"max_completion_tokens\":" : "\",\"max_tokens\":");
+  body.append(std::to_string(plan.max_tokens));
+  body.append(shape.stream ? ",\"stream\":true" : ",\"stream\":false");
+  if (shape.stream && shape.include_usage) body.append(",\"stream_options\":{\"include_usage\":true}");
+  if (shape.ignore_eos) body.append(",\"ignore_eos\":true");
+  body.push_back('}');
+  return body;
+}
+
+}  // namespace dplb::loadgen
+
+namespace dplb::loadgen {
+
+std::string validate(const run_options& options) {
+  const auto& shape = options.shape;
+  if (options.host.empty()) return "host is empty";
+  if (options.port == 0) return "port must be 1..65535";
+  if (!(options.request_rate > 0)) return "request rate must be > 0 (or inf)";
+  if (!(options.burstiness > 0) || std::isinf(options.burstiness)) return "burstiness must be a finite number > 0";
+  if (options.threads == 0 || options.threads > 256) return "threads must be 1..256";
+  if (options.timeout.count() <= 0) return "timeout must be > 0";
+  if (shape.endpoint.empty() || shape.endpoint.front() != '/') return "endpoint must start with '/'";
+  if (!(shape.range_ratio >= 0.0 && shape.range_ratio < 1.0)) return "range ratio must be in [0, 1)";
+  // The upper bounds catch a negative number wrapped around by an unsigned parse, not real workloads.
+  if (options.num_prompts > 100'000'000) return "number of prompts must be <= 100000000";
+  if (options.max_concurrency > 10'000'000) return "max concurrency must be <= 10000000";
+  if (shape.input_len == 0 || shape.input_len > 10'000'000) return "input length must be 1..10000000";
+  if (shape.output_len == 0 || shape.output_len > 10'000'000) return "output length must be 1..10000000";
+  const auto bad_char = [](std::string_view text) {
+    return text.find_first_of("\r\n") != std::string_view::npos;
+  };
+  if (bad_char(shape.endpoint)) return "endpoint contains a line break";
+  for (const auto& [name, value] : shape.extra_headers) {
+    if (name.empty() || bad_char(name) || name.find_first_of(": \t") != std::string::npos)
+      return "bad header name '" + name + "'";
+    if (bad_char(value)) return "header '" + name + "' has a line break in its value";
+  }
+  return {};
+}
+
+}  // namespace dplb::loadgen
