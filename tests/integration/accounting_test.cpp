@@ -121,7 +121,7 @@ TEST_CASE("in-flight returns to 0 when the engine dies mid-stream; the client se
   CHECK(r.body.find("data: {") != std::string::npos);
   auto m = await_metrics(proxy.port(), [](const auto& m) { return inflight_total(m) == 0; });
   CHECK(inflight_total(m) == 0);
-  CHECK(metric_sum(m, "dplb_upstream_midstream_failures_total") == 1);
+  CHECK(metric_sum(m, "dplb_upstream_errors_total{", {"kind=\"midstream\""}) == 1);
 }
 
 TEST_CASE("an engine that is down gets a 502 in OpenAI's error shape and frees the slot", "[accounting]") {

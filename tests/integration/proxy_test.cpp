@@ -56,7 +56,8 @@ std::string header(const http_response& r, std::string_view name) {
 
 TEST_CASE("dplb answers its own /health and /metrics", "[proxy]") {
   mock_engine engine(2);
-  dplb_proxy proxy(engine.urls());
+  // Active health checks off: this test counts every request that reaches the engine.
+  dplb_proxy proxy(engine.urls(), {"--health-check-interval-ms", "0"});
   auto health = http_get(proxy.port(), "/health");
   CHECK(health.status == 200);
   CHECK(health.body.empty());
@@ -71,7 +72,8 @@ TEST_CASE("dplb answers its own /health and /metrics", "[proxy]") {
 
 TEST_CASE("a client connection is kept alive and upstream connections are reused", "[proxy]") {
   mock_engine engine(1);
-  dplb_proxy proxy(engine.urls());
+  // Active health checks off: this test counts every request and connection that reaches the engine.
+  dplb_proxy proxy(engine.urls(), {"--health-check-interval-ms", "0"});
   http_connection client(proxy.port());
   for (int i = 0; i < 10; ++i) {
     auto r = client.send(post_json("/v1/completions", completion_body(2, false)));
@@ -170,7 +172,7 @@ TEST_CASE("a 4 MiB body crosses intact with Content-Length and chunked", "[proxy
 
 TEST_CASE("ambiguous request framing is refused before any engine sees it", "[proxy]") {
   mock_engine engine(1);
-  dplb_proxy proxy(engine.urls());
+  dplb_proxy proxy(engine.urls(), {"--health-check-interval-ms", "0"});  // count only proxied requests
   http_connection client(proxy.port());
   client.write_raw(
       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
