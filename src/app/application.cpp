@@ -80,7 +80,7 @@ struct worker {
   worker(server::shared_state& shared, const std::vector<upstream::backend>& backends,
          upstream::pool_limits limits, const tcp::endpoint& endpoint)
       : pool(io.get_executor(), backends, limits),
-        state{shared, pool},
+        state{shared, pool, {}},
         acceptor(server::open_acceptor(io.get_executor(), endpoint)) {}
 
   asio::io_context io{1};
@@ -98,7 +98,13 @@ struct application::impl {
         backends(upstream::resolve_backends(settings.backends)),
         balancer(backends.size(), balancer::make_policy(settings.policy)),
         metrics(settings.backends, balancer, settings.policy),
-        shared{settings, backends, balancer, metrics},
+        health(backends, balancer, metrics,
+               upstream::health_check_settings{
+                   settings.health_check_interval, settings.health_check_timeout, "/health",
+                   upstream::health_policy{settings.unhealthy_threshold, settings.healthy_threshold,
+                                           settings.ejection_threshold, settings.ejection_base,
+                                           settings.ejection_max}}),
+        shared{settings, backends, balancer, metrics, health},
         signals(signal_io, SIGINT, SIGTERM) {
     const upstream::pool_limits limits{settings.upstream_connect_timeout, settings.upstream_idle_timeout,
                                        settings.upstream_max_idle_per_rank};
@@ -116,6 +122,7 @@ struct application::impl {
   std::vector<upstream::backend> backends;
   balancer::balancer balancer;
   metrics::proxy_metrics metrics;
+  upstream::health_monitor health;
   server::shared_state shared;
   std::vector<std::unique_ptr<worker>> workers;
   asio::io_context signal_io;
@@ -133,6 +140,31 @@ void application::stop() {
   asio::post(impl_->signal_io, [this] { impl_->signal_io.stop(); });
 }
 
+void application::drain() {
+  auto& s = *impl_;
+  // Stop taking connections, close the ones waiting for a request, and let requests in flight finish;
+  // a connection whose request finishes during the drain is closed after its response.
+  s.shared.draining.store(true);
+  for (auto& w : s.workers) {
+    asio::post(w->io, [&w = *w] {
+      boost::system::error_code ignored;
+      w.acceptor.close(ignored);
+      for (auto* client : w.state.idle_clients) client->socket().cancel(ignored);
+    });
+  }
+  const auto deadline = std::chrono::steady_clock::now() + s.settings.drain_timeout;
+  std::size_t open = 0;
+  while ((open = s.shared.client_connections.load()) > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the main thread has nothing else to do
+  }
+  if (open > 0) {
+    spdlog::warn("drain timeout ({} ms) reached with {} client connections still open; closing them",
+                 s.settings.drain_timeout.count(), open);
+  } else {
+    spdlog::info("drained: every in-flight request finished");
+  }
+}
+
 int application::run() {
   auto& s = *impl_;
   std::string backend_list;
@@ -146,8 +178,20 @@ int application::run() {
   for (auto& w : s.workers) {
     asio::co_spawn(w->io, server::accept_loop(w->state, w->acceptor), asio::detached);
     asio::co_spawn(w->io, w->pool.sweep_loop(), asio::detached);
-    w->thread = std::thread([&io = w->io] { io.run(); });
+    w->thread = std::thread([&io = w->io] {
+      // An exception escaping a handler must not take every other connection down with it: log it and
+      // keep serving (the connection it came from is gone with its handler).
+      for (;;) {
+        try {
+          io.run();
+          return;
+        } catch (const std::exception& e) {
+          spdlog::error("unexpected exception in a worker: {}", e.what());
+        }
+      }
+    });
   }
+  s.health.start(s.workers.front()->io.get_executor());
 
   s.signals.async_wait([&](const boost::system::error_code& ec, int signal_number) {
     if (!ec) spdlog::info("received signal {}; shutting down", signal_number);
@@ -155,10 +199,10 @@ int application::run() {
   });
   s.signal_io.run();
 
+  drain();
+  s.health.stop();
   for (auto& w : s.workers) {
     asio::post(w->io, [&w = *w] {
-      boost::system::error_code ignored;
-      w.acceptor.close(ignored);
       w.pool.stop();
       w.io.stop();
     });

@@ -29,11 +29,13 @@ balancer::balancer(std::size_t rank_count, std::unique_ptr<policy> chosen_policy
   if (!policy_) throw std::invalid_argument("balancer needs a policy");
 }
 
-rank_lease balancer::acquire() {
+rank_lease balancer::acquire() { return acquire(std::vector<bool>()); }
+
+rank_lease balancer::acquire(const std::vector<bool>& excluded) {
   std::lock_guard lock(pick_mutex_);
   for (std::size_t i = 0; i < ranks_.size(); ++i) {
     view_[i].inflight = ranks_[i].inflight.load(std::memory_order_relaxed);
-    view_[i].usable = ranks_[i].usable.load(std::memory_order_relaxed);
+    view_[i].usable = ranks_[i].usable.load(std::memory_order_relaxed) && !(i < excluded.size() && excluded[i]);
   }
   const auto chosen = policy_->choose(view_);
   if (!chosen || *chosen >= ranks_.size()) return {};

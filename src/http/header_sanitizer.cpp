@@ -78,25 +78,33 @@ std::optional<framing_problem> check_request_framing(const bhttp::fields& fields
   return std::nullopt;
 }
 
-void add_forwarding_headers(bhttp::fields& fields, std::string_view client_address) {
-  auto existing = fields.find("x-forwarded-for");
-  if (existing != fields.end()) {
-    std::string combined(existing->value());
-    combined += ", ";
-    combined += client_address;
-    fields.set("x-forwarded-for", combined);
-  } else {
-    fields.set("x-forwarded-for", client_address);
+namespace {
+
+// Joins every line of a list header (a client may send several) and appends one item, so that no hop
+// recorded by an earlier proxy is lost.
+bool append_list_item(bhttp::fields& fields, std::string_view name, std::string_view item) {
+  std::string combined;
+  for (auto it = fields.find(name); it != fields.end() && iequals(it->name_string(), name); ++it) {
+    const auto value = trim(it->value());
+    if (value.empty()) continue;
+    if (!combined.empty()) combined += ", ";
+    combined += value;
   }
+  if (!combined.empty()) combined += ", ";
+  combined += item;
+  if (combined.size() > max_forwarding_header_bytes) return false;
+  fields.erase(name);
+  fields.set(name, combined);
+  return true;
+}
+
+}  // namespace
+
+bool add_forwarding_headers(bhttp::fields& fields, std::string_view client_address) {
+  if (!append_list_item(fields, "x-forwarded-for", client_address)) return false;
+  if (!append_list_item(fields, "via", "1.1 dplb")) return false;
   fields.set("x-forwarded-proto", "http");
-  auto via = fields.find(bhttp::field::via);
-  if (via != fields.end()) {
-    std::string combined(via->value());
-    combined += ", 1.1 dplb";
-    fields.set(bhttp::field::via, combined);
-  } else {
-    fields.set(bhttp::field::via, "1.1 dplb");
-  }
+  return true;
 }
 
 }  // namespace dplb::http

@@ -43,14 +43,19 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& backend_urls, const
                                     .Name("dplb_client_connections_total")
                                     .Help("Client connections accepted")
                                     .Register(*registry_)
-                                    .Add({})) {
+                                    .Add({})),
+      retries_(prometheus::BuildCounter()
+                   .Name("dplb_retries_total")
+                   .Help("Requests re-sent to another rank because their rank failed before answering")
+                   .Register(*registry_)
+                   .Add({})) {
   auto& inflight = prometheus::BuildGauge()
                        .Name("dplb_rank_inflight")
                        .Help("Requests dplb has sent to the rank and not yet finished")
                        .Register(*registry_);
   auto& healthy = prometheus::BuildGauge()
                       .Name("dplb_rank_healthy")
-                      .Help("1 when the rank may receive new requests, 0 when it is down or ejected")
+                      .Help("1 while the rank passes its active health checks (GET /health), 0 while it is down")
                       .Register(*registry_);
   auto& duration = prometheus::BuildHistogram()
                        .Name("dplb_request_duration_seconds")
@@ -76,9 +81,18 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& backend_urls, const
                       .Name("dplb_upstream_keepalive_retries_total")
                       .Help("Requests re-sent on a fresh connection because a pooled one was found closed")
                       .Register(*registry_);
-  auto& midstream = prometheus::BuildCounter()
-                        .Name("dplb_upstream_midstream_failures_total")
-                        .Help("Responses cut short because the engine failed after the response began")
+  auto& errors = prometheus::BuildCounter()
+                     .Name("dplb_upstream_errors_total")
+                     .Help("Failed attempts on the rank, by kind (connect, reset, timeout, protocol, "
+                           "server_error, midstream)")
+                     .Register(*registry_);
+  auto& ejected = prometheus::BuildGauge()
+                      .Name("dplb_rank_ejected")
+                      .Help("1 while the rank is ejected by passive outlier detection")
+                      .Register(*registry_);
+  auto& ejections = prometheus::BuildCounter()
+                        .Name("dplb_rank_ejections_total")
+                        .Help("Times the rank was ejected after consecutive failed requests")
                         .Register(*registry_);
   prometheus::BuildGauge()
       .Name("dplb_build_info")
@@ -100,9 +114,15 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& backend_urls, const
         &completion.Add({{"rank", label}}),
         &connects.Add({{"rank", label}}),
         &retries.Add({{"rank", label}}),
-        &midstream.Add({{"rank", label}}),
+        &ejected.Add({{"rank", label}}),
+        &ejections.Add({{"rank", label}}),
+        {},
         std::make_unique<std::array<std::atomic<prometheus::Counter*>, 600>>(),
     });
+    for (std::size_t k = 0; k < upstream_error_kinds.size(); ++k) {
+      ranks_.back().errors[k] = &errors.Add({{"rank", label}, {"kind", std::string(upstream_error_kinds[k])}});
+    }
+    ranks_.back().healthy->Set(1);
   }
 }
 
@@ -141,7 +161,20 @@ void proxy_metrics::rejected(unsigned status) {
 
 void proxy_metrics::upstream_connected(std::size_t rank) { ranks_[rank].connects->Increment(); }
 void proxy_metrics::keepalive_retry(std::size_t rank) { ranks_[rank].keepalive_retries->Increment(); }
-void proxy_metrics::upstream_failed_midstream(std::size_t rank) { ranks_[rank].midstream_failures->Increment(); }
+void proxy_metrics::upstream_error(std::size_t rank, std::string_view kind) {
+  for (std::size_t k = 0; k < upstream_error_kinds.size(); ++k) {
+    if (upstream_error_kinds[k] == kind) return ranks_[rank].errors[k]->Increment();
+  }
+}
+
+void proxy_metrics::retried() { retries_.Increment(); }
+
+void proxy_metrics::rank_state(std::size_t rank, bool healthy, bool ejected) {
+  ranks_[rank].healthy->Set(healthy ? 1 : 0);
+  ranks_[rank].ejected->Set(ejected ? 1 : 0);
+}
+
+void proxy_metrics::ejected(std::size_t rank) { ranks_[rank].ejections->Increment(); }
 
 void proxy_metrics::client_connection_opened() {
   client_connections_.Increment();
@@ -152,7 +185,6 @@ void proxy_metrics::client_connection_closed() { client_connections_.Decrement()
 std::string proxy_metrics::render() {
   for (std::size_t r = 0; r < ranks_.size(); ++r) {
     ranks_[r].inflight->Set(balancer_.inflight(r));
-    ranks_[r].healthy->Set(balancer_.usable(r) ? 1 : 0);
   }
   skew_.Set(balancer_.inflight_skew());
   return prometheus::TextSerializer().Serialize(registry_->Collect());

@@ -8,7 +8,11 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <spdlog/spdlog.h>
 
+#include "dplb/http/error_response.hpp"
 #include "dplb/server/session.hpp"
+
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
 
 namespace dplb::server {
 
@@ -25,6 +29,26 @@ tcp::acceptor open_acceptor(const asio::any_io_executor& executor, const tcp::en
   return acceptor;
 }
 
+namespace {
+
+// Over --max-client-connections: a clear answer instead of a silent reset, then close. The write is
+// bounded so that a client that never reads cannot hold the socket.
+asio::awaitable<void> refuse_connection(worker_state& worker, tcp::socket socket) {
+  worker.shared.metrics.rejected(503);
+  static const std::string response = [] {
+    const std::string body = http::error_body(503, "dplb is at its client connection limit (--max-client-connections); retry later");
+    return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+           "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  }();
+  boost::beast::tcp_stream stream(std::move(socket));
+  stream.expires_after(std::chrono::seconds(1));
+  co_await asio::async_write(stream, asio::buffer(response), asio::as_tuple(asio::use_awaitable));
+  boost::system::error_code ignored;
+  stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+}
+
+}  // namespace
+
 asio::awaitable<void> accept_loop(worker_state& worker, tcp::acceptor& acceptor) {
   auto executor = co_await asio::this_coro::executor;
   while (acceptor.is_open()) {
@@ -35,6 +59,12 @@ asio::awaitable<void> accept_loop(worker_state& worker, tcp::acceptor& acceptor)
       spdlog::warn("accept failed: {}; retrying in 100 ms", ec.message());
       asio::steady_timer pause(executor, std::chrono::milliseconds(100));
       co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
+      continue;
+    }
+    auto& shared = worker.shared;
+    if (shared.client_connections.fetch_add(1, std::memory_order_relaxed) >= shared.settings.max_client_connections) {
+      shared.client_connections.fetch_sub(1, std::memory_order_relaxed);
+      asio::co_spawn(executor, refuse_connection(worker, std::move(socket)), asio::detached);
       continue;
     }
     asio::co_spawn(executor, run_session(worker, std::move(socket)), asio::detached);

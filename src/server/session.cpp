@@ -7,6 +7,13 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/url/parse.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <utility>
 #include <chrono>
 #include <optional>
 #include <spdlog/spdlog.h>
@@ -52,6 +59,33 @@ bool response_has_body(unsigned status, bool head_request) {
   return !head_request && !(status >= 100 && status < 200) && status != 204 && status != 304;
 }
 
+// Shared between a proxied request and the coroutine that watches its client for a disconnect.
+struct client_watch {
+  bool done = false;                                  // the request is over; the watcher must not touch anything
+  bool client_gone = false;                           // the client closed or reset its connection
+  upstream::upstream_connection* upstream = nullptr;  // closed by the watcher when the client goes
+};
+
+// Waits until the client's socket is readable. Bytes there are a pipelined next request (left in the
+// socket for the session to read); end-of-file or an error is the client leaving, and the engine
+// connection is closed at once so the engine aborts the request and frees its KV cache.
+asio::awaitable<void> watch_client(tcp::socket& socket, std::shared_ptr<client_watch> watch) {
+  for (;;) {
+    auto [ec] = co_await socket.async_wait(tcp::socket::wait_read, as_result);
+    if (watch->done || ec) co_return;  // `done` first: the session and its socket may be gone
+    char probe;
+    const auto n = ::recv(socket.native_handle(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) co_return;  // a pipelined request: not a disconnect
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+    watch->client_gone = true;
+    if (watch->upstream) {
+      boost::system::error_code ignored;
+      watch->upstream->stream.socket().close(ignored);
+    }
+    co_return;
+  }
+}
+
 class session {
  public:
   session(worker_state& worker, tcp::socket socket)
@@ -66,11 +100,20 @@ class session {
   asio::awaitable<void> run() {
     shared_.metrics.client_connection_opened();
     struct closed_on_exit {
-      metrics::proxy_metrics& m;
-      ~closed_on_exit() { m.client_connection_closed(); }
-    } count_guard{shared_.metrics};
+      shared_state& shared;
+      ~closed_on_exit() {
+        shared.metrics.client_connection_closed();
+        shared.client_connections.fetch_sub(1, std::memory_order_relaxed);
+      }
+    } count_guard{shared_};
 
-    while (co_await serve_one_request()) {
+    // A drain lets the request in progress finish, then closes (the response says Connection: close).
+    try {
+      while (co_await serve_one_request() && !shared_.draining.load(std::memory_order_relaxed)) {
+      }
+    } catch (const std::exception& e) {
+      // Errors on the request path are values; an exception here is a bug, and costs only this connection.
+      spdlog::error("closing a client connection after an unexpected error: {}", e.what());
     }
     boost::system::error_code ec;
     client_.socket().shutdown(tcp::socket::shutdown_send, ec);
@@ -85,13 +128,25 @@ class session {
     parser.body_limit(settings_.max_request_body_bytes);
 
     client_.expires_after(settings_.client_idle_timeout);
+    worker_.idle_clients.insert(&client_);
     auto [ec, unused] = co_await bhttp::async_read_header(client_, buffer_, parser, as_result);
+    worker_.idle_clients.erase(&client_);
     if (ec) co_return co_await refuse_unreadable_request(ec, parser.got_some());
 
     auto& request = parser.get();
     if (auto problem = http::check_request_framing(request)) {
       // The body's end cannot be known: answer and close, never guess.
       co_return co_await reject(problem->status, problem->message, false);
+    }
+    if (request.version() < 11 && request.count(bhttp::field::transfer_encoding) > 0) {
+      co_return co_await reject(400, "Transfer-Encoding is not allowed in an HTTP/1.0 request", false);
+    }
+    if (request.method() == bhttp::verb::connect || request.method() == bhttp::verb::trace) {
+      // dplb is no forward proxy (CONNECT), and TRACE only reflects headers back (cross-site tracing).
+      co_return co_await reject(405, "method not allowed through dplb", false);
+    }
+    if (!to_origin_form(request)) {
+      co_return co_await reject(400, "request target must be a path (origin-form) or an absolute http URL", false);
     }
     if (iequals(request[bhttp::field::expect], "100-continue")) {
       // dplb reads the whole body before choosing a rank (so a request can be re-sent), so it answers
@@ -105,10 +160,29 @@ class session {
     auto [body_ec, body_bytes] = co_await bhttp::async_read(client_, buffer_, parser, as_result);
     if (body_ec) co_return co_await refuse_unreadable_request(body_ec, true);
 
-    const bool keep_alive = request.keep_alive();
+    const bool keep_alive = request.keep_alive() && !shared_.draining.load(std::memory_order_relaxed);
     const auto path = path_of(request.target());
     if (path == "/metrics" || path == "/health") co_return co_await serve_own_path(request, path, keep_alive);
     co_return co_await proxy(request, keep_alive);
+  }
+
+  // An absolute-form target (GET http://host/path) is rewritten to its path: the authority in it is never
+  // where the request goes (only configured backends are), and dplb's own paths are recognised in it.
+  static bool to_origin_form(client_request& request) {
+    const auto target = request.target();
+    if (!target.empty() && target.front() == '/') return true;
+    if (target == "*") return request.method() == bhttp::verb::options;
+    auto url = boost::urls::parse_absolute_uri(target);
+    if (!url || (url->scheme_id() != boost::urls::scheme::http && url->scheme_id() != boost::urls::scheme::https)) {
+      return false;
+    }
+    std::string origin(url->encoded_path().empty() ? "/" : std::string_view(url->encoded_path()));
+    if (url->has_query()) {
+      origin += '?';
+      origin += url->encoded_query();
+    }
+    request.target(origin);
+    return true;
   }
 
   asio::awaitable<bool> refuse_unreadable_request(const boost::system::error_code& ec, bool got_some) {
@@ -165,9 +239,14 @@ class session {
     if (path == "/metrics") {
       response.set(bhttp::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
       response.body() = shared_.metrics.render();
+    } else if (shared_.draining.load(std::memory_order_relaxed)) {
+      response.result(bhttp::status::service_unavailable);
+      response.set(bhttp::field::content_type, "application/json");
+      response.body() = http::error_body(503, "dplb is shutting down");
     } else if (!shared_.balancer.any_usable()) {
       response.result(bhttp::status::service_unavailable);
       response.set(bhttp::field::content_type, "application/json");
+      response.set(bhttp::field::retry_after, "1");
       response.body() = http::error_body(503, "no backend rank is usable");
     }
     co_return co_await send_local(response, keep_alive, head_request);
@@ -176,59 +255,74 @@ class session {
   // Picks a rank, sends it the request and relays the response. Returns whether the client
   // connection may carry another request.
   asio::awaitable<bool> proxy(client_request& request, bool client_keep_alive) {
+    const bool client_understands_chunked = request.version() >= 11;  // before the head is rewritten
+    if (!prepare_upstream_request(request)) {
+      co_return co_await reject(431, "X-Forwarded-For or Via is too long to append to", false);
+    }
     auto lease = shared_.balancer.acquire();
     if (!lease) {
       shared_.metrics.rejected(503);
       co_return co_await send_error(503, "no backend rank is usable; check the engines and their /health",
                                     client_keep_alive, true);
     }
-    const std::size_t rank = lease.rank();
-    const auto& backend = shared_.backends[rank];
-    const auto picked_at = clock_type::now();
+    auto picked_at = clock_type::now();
     const bool head_request = request.method() == bhttp::verb::head;
-    const bool client_understands_chunked = request.version() >= 11;
 
-    prepare_upstream_request(request, backend);
+    // While dplb waits for the engine and relays its answer, a watcher notices the client leaving and
+    // closes the engine connection at once: that is how vLLM learns to abort the request.
+    auto watch = std::make_shared<client_watch>();
+    asio::co_spawn(client_.get_executor(), watch_client(client_.socket(), watch), asio::detached);
+    struct stop_watch_on_exit {
+      client_watch& w;
+      tcp::socket& socket;
+      ~stop_watch_on_exit() {
+        w.done = true;
+        w.upstream = nullptr;
+        boost::system::error_code ignored;
+        socket.cancel(ignored);
+      }
+    } stop_watch{*watch, client_.socket()};
 
-    // Send the request; a pooled connection that turns out closed before any response byte is the
-    // keep-alive race (the engine closed it while idle): re-send on a fresh connection.
     upstream::connection_ptr connection;
     std::optional<bhttp::response_parser<bhttp::buffer_body>> parser;
-    for (int attempt = 0;; ++attempt) {
-      // A retry always takes a fresh connection: the engine may have dropped every pooled one (restart).
-      connection = attempt == 0 ? worker_.pool.take_idle(rank) : nullptr;
-      if (!connection) {
-        auto connected = co_await worker_.pool.connect(rank);
-        if (!connected.connection) {
-          co_return co_await fail_before_response(rank, picked_at, connected.error, "connect to", client_keep_alive);
+    std::vector<bool> tried(shared_.backends.size(), false);
+    for (std::size_t retries = 0;; ++retries) {
+      const auto attempt = co_await exchange_head(lease.rank(), request, head_request, *watch, connection, parser);
+      if (!attempt.ec) break;
+      if (watch->client_gone) {
+        shared_.metrics.request_finished(lease.rank(), 499, clock_type::now() - picked_at);
+        co_return false;
+      }
+      shared_.metrics.upstream_error(lease.rank(), attempt.kind);
+      shared_.health.record(lease.rank(), attempt.outcome);
+      if (attempt.retry_elsewhere && retries < settings_.max_retries) {
+        // Nothing reached the engine's application and nothing reached the client: try another rank.
+        tried[lease.rank()] = true;
+        if (auto next = shared_.balancer.acquire(tried)) {
+          spdlog::debug("rank {} failed ({}); retrying on rank {}", lease.rank(), attempt.ec.message(), next.rank());
+          shared_.metrics.retried();
+          lease = std::move(next);
+          picked_at = clock_type::now();
+          continue;
         }
-        connection = std::move(connected.connection);
-        shared_.metrics.upstream_connected(rank);
       }
-      parser.emplace();
-      parser->header_limit(static_cast<std::uint32_t>(settings_.max_header_bytes));
-      parser->body_limit(boost::none);  // responses stream through; nothing is collected
-      if (head_request) parser->skip(true);
-
-      connection->stream.expires_after(settings_.upstream_read_timeout);
-      auto [write_ec, written] = co_await bhttp::async_write(connection->stream, request, as_result);
-      boost::system::error_code ec = write_ec;
-      if (!ec) {
-        auto [read_ec, read] = co_await bhttp::async_read_header(connection->stream, connection->buffer, *parser, as_result);
-        ec = read_ec;
-      }
-      if (!ec) break;
-      if (connection->reused && !parser->got_some() && is_closed_connection(ec) && attempt < 2) {
-        shared_.metrics.keepalive_retry(rank);
-        continue;
-      }
-      co_return co_await fail_before_response(rank, picked_at, ec, "get a response from", client_keep_alive);
+      const auto failed_rank = lease.rank();
+      lease.release();  // before the answer: a client that saw the 502 also sees the slot free
+      co_return co_await fail_before_response(failed_rank, picked_at, attempt.ec, attempt.kind, client_keep_alive);
     }
+    const std::size_t rank = lease.rank();
     shared_.metrics.first_byte(rank, clock_type::now() - picked_at);
 
     // The response head for the client: the engine's, minus hop-by-hop headers, with dplb's own framing.
     auto& upstream_head = parser->get();
     const unsigned status = upstream_head.result_int();
+    if (status >= 500) {
+      // Relayed as it is (the engine's message is the useful one), but it counts against the rank.
+      shared_.metrics.upstream_error(rank, "server_error");
+      shared_.health.record(rank, upstream::request_outcome::server_error);
+    } else {
+      shared_.health.record(rank, upstream::request_outcome::success);
+    }
     const bool upstream_keep_alive = upstream_head.keep_alive();
     const bool has_body = response_has_body(status, head_request);
     bhttp::response<bhttp::buffer_body> out;
@@ -255,6 +349,19 @@ class session {
     bool upstream_ok = true;
     bool client_ok = true;
 
+    // Once the engine has sent everything, the request is accounted for at once: its slot is given back
+    // (from then on it costs the engine nothing) and it is counted, so a client that has seen the end of
+    // its response also sees the metrics that include it.
+    bool accounted = false;
+    const auto engine_finished = [&] {
+      if (std::exchange(accounted, true)) return;
+      lease.release();
+      if (count_usage && (usage.prompt_tokens() || usage.completion_tokens())) {
+        shared_.metrics.tokens(rank, usage.prompt_tokens().value_or(0), usage.completion_tokens().value_or(0));
+      }
+      shared_.metrics.request_finished(rank, status, clock_type::now() - picked_at);
+    };
+    if (!has_body || parser->is_done()) engine_finished();
     if (!has_body || connection->buffer.size() == 0) {
       // Nothing of the body is here yet (a stream waiting for its first token): the head goes now so the
       // client sees the status at once. Otherwise it leaves together with the first body bytes.
@@ -273,8 +380,9 @@ class session {
         break;
       }
       const std::size_t got = relay_buffer_size - parser->get().body().size;
-      if (got == 0 && !parser->is_done()) continue;  // a chunk header without data yet
       if (count_usage) usage.feed({relay, got});
+      if (parser->is_done()) engine_finished();
+      if (got == 0 && !parser->is_done()) continue;  // a chunk header without data yet
       out.body().data = got ? relay : nullptr;
       out.body().size = got;
       out.body().more = !parser->is_done();
@@ -292,48 +400,111 @@ class session {
     }
 
     const auto duration = clock_type::now() - picked_at;
+    if (watch->client_gone || !client_ok) {
+      // The client went away: dropping the engine connection is how vLLM learns to abort the request.
+      // (If the engine had already finished, the request was counted with its status.)
+      if (!accounted) shared_.metrics.request_finished(rank, 499, duration);
+      co_return false;
+    }
     if (!upstream_ok) {
       // Part of the response is already out: closing without the terminating chunk (or short of the
       // Content-Length) is the only way left to tell the client the response is incomplete.
-      shared_.metrics.upstream_failed_midstream(rank);
+      shared_.metrics.upstream_error(rank, "midstream");
+      shared_.health.record(rank, upstream::request_outcome::reset);
       shared_.metrics.request_finished(rank, status, duration);
-      spdlog::debug("rank {} failed mid-response; closing the client connection", rank);
+      spdlog::warn("rank {} ({}) failed mid-response; the client sees a truncated response", rank,
+                   shared_.backends[rank].url);
       co_return false;
     }
-    if (!client_ok) {
-      // The client went away: dropping the engine connection is how vLLM learns to abort the request.
-      shared_.metrics.request_finished(rank, 499, duration);
-      co_return false;
-    }
-    if (count_usage && (usage.prompt_tokens() || usage.completion_tokens())) {
-      shared_.metrics.tokens(rank, usage.prompt_tokens().value_or(0), usage.completion_tokens().value_or(0));
-    }
-    shared_.metrics.request_finished(rank, status, duration);
     if (upstream_keep_alive && parser->is_done()) worker_.pool.give_back(rank, std::move(connection));
     co_return keep_client;
   }
 
-  void prepare_upstream_request(client_request& request, const upstream::backend& backend) {
+  bool prepare_upstream_request(client_request& request) {
     http::strip_hop_by_hop(request);
     request.erase(bhttp::field::expect);
-    request.set(bhttp::field::host, backend.authority);
-    http::add_forwarding_headers(request, client_address_);
+    if (!http::add_forwarding_headers(request, client_address_)) return false;
     request.version(11);
     request.keep_alive(true);
     request.prepare_payload();  // the body was read whole: a chunked request goes on with a Content-Length
+    return true;
+  }
+
+  struct head_attempt {
+    boost::system::error_code ec;                  // empty: the response head is in the parser
+    std::string_view kind;                         // for dplb_upstream_errors_total
+    upstream::request_outcome outcome = upstream::request_outcome::success;
+    bool retry_elsewhere = false;                  // safe to send to another rank
+  };
+
+  // Sends the request to the rank and reads the response head. A pooled connection that turns out
+  // closed before any response byte is the keep-alive race (the engine closed it while idle): the
+  // request is re-sent on a fresh connection to the same rank, invisibly.
+  asio::awaitable<head_attempt> exchange_head(std::size_t rank, client_request& request, bool head_request,
+                                              client_watch& watch, upstream::connection_ptr& connection,
+                                              std::optional<bhttp::response_parser<bhttp::buffer_body>>& parser) {
+    request.set(bhttp::field::host, shared_.backends[rank].authority);
+    const auto head_timeout = settings_.upstream_first_byte_timeout.count() > 0 ? settings_.upstream_first_byte_timeout
+                                                                                : settings_.upstream_read_timeout;
+    for (int attempt = 0;; ++attempt) {
+      watch.upstream = nullptr;  // the watcher must never see a connection that is about to be destroyed
+      // A re-send always takes a fresh connection: the engine may have dropped every pooled one (restart).
+      connection = attempt == 0 ? worker_.pool.take_idle(rank) : nullptr;
+      if (!connection) {
+        auto connected = co_await worker_.pool.connect(rank);
+        if (!connected.connection) {
+          // Nothing was sent: always safe to try another rank.
+          co_return head_attempt{connected.error, "connect", upstream::request_outcome::connect_failure, true};
+        }
+        connection = std::move(connected.connection);
+        shared_.metrics.upstream_connected(rank);
+      }
+      watch.upstream = connection.get();
+      if (watch.client_gone) co_return head_attempt{asio::error::operation_aborted, "client", {}, false};
+      parser.emplace();
+      parser->header_limit(static_cast<std::uint32_t>(settings_.max_header_bytes));
+      parser->body_limit(boost::none);  // responses stream through; nothing is collected
+      if (head_request) parser->skip(true);
+
+      connection->stream.expires_after(settings_.upstream_read_timeout);
+      auto [write_ec, written] = co_await bhttp::async_write(connection->stream, request, as_result);
+      boost::system::error_code ec = write_ec;
+      if (!ec) {
+        connection->stream.expires_after(head_timeout);
+        auto [read_ec, read] = co_await bhttp::async_read_header(connection->stream, connection->buffer, *parser, as_result);
+        ec = read_ec;
+      }
+      if (!ec) co_return head_attempt{};
+      if (watch.client_gone) co_return head_attempt{ec, "client", {}, false};
+      const bool nothing_received = !parser->got_some();
+      if (connection->reused && nothing_received && is_closed_connection(ec) && attempt < 2) {
+        shared_.metrics.keepalive_retry(rank);
+        continue;
+      }
+      if (ec == beast::error::timeout) {
+        // The engine has the request and may be working on it: sending it elsewhere would double the work.
+        co_return head_attempt{ec, "timeout", upstream::request_outcome::timeout, false};
+      }
+      if (nothing_received && is_closed_connection(ec)) {
+        // Reset or closed on a fresh connection before any answer: the engine refused it.
+        co_return head_attempt{ec, "reset", upstream::request_outcome::reset, true};
+      }
+      co_return head_attempt{ec, "protocol", upstream::request_outcome::reset, false};
+    }
   }
 
   asio::awaitable<bool> fail_before_response(std::size_t rank, clock_type::time_point picked_at,
-                                             const boost::system::error_code& ec, std::string_view what,
+                                             const boost::system::error_code& ec, std::string_view kind,
                                              bool client_keep_alive) {
     const unsigned status = ec == beast::error::timeout ? 504 : 502;
     shared_.metrics.request_finished(rank, status, clock_type::now() - picked_at);
     const auto& backend = shared_.backends[rank];
-    spdlog::warn("could not {} rank {} ({}): {}", what, rank, backend.url, ec.message());
-    co_return co_await send_error(status,
-                                  "dplb could not " + std::string(what) + " backend rank " + std::to_string(rank) +
-                                      " (" + backend.url + "): " + ec.message(),
-                                  client_keep_alive);
+    std::string message = status == 504 ? "backend rank " + std::to_string(rank) + " (" + backend.url +
+                                              ") sent no response head in time (--upstream-first-byte-timeout-ms)"
+                                        : "dplb could not get a response from backend rank " + std::to_string(rank) +
+                                              " (" + backend.url + "): " + std::string(kind) + ": " + ec.message();
+    spdlog::warn("{}", message);
+    co_return co_await send_error(status, message, client_keep_alive);
   }
 
   char* relay_buffer() {

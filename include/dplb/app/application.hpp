@@ -31,6 +31,8 @@ class application {
   std::string listen_address() const;
 
  private:
+  void drain();
+
   struct impl;
   std::unique_ptr<impl> impl_;
 };

@@ -49,6 +49,26 @@ struct settings {
   std::chrono::milliseconds upstream_connect_timeout{5'000};
   std::chrono::milliseconds upstream_read_timeout{600'000};  // longest silence from an engine (between bytes)
   std::chrono::milliseconds client_write_timeout{60'000};    // longest a client may take to accept bytes
+  // Longest wait for an engine's response head (queueing + prefill); 0 = only upstream_read_timeout.
+  // Beyond it the client gets 504. Off by default: vLLM queues without bound and a long prompt's
+  // prefill can take minutes.
+  std::chrono::milliseconds upstream_first_byte_timeout{0};
+
+  // --- retries and health ---
+  // Re-sends on another rank when nothing reached the client and the engine never took the request
+  // (connect failed, refused, reset before any answer on a fresh connection).
+  std::size_t max_retries = 2;
+  std::chrono::milliseconds health_check_interval{2'000};  // GET /health on every rank; 0 = off
+  std::chrono::milliseconds health_check_timeout{1'000};
+  std::uint32_t unhealthy_threshold = 3;  // consecutive failed checks that take a rank down
+  std::uint32_t healthy_threshold = 2;    // consecutive good checks that bring it back
+  std::uint32_t ejection_threshold = 5;   // consecutive failed requests that eject a rank; 0 = never
+  std::chrono::milliseconds ejection_base{5'000};   // first ejection; doubles on each repeat
+  std::chrono::milliseconds ejection_max{300'000};  // cap of the doubling
+
+  // --- connections and shutdown ---
+  std::size_t max_client_connections = 10'000;  // beyond: 503 and close
+  std::chrono::milliseconds drain_timeout{30'000};  // SIGTERM: longest wait for in-flight requests
 
   // --- upstream connection pool ---
   // Idle pooled connections older than this are closed: below vLLM's 5 s keep-alive so that dplb closes

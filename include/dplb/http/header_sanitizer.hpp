@@ -24,8 +24,12 @@ struct framing_problem {
 // "chunked".
 std::optional<framing_problem> check_request_framing(const boost::beast::http::fields& fields);
 
-// Appends the client address to X-Forwarded-For (keeping what earlier proxies put there) and sets
-// X-Forwarded-Proto and Via.
-void add_forwarding_headers(boost::beast::http::fields& fields, std::string_view client_address);
+// Longest X-Forwarded-For or Via value dplb will send (Beast refuses field values near 64 KiB).
+inline constexpr std::size_t max_forwarding_header_bytes = 16 * 1024;
+
+// Appends the client address to X-Forwarded-For and "1.1 dplb" to Via, joining every line of each that
+// the client sent (so no earlier hop is lost), and sets X-Forwarded-Proto. Returns false, changing
+// nothing that matters, when a joined value would exceed max_forwarding_header_bytes (answer 431).
+bool add_forwarding_headers(boost::beast::http::fields& fields, std::string_view client_address);
 
 }  // namespace dplb::http

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <prometheus/counter.h>
@@ -25,6 +26,12 @@ class balancer;
 }
 
 namespace dplb::metrics {
+
+// The `kind` label values of dplb_upstream_errors_total: connect (refused, unreachable, timed out),
+// reset (closed before any answer on a fresh connection), timeout (no response head in time), protocol
+// (an unparseable response), server_error (a 5xx head), midstream (failed after the response began).
+inline constexpr std::array<std::string_view, 6> upstream_error_kinds{"connect", "reset", "timeout",
+                                                                      "protocol", "server_error", "midstream"};
 
 class proxy_metrics {
  public:
@@ -43,8 +50,13 @@ class proxy_metrics {
   void upstream_connected(std::size_t rank);
   // A pooled connection was found closed before any response byte and the request was re-sent.
   void keepalive_retry(std::size_t rank);
-  // The engine failed after part of the response had reached the client; the client sees a truncation.
-  void upstream_failed_midstream(std::size_t rank);
+  // An attempt on the rank failed; kind is one of upstream_error_kinds.
+  void upstream_error(std::size_t rank, std::string_view kind);
+  // A request was re-sent to another rank after its rank failed before answering.
+  void retried();
+  // Health as decided by the health monitor.
+  void rank_state(std::size_t rank, bool healthy, bool ejected);
+  void ejected(std::size_t rank);
 
   void client_connection_opened();
   void client_connection_closed();
@@ -62,7 +74,9 @@ class proxy_metrics {
     prometheus::Counter* completion_tokens;
     prometheus::Counter* connects;
     prometheus::Counter* keepalive_retries;
-    prometheus::Counter* midstream_failures;
+    prometheus::Gauge* ejected;
+    prometheus::Counter* ejections;
+    std::array<prometheus::Counter*, upstream_error_kinds.size()> errors;
     std::unique_ptr<std::array<std::atomic<prometheus::Counter*>, 600>> by_status;  // lazily filled
   };
 
@@ -75,6 +89,7 @@ class proxy_metrics {
   prometheus::Gauge& skew_;
   prometheus::Gauge& client_connections_;
   prometheus::Counter& client_connections_total_;
+  prometheus::Counter& retries_;
   std::vector<rank_handles> ranks_;
   std::vector<std::string> rank_labels_;
 };

@@ -2,6 +2,9 @@
 // What every session needs, bundled: the shared state (read-only configuration, the one balancer,
 // the metrics) and the state of the worker thread the session runs on (its connection pool).
 
+#include <atomic>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <unordered_set>
 #include <vector>
 
 #include "dplb/balancer/balancer.hpp"
@@ -9,6 +12,7 @@
 #include "dplb/metrics/proxy_metrics.hpp"
 #include "dplb/upstream/backend.hpp"
 #include "dplb/upstream/connection_pool.hpp"
+#include "dplb/upstream/health_monitor.hpp"
 
 namespace dplb::server {
 
@@ -18,12 +22,17 @@ struct shared_state {
   const std::vector<upstream::backend>& backends;
   balancer::balancer& balancer;
   metrics::proxy_metrics& metrics;
+  upstream::health_monitor& health;
+  std::atomic<std::size_t> client_connections{0};  // open now, all workers
+  std::atomic<bool> draining{false};               // SIGTERM received: finish what is in flight, take nothing new
 };
 
 // One per worker thread; only that thread touches it.
 struct worker_state {
   shared_state& shared;
   upstream::connection_pool& pool;
+  // Client connections waiting for their next request; a drain closes them at once.
+  std::unordered_set<boost::beast::tcp_stream*> idle_clients;
 };
 
 }  // namespace dplb::server

@@ -164,3 +164,13 @@ TEST_CASE("the factory knows every listed policy and nothing else", "[balancer]"
   }
   CHECK(make_policy("fastest") == nullptr);
 }
+
+TEST_CASE("a retry never goes back to an excluded rank", "[balancer]") {
+  const auto policy_name = GENERATE(as<std::string>{}, "round-robin", "least-inflight");
+  balancer b(3, make_policy(policy_name));
+  std::vector<bool> excluded{true, false, true};
+  for (int i = 0; i < 10; ++i) CHECK(b.acquire(excluded).rank() == 1);
+  excluded[1] = true;
+  CHECK_FALSE(b.acquire(excluded));
+  CHECK(b.acquire());  // the exclusion is per call only
+}

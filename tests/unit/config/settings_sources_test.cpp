@@ -125,6 +125,20 @@ std::vector<option_case> every_option() {
       {"upstream-idle-timeout-ms", "2006", 2006,
        [](const cfg::settings& s) { return s.upstream_idle_timeout == ms(2006); }},
       {"upstream-max-idle-per-rank", "9", 9, [](const cfg::settings& s) { return s.upstream_max_idle_per_rank == 9; }},
+      {"upstream-first-byte-timeout-ms", "2007", 2007,
+       [](const cfg::settings& s) { return s.upstream_first_byte_timeout == ms(2007); }},
+      {"max-retries", "5", 5, [](const cfg::settings& s) { return s.max_retries == 5; }},
+      {"health-check-interval-ms", "2008", 2008,
+       [](const cfg::settings& s) { return s.health_check_interval == ms(2008); }},
+      {"health-check-timeout-ms", "2009", 2009,
+       [](const cfg::settings& s) { return s.health_check_timeout == ms(2009); }},
+      {"unhealthy-threshold", "7", 7, [](const cfg::settings& s) { return s.unhealthy_threshold == 7; }},
+      {"healthy-threshold", "8", 8, [](const cfg::settings& s) { return s.healthy_threshold == 8; }},
+      {"ejection-threshold", "11", 11, [](const cfg::settings& s) { return s.ejection_threshold == 11; }},
+      {"ejection-base-ms", "2010", 2010, [](const cfg::settings& s) { return s.ejection_base == ms(2010); }},
+      {"ejection-max-ms", "2011", 2011, [](const cfg::settings& s) { return s.ejection_max == ms(2011); }},
+      {"max-client-connections", "77", 77, [](const cfg::settings& s) { return s.max_client_connections == 77; }},
+      {"drain-timeout-ms", "2012", 2012, [](const cfg::settings& s) { return s.drain_timeout == ms(2012); }},
   };
 }
 

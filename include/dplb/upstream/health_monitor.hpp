@@ -1,0 +1,65 @@
+#pragma once
+// Keeps the balancer's "usable" flag of every rank in line with the rank's health: active probes of
+// GET /health at a fixed interval, and the outcomes of real requests reported by the sessions (passive
+// outlier ejection). See rank_health.hpp for the rules.
+//
+// Threading contract: record() may be called from any thread (it takes a short lock); the probe and
+// tick loops run on one executor, given to start().
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dplb/upstream/backend.hpp"
+#include "dplb/upstream/rank_health.hpp"
+
+namespace dplb::balancer {
+class balancer;
+}
+namespace dplb::metrics {
+class proxy_metrics;
+}
+
+namespace dplb::upstream {
+
+struct health_check_settings {
+  std::chrono::milliseconds interval{2'000};  // 0 disables active checks
+  std::chrono::milliseconds timeout{1'000};   // per probe: connect + answer
+  std::string path = "/health";
+  health_policy policy;
+};
+
+class health_monitor {
+ public:
+  health_monitor(const std::vector<backend>& backends, balancer::balancer& balancer,
+                 metrics::proxy_metrics& metrics, health_check_settings settings);
+
+  // A request's outcome on a rank (any thread). May eject the rank.
+  void record(std::size_t rank, request_outcome outcome);
+
+  // Starts the probe loop (if enabled) and the ejection timer loop on the executor.
+  void start(const boost::asio::any_io_executor& executor);
+  void stop();
+
+  bool healthy(std::size_t rank) const;
+  bool ejected(std::size_t rank) const;
+
+ private:
+  boost::asio::awaitable<void> probe_loop();
+  boost::asio::awaitable<void> tick_loop();
+  boost::asio::awaitable<bool> probe(std::size_t rank);
+  void apply(std::size_t rank);  // pushes the rank's usability to the balancer; lock held
+
+  const std::vector<backend>& backends_;
+  balancer::balancer& balancer_;
+  metrics::proxy_metrics& metrics_;
+  health_check_settings settings_;
+  mutable std::mutex mutex_;
+  std::vector<rank_health> ranks_;
+  bool stopped_ = false;
+};
+
+}  // namespace dplb::upstream

@@ -1,0 +1,141 @@
+#include "dplb/upstream/health_monitor.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http.hpp>
+#include <spdlog/spdlog.h>
+
+#include "dplb/balancer/balancer.hpp"
+#include "dplb/metrics/proxy_metrics.hpp"
+
+namespace dplb::upstream {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
+
+health_monitor::health_monitor(const std::vector<backend>& backends, balancer::balancer& balancer,
+                               metrics::proxy_metrics& metrics, health_check_settings settings)
+    : backends_(backends), balancer_(balancer), metrics_(metrics), settings_(std::move(settings)),
+      ranks_(backends.size(), rank_health(settings_.policy)) {}
+
+void health_monitor::apply(std::size_t rank) {
+  const auto& h = ranks_[rank];
+  balancer_.set_usable(rank, h.usable());
+  metrics_.rank_state(rank, h.healthy(), h.ejected());
+}
+
+void health_monitor::record(std::size_t rank, request_outcome outcome) {
+  std::lock_guard lock(mutex_);
+  if (ranks_[rank].record(outcome, std::chrono::steady_clock::now())) {
+    const auto& h = ranks_[rank];
+    const auto for_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+        *h.ejected_until() - std::chrono::steady_clock::now());
+    spdlog::warn("rank {} ({}) ejected for {} ms after {} consecutive failed requests (ejection #{})", rank,
+                 backends_[rank].url, for_ms.count(), settings_.policy.ejection_threshold, h.times_ejected());
+    metrics_.ejected(rank);
+    apply(rank);
+  }
+}
+
+bool health_monitor::healthy(std::size_t rank) const {
+  std::lock_guard lock(mutex_);
+  return ranks_[rank].healthy();
+}
+
+bool health_monitor::ejected(std::size_t rank) const {
+  std::lock_guard lock(mutex_);
+  return ranks_[rank].ejected();
+}
+
+void health_monitor::start(const asio::any_io_executor& executor) {
+  for (std::size_t r = 0; r < ranks_.size(); ++r) {
+    std::lock_guard lock(mutex_);
+    apply(r);
+  }
+  if (settings_.interval.count() > 0) asio::co_spawn(executor, probe_loop(), asio::detached);
+  asio::co_spawn(executor, tick_loop(), asio::detached);
+}
+
+void health_monitor::stop() {
+  std::lock_guard lock(mutex_);
+  stopped_ = true;
+}
+
+asio::awaitable<void> health_monitor::tick_loop() {
+  // Ejections end on time (to 50 ms) even when active checks are off or slow.
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  for (;;) {
+    timer.expires_after(std::chrono::milliseconds(50));
+    auto [ec] = co_await timer.async_wait(as_result);
+    std::lock_guard lock(mutex_);
+    if (ec || stopped_) co_return;
+    const auto now = std::chrono::steady_clock::now();
+    for (std::size_t r = 0; r < ranks_.size(); ++r) {
+      if (!ranks_[r].ejected()) continue;
+      ranks_[r].tick(now);
+      if (!ranks_[r].ejected()) {
+        spdlog::info("rank {} ({}) back from ejection", r, backends_[r].url);
+        apply(r);
+      }
+    }
+  }
+}
+
+asio::awaitable<void> health_monitor::probe_loop() {
+  auto executor = co_await asio::this_coro::executor;
+  asio::steady_timer timer(executor);
+  for (;;) {
+    const auto started = std::chrono::steady_clock::now();
+    // Probed one after the other: each is bounded by the probe timeout, and a slow rank must not hold
+    // the others' verdicts back by more than that.
+    for (std::size_t r = 0; r < backends_.size(); ++r) {
+      const bool ok = co_await probe(r);
+      std::lock_guard lock(mutex_);
+      if (stopped_) co_return;
+      auto& h = ranks_[r];
+      const bool was_healthy = h.healthy();
+      ok ? h.probe_succeeded() : h.probe_failed();
+      if (h.healthy() != was_healthy) {
+        if (h.healthy()) spdlog::info("rank {} ({}) is healthy again", r, backends_[r].url);
+        else spdlog::warn("rank {} ({}) is down: {} consecutive failed health checks", r, backends_[r].url,
+                          settings_.policy.unhealthy_threshold);
+      }
+      apply(r);
+    }
+    timer.expires_at(started + settings_.interval);
+    auto [ec] = co_await timer.async_wait(as_result);
+    if (ec) co_return;
+  }
+}
+
+asio::awaitable<bool> health_monitor::probe(std::size_t rank) {
+  const auto& b = backends_[rank];
+  beast::tcp_stream stream(co_await asio::this_coro::executor);
+  stream.expires_after(settings_.timeout);
+  auto [cec, endpoint] = co_await stream.async_connect(b.endpoints, as_result);
+  if (cec) co_return false;
+  bhttp::request<bhttp::empty_body> request{bhttp::verb::get, settings_.path, 11};
+  request.set(bhttp::field::host, b.authority);
+  request.set(bhttp::field::user_agent, "dplb-health-check");
+  request.keep_alive(false);
+  auto [wec, written] = co_await bhttp::async_write(stream, request, as_result);
+  if (wec) co_return false;
+  beast::flat_buffer buffer;
+  bhttp::response_parser<bhttp::string_body> parser;
+  parser.body_limit(64 * 1024);
+  auto [rec, read] = co_await bhttp::async_read(stream, buffer, parser, as_result);
+  if (rec) co_return false;
+  boost::system::error_code ignored;
+  stream.socket().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  co_return parser.get().result_int() == 200;
+}
+
+}  // namespace dplb::upstream
