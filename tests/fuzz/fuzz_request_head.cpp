@@ -1,0 +1,371 @@
+// libFuzzer target for what dplb does with the bytes a client sends, up to the request it sends an engine:
+// Beast's request parser with dplb's limits, fed as a socket would (in pieces, the parser asking for
+// more), then the steps of src/server/session.cpp: check_request_framing on the head, the body read,
+// and the upstream request built by strip_hop_by_hop, add_forwarding_headers and prepare_payload.
+// Pipelined requests in one input are handled one after the other, as on a keep-alive connection.
+//
+// Invariants (a violation prints what and traps):
+//  - framing: when check_request_framing accepts, there is at most one Content-Length and it is plain
+//    digits, Transfer-Encoding is absent or exactly one "chunked", and Beast frames the body the same way
+//    (the length dplb validated is the length Beast reads);
+//  - hop-by-hop: after strip_hop_by_hop no Connection, Keep-Alive, Proxy-Connection, TE,
+//    Transfer-Encoding, Upgrade, Proxy-Authorization, Proxy-Authenticate header remains, nor any header
+//    the client named in Connection, and every other header is still there;
+//  - forwarding: one X-Forwarded-For ending in the client address and keeping what was there, one Via
+//    ending in "1.1 dplb", one X-Forwarded-Proto "http";
+//  - the upstream request, serialized and parsed again, is exactly one request (no bytes left over for a
+//    second one: no smuggling towards the engine) with the same method, target, headers and body;
+//  - split invariance: the whole input fed at once and fed in pieces forward and refuse the same
+//    requests (only the error that ends a connection may differ, see same_outcome()).
+//
+// Session steps are mirrored here, not called (they are private to the connection coroutine); keep
+// upstream_request() in step with session::prepare_upstream_request() and exchange_head().
+// DPLB_FUZZ_VERBOSE=1 prints what became of each request of an input; DPLB_FUZZ_HEADER_LIMIT=N parses
+// with another --max-header-bytes.
+
+#include <boost/beast/http.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dplb/http/header_sanitizer.hpp"
+
+namespace {
+
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using request = bhttp::request<bhttp::string_body>;
+
+// dplb's default --max-header-bytes; DPLB_FUZZ_HEADER_LIMIT=N replays an input with another limit (F4).
+const std::uint32_t header_limit = [] {
+  const char* v = std::getenv("DPLB_FUZZ_HEADER_LIMIT");
+  return v ? static_cast<std::uint32_t>(std::strtoul(v, nullptr, 10)) : 64u * 1024;
+}();
+constexpr std::uint64_t body_limit = 1024 * 1024;    // smaller than dplb's 64 MiB: keeps runs fast
+constexpr std::size_t max_requests_per_input = 16;
+// A peer address as long as Asio writes them (a full IPv6 address, 39 characters; only a scope id is
+// longer): forwarding headers near the size limits must still fit with it.
+constexpr std::string_view client_address = "fe80:1234:5678:9abc:def0:1234:5678:9abc";
+constexpr std::string_view upstream_authority = "127.0.0.1:8001";
+
+
+[[noreturn]] void fail(const char* what, int line) {
+  std::fprintf(stderr, "fuzz_request_head: invariant violated (line %d): %s\n", line, what);
+  __builtin_trap();
+}
+#define FUZZ_CHECK(condition) ((condition) ? void() : fail(#condition, __LINE__))
+
+bool iequals(std::string_view a, std::string_view b) { return beast::iequals(a, b); }
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// The non-empty items of a comma-separated header list (RFC 9110 5.6.1), OWS trimmed.
+std::vector<std::string> list_items(std::string_view list) {
+  std::vector<std::string> items;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const auto comma = list.find(',', start);
+    const auto end = comma == std::string_view::npos ? list.size() : comma;
+    const auto item = trim(list.substr(start, end - start));
+    if (!item.empty()) items.emplace_back(item);
+    start = end + 1;
+  }
+  return items;
+}
+
+bool is_hop_by_hop(std::string_view name, const std::vector<std::string>& named_in_connection) {
+  static constexpr std::string_view always[] = {"connection", "keep-alive", "proxy-connection", "te",
+                                                "transfer-encoding", "upgrade", "proxy-authorization",
+                                                "proxy-authenticate"};
+  for (auto h : always) {
+    if (iequals(name, h)) return true;
+  }
+  for (const auto& n : named_in_connection) {
+    if (iequals(name, n)) return true;
+  }
+  return false;
+}
+
+std::vector<std::string> values_of(const bhttp::fields& fields, std::string_view name) {
+  std::vector<std::string> values;
+  for (const auto& f : fields) {
+    if (iequals(f.name_string(), name)) values.emplace_back(f.value());
+  }
+  return values;
+}
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// Framing as accepted by check_request_framing must be framing Beast reads the same way.
+void check_accepted_framing(const bhttp::request_parser<bhttp::string_body>& parser) {
+  const auto& fields = parser.get().base();
+  const auto lengths = values_of(fields, "content-length");
+  const auto codings = values_of(fields, "transfer-encoding");
+  FUZZ_CHECK(lengths.empty() || codings.empty());
+  FUZZ_CHECK(lengths.size() <= 1);
+  FUZZ_CHECK(codings.size() <= 1);
+  if (lengths.size() == 1) {
+    const auto& v = lengths.front();
+    FUZZ_CHECK(!v.empty() && v.size() <= 19);
+    FUZZ_CHECK(std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; }));
+    FUZZ_CHECK(parser.content_length().has_value());
+    FUZZ_CHECK(*parser.content_length() == std::stoull(v));
+    FUZZ_CHECK(!parser.chunked());
+  }
+  if (codings.size() == 1) {
+    const auto items = list_items(codings.front());
+    FUZZ_CHECK(items.size() == 1 && iequals(items.front(), "chunked"));
+    FUZZ_CHECK(parser.chunked());
+  }
+  if (lengths.empty() && codings.empty()) {
+    FUZZ_CHECK(!parser.chunked() && !parser.content_length().has_value());
+  }
+}
+
+// session::prepare_upstream_request then the Host of exchange_head, with the invariants of each step.
+bool upstream_request(request& req) {
+  const auto before = req.base();
+  std::vector<std::string> named_in_connection;
+  for (const auto& v : values_of(before, "connection")) {
+    for (auto& item : list_items(v)) named_in_connection.push_back(std::move(item));
+  }
+
+  dplb::http::strip_hop_by_hop(req);
+  std::size_t kept = 0;
+  for (const auto& f : before) kept += is_hop_by_hop(f.name_string(), named_in_connection) ? 0 : 1;
+  std::size_t remaining = 0;
+  for (const auto& f : req.base()) {
+    FUZZ_CHECK(!is_hop_by_hop(f.name_string(), named_in_connection));
+    ++remaining;
+  }
+  FUZZ_CHECK(remaining == kept);  // nothing else was removed
+
+  req.erase(bhttp::field::expect);
+
+  const auto forwarded_before = values_of(req.base(), "x-forwarded-for");
+  const auto via_before = values_of(req.base(), "via");
+  if (!dplb::http::add_forwarding_headers(req, client_address)) {
+    // Refused with 431 (F3): only when a joined list would really be too long.
+    std::size_t longest = 0;
+    for (const auto& v : forwarded_before) longest += v.size() + 2;
+    std::size_t longest_via = 0;
+    for (const auto& v : via_before) longest_via += v.size() + 2;
+    FUZZ_CHECK(std::max(longest + client_address.size(), longest_via + 8) > dplb::http::max_forwarding_header_bytes);
+    return false;
+  }
+  const auto forwarded = values_of(req.base(), "x-forwarded-for");
+  const auto via = values_of(req.base(), "via");
+  const auto proto = values_of(req.base(), "x-forwarded-proto");
+  FUZZ_CHECK(forwarded.size() == 1);
+  FUZZ_CHECK(ends_with(forwarded.front(), client_address));
+  FUZZ_CHECK(via.size() == 1);
+  FUZZ_CHECK(ends_with(via.front(), "1.1 dplb"));
+  FUZZ_CHECK(proto.size() == 1 && proto.front() == "http");
+  // Every earlier hop is kept, in order: repeated lines are one comma-separated list (RFC 9110 5.3),
+  // whose empty items mean nothing (5.6.1), so an empty X-Forwarded-For may become ", <client>".
+  const auto check_appended = [](const std::vector<std::string>& before, const std::string& after,
+                                 std::string_view added) {
+    std::vector<std::string> expected;
+    for (const auto& v : before) {
+      for (auto& item : list_items(v)) expected.push_back(std::move(item));
+    }
+    expected.emplace_back(added);
+    FUZZ_CHECK(list_items(after) == expected);
+  };
+  check_appended(forwarded_before, forwarded.front(), client_address);
+  check_appended(via_before, via.front(), "1.1 dplb");
+
+  req.version(11);
+  req.keep_alive(true);
+  req.prepare_payload();
+  req.set(bhttp::field::host, upstream_authority);  // session::exchange_head, for the rank picked
+  return true;
+}
+
+// The upstream request on the wire must parse back to itself, as exactly one request.
+void check_round_trip(const request& sent, const std::string& wire) {
+  bhttp::request_parser<bhttp::string_body> parser;
+  parser.header_limit(UINT32_MAX);
+  parser.body_limit(boost::none);
+  parser.eager(true);
+  beast::error_code ec;
+  const auto used = parser.put(boost::asio::buffer(wire), ec);
+  FUZZ_CHECK(!ec);
+  FUZZ_CHECK(parser.is_done());
+  FUZZ_CHECK(used == wire.size());
+  const auto& got = parser.get();
+  FUZZ_CHECK(got.method_string() == sent.method_string());
+  FUZZ_CHECK(got.target() == sent.target());
+  FUZZ_CHECK(got.version() == 11);
+  FUZZ_CHECK(got.body() == sent.body());
+  FUZZ_CHECK(!got.chunked());
+  auto a = got.base().begin();
+  auto b = sent.base().begin();
+  for (; a != got.base().end() && b != sent.base().end(); ++a, ++b) {
+    FUZZ_CHECK(a->name_string() == b->name_string());
+    FUZZ_CHECK(a->value() == b->value());
+  }
+  FUZZ_CHECK(a == got.base().end() && b == sent.base().end());
+}
+
+// The client's bytes, made available up to one cut point at a time, as successive socket reads.
+class wire_reader {
+ public:
+  wire_reader(std::string_view input, std::vector<std::size_t> cuts) : input_(input), cuts_(std::move(cuts)) {
+    cuts_.push_back(input_.size());
+    available_ = cuts_.front();
+  }
+
+  bool exhausted() const { return read_ == input_.size(); }
+
+  // Puts bytes into the parser until done() holds; returns the parser's error, or need_more when the
+  // input ends first.
+  template <class Parser, class Done>
+  beast::error_code pump(Parser& parser, Done done) {
+    beast::error_code ec;
+    while (!done()) {
+      if (read_ == available_ && !read_more()) return bhttp::error::need_more;
+      const auto used = parser.put(boost::asio::buffer(input_.data() + read_, available_ - read_), ec);
+      read_ += used;
+      if (ec == bhttp::error::need_more) {
+        if (!read_more()) return ec;
+        ec = {};
+        continue;
+      }
+      if (ec) return ec;
+    }
+    return ec;
+  }
+
+ private:
+  bool read_more() {
+    while (next_cut_ < cuts_.size() && cuts_[next_cut_] <= available_) ++next_cut_;
+    if (next_cut_ == cuts_.size()) return false;
+    available_ = cuts_[next_cut_];
+    return true;
+  }
+
+  std::string_view input_;
+  std::vector<std::size_t> cuts_;
+  std::size_t next_cut_ = 0;
+  std::size_t read_ = 0;
+  std::size_t available_ = 0;
+};
+
+// One client connection: every request in the input, as dplb would handle it. Returns a transcript of
+// what happened to each, to compare the runs with different splits.
+std::vector<std::string> serve_connection(std::string_view input, std::vector<std::size_t> cuts) {
+  std::vector<std::string> transcript;
+  wire_reader reader(input, std::move(cuts));
+  while (!reader.exhausted() && transcript.size() < max_requests_per_input) {
+    bhttp::request_parser<bhttp::string_body> parser;
+    parser.header_limit(header_limit);
+    parser.body_limit(body_limit);
+    parser.eager(false);  // as async_read_header: stop after the head
+
+    if (auto ec = reader.pump(parser, [&] { return parser.is_header_done(); })) {
+      transcript.push_back("head error: " + ec.message());
+      break;
+    }
+    if (auto problem = dplb::http::check_request_framing(parser.get())) {
+      FUZZ_CHECK(problem->status == 400 || problem->status == 501);
+      FUZZ_CHECK(!problem->message.empty());
+      transcript.push_back("refused " + std::to_string(problem->status));
+      break;  // dplb answers and closes
+    }
+    check_accepted_framing(parser);
+
+    parser.eager(true);
+    if (auto ec = reader.pump(parser, [&] { return parser.is_done(); })) {
+      transcript.push_back("body error: " + ec.message());
+      break;
+    }
+    request req = parser.release();
+    if (const auto length = req.find(bhttp::field::content_length); length != req.end()) {
+      FUZZ_CHECK(req.body().size() == std::stoull(std::string(length->value())));
+    }
+    // session::serve_one_request refuses these before forwarding (F1 and the HTTP/1.0 note).
+    if (req.method() == bhttp::verb::trace || req.method() == bhttp::verb::connect) {
+      transcript.push_back("refused 405");
+      break;
+    }
+    if (req.version() < 11 && req.count(bhttp::field::transfer_encoding) > 0) {
+      transcript.push_back("refused 400");
+      break;
+    }
+    if (!upstream_request(req)) {
+      transcript.push_back("refused 431");
+      break;
+    }
+    std::ostringstream out;
+    out << req;
+    const auto wire = out.str();
+    check_round_trip(req, wire);
+    transcript.push_back("forwarded: " + wire);
+  }
+  return transcript;
+}
+
+bool is_error(const std::string& entry) { return entry.starts_with("head error") || entry.starts_with("body error"); }
+
+// Fed in pieces, Beast stops parsing a head until its end has arrived (it then parses from the start):
+// a malformed head may be refused later, with another error (a head without its end may never be),
+// as on a real connection. Both runs must forward and refuse the same requests; only the error that
+// ends the connection may differ.
+bool same_outcome(const std::vector<std::string>& whole, const std::vector<std::string>& pieces) {
+  if (whole == pieces) return true;
+  if (whole.size() != pieces.size() || whole.empty()) return false;
+  if (!std::equal(whole.begin(), whole.end() - 1, pieces.begin())) return false;
+  return is_error(whole.back()) && is_error(pieces.back());
+}
+
+std::uint64_t splitmix64(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string_view input(reinterpret_cast<const char*>(data), size);
+
+  const auto whole = serve_connection(input, {});
+  static const bool verbose = std::getenv("DPLB_FUZZ_VERBOSE") != nullptr;  // to see what became of an input
+  if (verbose) {
+    for (const auto& t : whole) std::fprintf(stderr, "%s\n", t.c_str());
+  }
+
+  // 1-4 cut points from a hash of the input, so seeds stay plain HTTP and each mutation reads differently.
+  std::uint64_t seed = 1469598103934665603ull;
+  for (unsigned char c : input) seed = (seed ^ c) * 1099511628211ull;
+  std::vector<std::size_t> cuts(1 + splitmix64(seed) % 4);
+  for (auto& cut : cuts) cut = size ? splitmix64(seed) % (size + 1) : 0;
+  std::sort(cuts.begin(), cuts.end());
+  const auto pieces = serve_connection(input, cuts);
+
+  if (!same_outcome(whole, pieces)) {
+    std::fprintf(stderr, "fuzz_request_head: fed whole and fed in %zu pieces differ\n", cuts.size() + 1);
+    for (auto c : cuts) std::fprintf(stderr, "  cut at %zu\n", c);
+    for (const auto& t : whole) std::fprintf(stderr, "  whole:  %.200s\n", t.c_str());
+    for (const auto& t : pieces) std::fprintf(stderr, "  pieces: %.200s\n", t.c_str());
+    __builtin_trap();
+  }
+  return 0;
+}
