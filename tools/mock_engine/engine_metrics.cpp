@@ -80,17 +80,25 @@ std::string render_metrics(const engine_metrics& m, std::string_view engine, std
   w.vllm_sample("vllm:request_success_total", load(m.requests_succeeded), "finished_reason=\"length\"");
 
   w.family("mock_requests_received_total", "counter",
-           "Requests whose head reached this rank (any path but /metrics), dropped ones included.");
+           "Requests whose head reached this rank (any path but /metrics), dropped and reset ones included.");
   w.mock_sample("mock_requests_received_total", load(m.requests_received));
   w.family("mock_requests_aborted_total", "counter",
            "Generation and /mock/stream requests whose client went away before the end.");
   w.mock_sample("mock_requests_aborted_total", load(m.requests_aborted));
   w.family("mock_requests_dropped_total", "counter", "Requests closed unanswered by --close-on-request.");
   w.mock_sample("mock_requests_dropped_total", load(m.requests_dropped));
+  w.family("mock_requests_reset_total", "counter",
+           "Requests whose connection was reset (RST) by the reset_on_request or reset_after_events fault.");
+  w.mock_sample("mock_requests_reset_total", load(m.requests_reset));
+  w.family("mock_health_checks_total", "counter", "GET and HEAD /health requests received.");
+  w.mock_sample("mock_health_checks_total", load(m.health_checks));
   w.family("mock_connections_accepted_total", "counter", "Connections accepted.");
   w.mock_sample("mock_connections_accepted_total", load(m.connections_accepted));
   w.family("mock_connections_open", "gauge", "Connections open now.");
   w.mock_sample("mock_connections_open", load(m.connections_open));
+  w.family("mock_connections_closed_by_fault_total", "counter",
+           "Open connections closed by the \"listening\": false fault.");
+  w.mock_sample("mock_connections_closed_by_fault_total", load(m.connections_closed_by_fault));
   return w.take();
 }
 

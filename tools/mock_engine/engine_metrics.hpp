@@ -19,8 +19,13 @@ struct engine_metrics {
   std::atomic<std::uint64_t> requests_received{0};  // every request head read, except GET /metrics
   std::atomic<std::uint64_t> requests_aborted{0};   // the client went away before the end
   std::atomic<std::uint64_t> requests_dropped{0};   // closed unanswered by --close-on-request
+  // Reset (RST) by the reset_on_request or reset_after_events fault: neither a success nor an abort.
+  std::atomic<std::uint64_t> requests_reset{0};
+  std::atomic<std::uint64_t> health_checks{0};  // GET or HEAD /health received, whatever the answer
   std::atomic<std::uint64_t> connections_accepted{0};
   std::atomic<std::int64_t> connections_open{0};
+  // Closed by the "listening": false fault; a request running on one is neither a success nor an abort.
+  std::atomic<std::uint64_t> connections_closed_by_fault{0};
 };
 
 // The /metrics body (content type text/plain; version=0.0.4) for rank `engine` serving `model_name`.
@@ -29,7 +34,8 @@ std::string render_metrics(const engine_metrics& metrics, std::string_view engin
                            std::string_view model_name);
 
 // Follows one admitted generation request through the metrics: running while it generates, then
-// exactly one of success (finish()) or aborted (destroyed unfinished, e.g. the client went away).
+// exactly one of success (finish()), ended by a fault (end_by_fault(): counted where the fault
+// counts it) or aborted (destroyed unfinished, e.g. the client went away).
 // finish() comes before the last bytes are written, as in vLLM where the engine finishes the request
 // before the API server sends the end: a client that saw the end then sees the counts.
 class generation_tracker {
@@ -53,6 +59,13 @@ class generation_tracker {
     if (finished_) return;
     finished_ = true;
     metrics_.requests_succeeded.fetch_add(1, std::memory_order_relaxed);
+    metrics_.requests_running.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  // The request was cut by an injected fault: it stops running and counts as neither success nor abort.
+  void end_by_fault() {
+    if (finished_) return;
+    finished_ = true;
     metrics_.requests_running.fetch_sub(1, std::memory_order_relaxed);
   }
 

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
       std::cout << "mock-engine rank " << rank << " listening on " << options.host << ':'
                 << server.ports()[rank] << std::endl;
     }
+    std::cout << "mock-engine admin listening on " << options.host << ':' << server.admin_port() << std::endl;
     std::cout << "mock-engine ready" << std::endl;
     server.run();
   } catch (const std::exception& e) {

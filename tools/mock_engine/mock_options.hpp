@@ -23,6 +23,8 @@ struct mock_options {
   // keep-alive race seen from the proxy. 0 = off.
   std::uint64_t close_on_request = 0;
   unsigned threads = 1;  // event-loop threads, each with its own io_context and SO_REUSEPORT acceptors
+  // The admin listener (fault injection, see admin_api.hpp) on host:admin_port; 0 = an ephemeral port.
+  std::uint16_t admin_port = 0;
 };
 
 // Either options to run with, or the process exit status (0 after --help, 2 after a bad command line).

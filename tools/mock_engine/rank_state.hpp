@@ -1,11 +1,12 @@
 #pragma once
-// What all threads share about one DP rank: its index, its metrics and its request-id counter.
+// What all threads share about one DP rank: its index, its metrics, its faults and its request-id counter.
 
 #include <atomic>
 #include <cstdint>
 #include <string>
 
 #include "engine_metrics.hpp"
+#include "faults.hpp"
 
 namespace dplb::mock {
 
@@ -15,6 +16,7 @@ struct rank_state {
   const unsigned index;
   const std::string label;  // the index as text: the x-mock-rank header and the engine label
   engine_metrics metrics;
+  rank_faults faults;  // set through the admin port
   // Id suffix for generation requests without x-request-id (cmpl-<n>, chatcmpl-<n>).
   std::atomic<std::uint64_t> next_request_id{0};
 };

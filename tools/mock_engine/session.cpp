@@ -1,5 +1,8 @@
 #include "session.hpp"
 
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+
 #include <array>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -14,6 +17,7 @@
 
 #include "disconnect_watch.hpp"
 #include "echo_report.hpp"
+#include "faults.hpp"
 #include "openai_api.hpp"
 #include "stream_probe.hpp"
 
@@ -35,6 +39,13 @@ constexpr std::uint64_t body_limit = 64ULL << 20;
 // Deadline of each body read and each write once a request has begun: a client that stops reading a
 // stream is dropped after this instead of pinning the connection forever.
 constexpr auto io_timeout = std::chrono::seconds(60);
+// Admin requests are a few bytes of JSON; an idle admin connection is closed after a minute.
+constexpr std::uint64_t admin_body_limit = 1ULL << 20;
+constexpr auto admin_idle_timeout = std::chrono::seconds(60);
+// Before a fault's reset, how long the events already written may take to be acknowledged (so that
+// the RST cannot discard them); a peer that stopped reading is reset anyway after this.
+constexpr auto reset_drain_limit = std::chrono::seconds(1);
+constexpr auto reset_drain_poll = std::chrono::milliseconds(1);
 
 constexpr std::string_view mock_rank_header = "x-mock-rank";
 constexpr std::string_view json_type = "application/json";
@@ -54,19 +65,36 @@ std::int64_t unix_seconds() {
 
 bool is_read_only(http::verb method) { return method == http::verb::get || method == http::verb::head; }
 
-class connection {
+bool is_generation_path(std::string_view path) {
+  return path == "/v1/completions" || path == "/v1/chat/completions";
+}
+
+class connection final : public closable_connection {
  public:
-  connection(tcp::socket socket, const mock_options& options, rank_state& rank)
+  connection(tcp::socket socket, const mock_options& options, rank_state& rank, connection_registry& registry)
       : stream_(std::move(socket)),
         timer_(stream_.get_executor()),
         options_(options),
         rank_(rank),
-        open_(rank.metrics) {}
+        open_(rank.metrics),
+        registration_(registry, *this) {}
 
   asio::awaitable<void> run();
 
+  // "listening": false. Every pending operation completes with an error and run() ends; whatever was
+  // running is then counted as ended by the fault, not as aborted.
+  void close_by_fault() override {
+    if (closed_by_fault_) return;
+    closed_by_fault_ = true;
+    rank_.metrics.connections_closed_by_fault.fetch_add(1, std::memory_order_relaxed);
+    stream_.close();
+    timer_.cancel();
+  }
+
  private:
   asio::awaitable<void> answer_read_error(beast::error_code ec);
+  asio::awaitable<void> ignore_until_closed();
+  asio::awaitable<void> reset_connection();
   asio::awaitable<bool> serve(request& req);
   asio::awaitable<bool> reply(const request& req, http::status status, std::string_view content_type,
                               std::string body, std::string_view allow = {});
@@ -92,14 +120,20 @@ class connection {
 
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;  // kept across requests: holds pipelined bytes, and its capacity is reused
-  asio::steady_timer timer_;   // token and event pacing
+  asio::steady_timer timer_;   // token and event pacing, fault stalls
   const mock_options& options_;
   rank_state& rank_;
   open_connection open_;
+  registration registration_;
+  bool closed_by_fault_ = false;  // by close_by_fault()
+  bool reset_due_ = false;        // emit_tokens reached reset_after_events: reset instead of the end
 };
 
 asio::awaitable<void> connection::run() {
   for (std::uint64_t number = 1;; ++number) {
+    // Checked before and after each head: a new connection is not read at all, a kept-alive one goes
+    // silent with the request that arrives while the fault is on.
+    if (rank_.faults.accept_but_ignore()) co_return co_await ignore_until_closed();
     http::request_parser<http::string_body> parser;
     parser.header_limit(header_limit);
     parser.body_limit(body_limit);
@@ -111,9 +145,12 @@ asio::awaitable<void> connection::run() {
       co_await answer_read_error(ec);
       co_return;
     }
+    if (rank_.faults.accept_but_ignore()) co_return co_await ignore_until_closed();
     const auto target = sv(parser.get().target());
-    if (target.substr(0, target.find('?')) != "/metrics") {
-      rank_.metrics.requests_received.fetch_add(1, std::memory_order_relaxed);
+    const auto path = target.substr(0, target.find('?'));
+    if (path != "/metrics") rank_.metrics.requests_received.fetch_add(1, std::memory_order_relaxed);
+    if (path == "/health" && is_read_only(parser.get().method())) {
+      rank_.metrics.health_checks.fetch_add(1, std::memory_order_relaxed);
     }
     if (number == options_.close_on_request) {
       // The keep-alive race, staged: the request reached us, no byte of an answer will.
@@ -121,6 +158,7 @@ asio::awaitable<void> connection::run() {
       stream_.close();
       co_return;
     }
+    if (is_generation_path(path) && rank_.faults.reset_on_request()) co_return co_await reset_connection();
 
     if (!parser.is_done()) {
       // Beast leaves 100-continue to the application; curl waits a second for it before sending.
@@ -168,6 +206,34 @@ asio::awaitable<void> connection::answer_read_error(beast::error_code ec) {
   co_await http::async_write(stream_, res, as_result);
 }
 
+// accept_but_ignore: never a byte back, but bytes are read (and dropped) so that the client's close is
+// seen and the descriptor freed. Only the client or "listening": false ends this.
+asio::awaitable<void> connection::ignore_until_closed() {
+  stream_.expires_never();
+  std::array<char, 4096> sink;
+  for (;;) {
+    const auto [ec, n] = co_await stream_.socket().async_read_some(asio::buffer(sink), as_result);
+    if (ec) co_return;
+  }
+}
+
+// The reset faults: SO_LINGER {1, 0} makes close() send RST. Whatever was written before is first
+// left to reach the peer (bounded by reset_drain_limit): an RST drops data still queued to send.
+asio::awaitable<void> connection::reset_connection() {
+  const auto give_up = steady_clock::now() + reset_drain_limit;
+  for (;;) {
+    int queued = 0;  // bytes not yet acknowledged by the peer
+    if (::ioctl(stream_.socket().native_handle(), SIOCOUTQ, &queued) != 0 || queued == 0) break;
+    if (steady_clock::now() >= give_up) break;
+    if (!co_await sleep_until(steady_clock::now() + reset_drain_poll)) break;
+  }
+  if (closed_by_fault_) co_return;
+  beast::error_code ignored;
+  stream_.socket().set_option(asio::socket_base::linger(true, 0), ignored);
+  stream_.close();
+  rank_.metrics.requests_reset.fetch_add(1, std::memory_order_relaxed);
+}
+
 asio::awaitable<bool> connection::serve(request& req) {
   const auto target = sv(req.target());
   const auto query_at = target.find('?');
@@ -175,7 +241,7 @@ asio::awaitable<bool> connection::serve(request& req) {
   const auto query = query_at == std::string_view::npos ? std::string_view{} : target.substr(query_at + 1);
   const auto method = req.method();
 
-  if (path == "/v1/completions" || path == "/v1/chat/completions") {
+  if (is_generation_path(path)) {
     if (method != http::verb::post) {
       co_return co_await reply(req, http::status::method_not_allowed, json_type,
                                std::string(method_not_allowed_body), "POST");
@@ -204,8 +270,10 @@ asio::awaitable<bool> connection::serve(request& req) {
   // The rest are read-only routes; FastAPI answers other methods with 405 and the route's Allow.
   std::string body;
   std::string_view content_type = json_type;
+  auto status = http::status::ok;
   if (path == "/health") {
     content_type = {};
+    status = static_cast<http::status>(rank_.faults.health_status());
   } else if (path == "/metrics") {
     body = render_metrics(rank_.metrics, rank_.label, options_.model);
     content_type = metrics_type;
@@ -220,7 +288,7 @@ asio::awaitable<bool> connection::serve(request& req) {
     co_return co_await reply(req, http::status::method_not_allowed, json_type,
                              std::string(method_not_allowed_body), "GET");
   }
-  co_return co_await reply(req, http::status::ok, content_type, std::move(body));
+  co_return co_await reply(req, status, content_type, std::move(body));
 }
 
 // Sends a complete response (head only for HEAD, with the Content-Length a GET would get).
@@ -245,6 +313,17 @@ asio::awaitable<bool> connection::reply(const request& req, http::status status,
 }
 
 asio::awaitable<bool> connection::serve_generation(const request& req, api_kind kind) {
+  // The faults that come before any answer, in the order a test would expect: a stall, then a status.
+  if (const auto stall = rank_.faults.stall(); stall.count() > 0) {
+    if (!co_await unless_disconnected(stream_.socket(), sleep_until(steady_clock::now() + stall))) {
+      if (!closed_by_fault_) rank_.metrics.requests_aborted.fetch_add(1, std::memory_order_relaxed);
+      co_return false;
+    }
+  }
+  if (const auto status = rank_.faults.status(); status != 0) {
+    co_return co_await reply(req, static_cast<http::status>(status), json_type, injected_error_body(status));
+  }
+
   auto parsed = parse_generation_request(kind, sv(req[http::field::content_type]), req.body(), options_.model,
                                          options_.default_max_tokens);
   if (auto* error = std::get_if<api_error>(&parsed)) {
@@ -266,6 +345,12 @@ asio::awaitable<bool> connection::serve_generation(const request& req, api_kind 
   } else {
     ok = co_await answer_at_once(req, gen, renderer, tracker);
   }
+  if (reset_due_) {
+    tracker.end_by_fault();
+    co_await reset_connection();
+    co_return false;
+  }
+  if (closed_by_fault_) tracker.end_by_fault();
   co_return ok&& req.keep_alive();
 }
 
@@ -282,6 +367,8 @@ asio::awaitable<bool> connection::stream_tokens(const request& req, const genera
 asio::awaitable<bool> connection::emit_tokens(const generation_request& gen,
                                               const response_renderer& renderer,
                                               generation_tracker& tracker) {
+  // Read when the stream begins: a change of the fault applies from the next stream.
+  const auto reset_after = rank_.faults.reset_after_events();
   // Rendered once: every token event of a request is the same bytes.
   const std::string token = renderer.token_event(false);
   const std::string last_token = renderer.token_event(true);
@@ -295,9 +382,15 @@ asio::awaitable<bool> connection::emit_tokens(const generation_request& gen,
       if (!co_await write_chunk(role)) co_return false;
     }
     const bool last = k + 1 == gen.max_tokens;
+    // After min(reset_after, max_tokens) events; the caller resets once the disconnect watch is over.
+    const bool reset_now = reset_after != 0 && (k + 1 == reset_after || last);
     tracker.tokens(1);
-    if (last) tracker.finish();
+    if (last && !reset_now) tracker.finish();
     if (!co_await write_chunk(last ? last_token : token)) co_return false;
+    if (reset_now) {
+      reset_due_ = true;
+      co_return false;
+    }
   }
   if (gen.include_usage) {
     const std::string usage = renderer.usage_event(gen.prompt_tokens, gen.max_tokens);
@@ -335,7 +428,7 @@ asio::awaitable<bool> connection::serve_stream_probe(const request& req, std::st
   } else {
     ok = co_await emit_probe_events(*params, finished);
   }
-  if (!finished) rank_.metrics.requests_aborted.fetch_add(1, std::memory_order_relaxed);
+  if (!finished && !closed_by_fault_) rank_.metrics.requests_aborted.fetch_add(1, std::memory_order_relaxed);
   co_return ok&& req.keep_alive();
 }
 
@@ -402,9 +495,36 @@ asio::awaitable<bool> connection::write_raw(std::string_view data) {
 
 }  // namespace
 
-asio::awaitable<void> serve_connection(tcp::socket socket, const mock_options& options, rank_state& rank) {
-  connection conn(std::move(socket), options, rank);
+asio::awaitable<void> serve_connection(tcp::socket socket, const mock_options& options, rank_state& rank,
+                                       connection_registry& registry) {
+  connection conn(std::move(socket), options, rank, registry);
   co_await conn.run();
+}
+
+asio::awaitable<void> serve_admin_connection(tcp::socket socket, admin_handler& admin) {
+  beast::tcp_stream stream(std::move(socket));
+  beast::flat_buffer buffer;
+  for (;;) {
+    http::request_parser<http::string_body> parser;
+    parser.header_limit(header_limit);
+    parser.body_limit(admin_body_limit);
+    stream.expires_after(admin_idle_timeout);
+    if (const auto [ec, n] = co_await http::async_read(stream, buffer, parser, as_result); ec) co_return;
+    const request req = parser.release();
+    auto answer = co_await admin.handle(sv(req.method_string()), sv(req.target()), req.body());
+
+    http::response<http::string_body> res{static_cast<http::status>(answer.status), 11};
+    res.set(http::field::content_type, answer.content_type);
+    res.keep_alive(req.keep_alive());
+    res.body() = std::move(answer.body);
+    res.prepare_payload();
+    stream.expires_after(io_timeout);
+    if (const auto [ec, n] = co_await http::async_write(stream, res, as_result); ec || !res.keep_alive()) {
+      beast::error_code ignored;
+      stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+      co_return;
+    }
+  }
 }
 
 }  // namespace dplb::mock
