@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-./scripts/build.sh build >/dev/null
+./scripts/build.sh build >/dev/null 2>&1 || ./scripts/build.sh build
 
 policy=${DEMO_POLICY:-least-inflight}
 prompts=${DEMO_PROMPTS:-256}
@@ -36,7 +36,7 @@ await_line() {
   >"$workdir/engine.log" 2>&1 &
 pids+=($!)
 await_line "$workdir/engine.log" "mock-engine ready" >/dev/null
-backends=$(grep -Eo 'listening on [0-9.]+:[0-9]+' "$workdir/engine.log" | awk '{print "http://" $3}' | paste -sd, -)
+backends=$(grep -Eo 'rank [0-9]+ listening on [0-9.]+:[0-9]+' "$workdir/engine.log" | awk '{print "http://" $5}' | paste -sd, -)
 
 ./build/dplb --listen 127.0.0.1:0 --backend "$backends" --policy "$policy" --threads 2 >"$workdir/dplb.log" 2>&1 &
 pids+=($!)
@@ -44,7 +44,7 @@ address=$(await_line "$workdir/dplb.log" 'listening on [0-9.]+:[0-9]+' | awk '{p
 echo "dplb is listening on http://$address (policy $policy) in front of 4 mock vLLM ranks: $backends"
 echo
 
-./build/tools/bench/dplb-bench --base-url "http://$address" --num-prompts "$prompts" --request-rate inf \
+./build/tools/bench/dplb-bench --base-url "http://$address" --model mock-model --num-prompts "$prompts" --request-rate inf \
   --random-input-len 64 --random-output-len 32 --ignore-eos
 echo
 echo "dplb's own view (http://$address/metrics):"
