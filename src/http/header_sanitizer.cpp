@@ -1,6 +1,7 @@
 #include "dplb/http/header_sanitizer.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,32 @@ void strip_hop_by_hop(bhttp::fields& fields) {
                  bhttp::field::proxy_authorization, bhttp::field::proxy_authenticate}) {
     fields.erase(f);
   }
+}
+
+head_scan find_head_end(std::string_view bytes, std::size_t from) noexcept {
+  // Leading empty lines before a request line are allowed (RFC 9112 2.2) and are not the end.
+  std::size_t start = 0;
+  while (start < bytes.size() && (bytes[start] == '\r' || bytes[start] == '\n')) ++start;
+  std::size_t i = std::max(from, start);
+  while (i < bytes.size()) {
+    const void* nl = std::memchr(bytes.data() + i, '\n', bytes.size() - i);
+    if (!nl) return {false, false, 0, bytes.size()};
+    const std::size_t at = static_cast<std::size_t>(static_cast<const char*>(nl) - bytes.data());
+    const std::size_t next = at + 1;
+    if (next >= bytes.size()) return {false, false, 0, at};  // the next line's first byte is not here yet
+    if (bytes[next] == '\n' || (bytes[next] == '\r' && next + 1 < bytes.size() && bytes[next + 1] == '\n')) {
+      const std::size_t length = next + (bytes[next] == '\n' ? 1 : 2);
+      // Any line of the head (after the request line) that starts with SP or HTAB is a fold.
+      bool folded = false;
+      for (std::size_t k = start; k + 1 < length && !folded; ++k) {
+        folded = bytes[k] == '\n' && (bytes[k + 1] == ' ' || bytes[k + 1] == '\t');
+      }
+      return {true, folded, length, 0};
+    }
+    if (bytes[next] == '\r' && next + 1 >= bytes.size()) return {false, false, 0, at};
+    i = next;
+  }
+  return {false, false, 0, bytes.size() > 0 ? bytes.size() - 1 : 0};
 }
 
 std::optional<framing_problem> check_request_framing(const bhttp::fields& fields) {

@@ -129,9 +129,15 @@ class session {
 
     client_.expires_after(settings_.client_idle_timeout);
     worker_.idle_clients.insert(&client_);
-    auto [ec, unused] = co_await bhttp::async_read_header(client_, buffer_, parser, as_result);
+    auto head_ec = co_await read_raw_head();
     worker_.idle_clients.erase(&client_);
-    if (ec) co_return co_await refuse_unreadable_request(ec, parser.got_some());
+    if (head_ec == bhttp::error::bad_field) {
+      co_return co_await reject(400, "obsolete line folding in a header is not accepted (RFC 9112 5.2)", false);
+    }
+    if (head_ec) co_return co_await refuse_unreadable_request(head_ec, buffer_.size() > 0);
+    // The whole head is in the buffer now: this parses it without any I/O.
+    auto [ec, unused] = co_await bhttp::async_read_header(client_, buffer_, parser, as_result);
+    if (ec) co_return co_await refuse_unreadable_request(ec, true);
 
     auto& request = parser.get();
     if (auto problem = http::check_request_framing(request)) {
@@ -166,6 +172,24 @@ class session {
     co_return co_await proxy(request, keep_alive);
   }
 
+  // Reads until the buffer holds a complete request head (bounded by --max-header-bytes, under the
+  // deadline already set), so that it can be checked as raw bytes before Beast parses it: Beast
+  // silently unfolds obs-fold, which RFC 9112 lets a proxy do only by rejecting or rewriting, and a
+  // folded header is a classic way to make two parsers disagree. bad_field reports a fold.
+  asio::awaitable<boost::system::error_code> read_raw_head() {
+    std::size_t searched = 0;  // bytes already known to hold no end of head
+    for (;;) {
+      const auto head = http::find_head_end(
+          {static_cast<const char*>(buffer_.data().data()), buffer_.size()}, searched);
+      if (head.complete) co_return head.folded ? bhttp::error::bad_field : boost::system::error_code{};
+      searched = head.searched;
+      if (buffer_.size() >= settings_.max_header_bytes) co_return bhttp::error::header_limit;
+      auto [ec, n] = co_await client_.async_read_some(buffer_.prepare(16 * 1024), as_result);
+      buffer_.commit(n);
+      if (ec) co_return ec == asio::error::eof && buffer_.size() == 0 ? bhttp::error::end_of_stream : ec;
+    }
+  }
+
   // An absolute-form target (GET http://host/path) is rewritten to its path: the authority in it is never
   // where the request goes (only configured backends are), and dplb's own paths are recognised in it.
   static bool to_origin_form(client_request& request) {
@@ -193,7 +217,10 @@ class session {
       co_return co_await reject(413, "request body exceeds the limit (--max-request-body-bytes)", false);
     }
     if (ec == beast::error::timeout && got_some) {
-      co_return co_await reject(408, "request not received in time (--request-read-timeout-ms)", false);
+      // A request started but not finished in time (slowloris). The stream's deadline has closed the
+      // socket already, so, as nginx does, the 408 is only counted, never sent.
+      shared_.metrics.rejected(408);
+      co_return false;
     }
     if (ec.category() == bhttp::make_error_code(bhttp::error::bad_version).category() &&
         ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message) {

@@ -1,5 +1,7 @@
 #include "processes.hpp"
 
+#include "http_client.hpp"
+
 #include <map>
 #include <regex>
 #include <stdexcept>
@@ -26,6 +28,9 @@ mock_engine::mock_engine(std::size_t ranks, std::vector<std::string> extra_args)
     if (!m) throw std::runtime_error("mock engine did not start:\n" + process_.output());
     ports_.at(std::stoul((*m)[1])) = static_cast<std::uint16_t>(std::stoul((*m)[2]));
   }
+  auto admin = process_.wait_for_line(std::regex(R"(mock-engine admin listening on [^:]+:(\d+))"), std::chrono::seconds(10));
+  if (!admin) throw std::runtime_error("mock engine printed no admin port:\n" + process_.output());
+  admin_port_ = static_cast<std::uint16_t>(std::stoul((*admin)[1]));
   if (!process_.wait_for_line(std::regex("mock-engine ready"), std::chrono::seconds(10))) {
     throw std::runtime_error("mock engine not ready:\n" + process_.output());
   }
@@ -35,6 +40,23 @@ std::vector<std::string> mock_engine::urls() const {
   std::vector<std::string> out;
   for (auto p : ports_) out.push_back("http://127.0.0.1:" + std::to_string(p));
   return out;
+}
+
+void mock_engine::set_fault(std::size_t rank, const std::string& json) {
+  auto r = http_post_json(admin_port_, "/fault?rank=" + std::to_string(rank), json);
+  if (r.status != 200) throw std::runtime_error("mock refused fault " + json + ": " + r.body + r.error);
+}
+
+void mock_engine::clear_fault(std::size_t rank) {
+  http_connection c(admin_port_);
+  auto r = c.send({bhttp::verb::delete_, "/fault?rank=" + std::to_string(rank), 11});
+  if (r.status != 200) throw std::runtime_error("mock refused to clear rank " + std::to_string(rank) + ": " + r.body);
+}
+
+std::map<std::string, double> mock_engine::metrics(std::size_t rank) const {
+  auto r = http_get(admin_port_, "/metrics?rank=" + std::to_string(rank));
+  if (r.status != 200) throw std::runtime_error("mock admin /metrics failed: " + r.body + r.error);
+  return parse_metrics(r.body);
 }
 
 dplb_proxy::dplb_proxy(const std::vector<std::string>& backends, std::vector<std::string> extra_args)

@@ -22,9 +22,18 @@ class mock_engine {
   std::vector<std::string> urls() const;
   child_process& process() { return process_; }
 
+  // The admin port: faults per rank (see tools/mock_engine/README.md), reachable whatever the faults.
+  std::uint16_t admin_port() const { return admin_port_; }
+  // POST /fault?rank=i with the JSON object; throws if the mock refuses it.
+  void set_fault(std::size_t rank, const std::string& json);
+  void clear_fault(std::size_t rank);
+  // The rank's /metrics, read through the admin port (works while the rank's own port is closed).
+  std::map<std::string, double> metrics(std::size_t rank) const;
+
  private:
   child_process process_;
   std::vector<std::uint16_t> ports_;
+  std::uint16_t admin_port_ = 0;
 };
 
 class dplb_proxy {

@@ -24,6 +24,17 @@ struct framing_problem {
 // "chunked".
 std::optional<framing_problem> check_request_framing(const boost::beast::http::fields& fields);
 
+// Where a request head ends in raw bytes, and whether it folds a header line (obs-fold: a line that
+// starts with a space or tab continues the previous one). Scanning resumes at `from` (the previous
+// result's `searched`) so that a head arriving in many small reads is not rescanned from the start.
+struct head_scan {
+  bool complete = false;      // an empty line ("\r\n\r\n", or "\n\n") ends the head
+  bool folded = false;        // meaningful when complete
+  std::size_t length = 0;     // bytes of the head including the empty line, when complete
+  std::size_t searched = 0;   // resume point for the next scan, when not complete
+};
+head_scan find_head_end(std::string_view bytes, std::size_t from = 0) noexcept;
+
 // Longest X-Forwarded-For or Via value dplb will send (Beast refuses field values near 64 KiB).
 inline constexpr std::size_t max_forwarding_header_bytes = 16 * 1024;
 
