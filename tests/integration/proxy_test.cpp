@@ -220,16 +220,25 @@ TEST_CASE("stream events pass through one by one, as fast as direct", "[proxy][s
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  std::vector<double> direct_gaps, proxied_gaps;
-  const auto direct = latencies_us(engine.ports()[0], direct_gaps);
-  const auto proxied = latencies_us(proxy.port(), proxied_gaps);
-  const double added_first_ms = (proxied.front() - direct.front()) / 1000.0;
-  const double added_median_ms = (median(proxied) - median(direct)) / 1000.0;
-  WARN("first event: direct " << direct.front() / 1000.0 << " ms, via dplb " << proxied.front() / 1000.0
-                              << " ms; median event latency added by dplb " << added_median_ms << " ms");
-  CHECK(added_first_ms < 5.0);
-  CHECK(added_median_ms < 5.0);
+  // Five streams each way, alternating; the medians are compared so that one scheduling hiccup on a
+  // busy machine does not decide the result.
+  std::vector<double> direct_first, proxied_first, direct_all, proxied_all, direct_gaps, proxied_gaps;
+  for (int run = 0; run < 5; ++run) {
+    const auto direct = latencies_us(engine.ports()[0], direct_gaps);
+    const auto proxied = latencies_us(proxy.port(), proxied_gaps);
+    direct_first.push_back(direct.front());
+    proxied_first.push_back(proxied.front());
+    direct_all.insert(direct_all.end(), direct.begin(), direct.end());
+    proxied_all.insert(proxied_all.end(), proxied.begin(), proxied.end());
+  }
+  const double added_first_ms = (median(proxied_first) - median(direct_first)) / 1000.0;
+  const double added_median_ms = (median(proxied_all) - median(direct_all)) / 1000.0;
+  WARN("first event (median of 5): direct " << median(direct_first) / 1000.0 << " ms, via dplb "
+                                            << median(proxied_first) / 1000.0
+                                            << " ms; median event latency added by dplb " << added_median_ms << " ms");
+  CHECK(added_first_ms < 5.0 * DPLB_TIMING_SLACK);
+  CHECK(added_median_ms < 5.0 * DPLB_TIMING_SLACK);
   // Gaps preserved: each inter-event gap through dplb stays close to the engine's interval.
-  CHECK(median(proxied_gaps) == Approx(interval_ms).margin(3.0));
-  for (double gap : proxied_gaps) CHECK(gap < interval_ms * 3);
+  CHECK(median(proxied_gaps) == Approx(interval_ms).margin(3.0 * DPLB_TIMING_SLACK));
+  for (double gap : proxied_gaps) CHECK(gap < interval_ms * 3 * DPLB_TIMING_SLACK);
 }
