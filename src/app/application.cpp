@@ -96,7 +96,8 @@ struct application::impl {
   explicit impl(config::settings s)
       : settings(std::move(s)),
         backends(upstream::resolve_backends(settings.backends)),
-        balancer(backends.size(), balancer::make_policy(settings.policy)),
+        balancer(backends.size(), balancer::make_policy(settings.policy),
+                 balancer::queue_limits{settings.max_inflight_per_rank, settings.max_queued_requests}),
         metrics(settings.backends, balancer, settings.policy),
         health(backends, balancer, metrics,
                upstream::health_check_settings{

@@ -23,34 +23,87 @@ void rank_lease::release() noexcept {
   if (auto* owner = std::exchange(owner_, nullptr)) owner->release(rank_);
 }
 
-balancer::balancer(std::size_t rank_count, std::unique_ptr<policy> chosen_policy)
-    : policy_(std::move(chosen_policy)), ranks_(rank_count), view_(rank_count) {
+balancer::balancer(std::size_t rank_count, std::unique_ptr<policy> chosen_policy, queue_limits limits)
+    : policy_(std::move(chosen_policy)), limits_(limits), ranks_(rank_count), view_(rank_count) {
   if (rank_count == 0) throw std::invalid_argument("balancer needs at least one rank");
   if (!policy_) throw std::invalid_argument("balancer needs a policy");
 }
 
 rank_lease balancer::acquire() { return acquire(std::vector<bool>()); }
 
-rank_lease balancer::acquire(const std::vector<bool>& excluded) {
-  std::lock_guard lock(pick_mutex_);
+std::optional<std::size_t> balancer::pick_locked(const std::vector<bool>* excluded) {
+  const auto cap = limits_.max_inflight_per_rank;
   for (std::size_t i = 0; i < ranks_.size(); ++i) {
     view_[i].inflight = ranks_[i].inflight.load(std::memory_order_relaxed);
-    view_[i].usable = ranks_[i].usable.load(std::memory_order_relaxed) && !(i < excluded.size() && excluded[i]);
+    view_[i].usable = ranks_[i].usable.load(std::memory_order_relaxed) &&
+                      !(excluded && i < excluded->size() && (*excluded)[i]) && (cap == 0 || view_[i].inflight < cap);
   }
   const auto chosen = policy_->choose(view_);
-  if (!chosen || *chosen >= ranks_.size()) return {};
+  if (!chosen || *chosen >= ranks_.size()) return std::nullopt;
   // Incremented while the lock is held: the next pick, on any thread, already sees this request.
   ranks_[*chosen].inflight.fetch_add(1, std::memory_order_relaxed);
   ranks_[*chosen].picks.fetch_add(1, std::memory_order_relaxed);
-  return rank_lease(this, *chosen);
+  return chosen;
+}
+
+rank_lease balancer::acquire(const std::vector<bool>& excluded) {
+  std::lock_guard lock(pick_mutex_);
+  if (!queue_.empty()) return {};  // no jumping the queue
+  const auto chosen = pick_locked(&excluded);
+  return chosen ? rank_lease(this, *chosen) : rank_lease{};
+}
+
+rank_lease balancer::acquire_or_wait(std::function<void(rank_lease)> deliver, std::uint64_t& waiter_id,
+                                     bool& queued) {
+  std::lock_guard lock(pick_mutex_);
+  queued = false;
+  if (queue_.empty()) {
+    if (const auto chosen = pick_locked(nullptr)) return rank_lease(this, *chosen);
+  }
+  const bool any = std::any_of(ranks_.begin(), ranks_.end(),
+                               [](const rank_state& r) { return r.usable.load(std::memory_order_relaxed); });
+  if (!queueing() || !any || queue_.size() >= limits_.max_waiting) return {};
+  waiter_id = next_waiter_id_++;
+  queue_.push_back(waiter{waiter_id, std::move(deliver)});
+  waiting_.store(queue_.size(), std::memory_order_relaxed);
+  queued = true;
+  return {};
+}
+
+bool balancer::cancel_wait(std::uint64_t waiter_id) {
+  std::lock_guard lock(pick_mutex_);
+  auto it = std::find_if(queue_.begin(), queue_.end(), [&](const waiter& w) { return w.id == waiter_id; });
+  if (it == queue_.end()) return false;
+  queue_.erase(it);
+  waiting_.store(queue_.size(), std::memory_order_relaxed);
+  return true;
+}
+
+void balancer::serve_waiters_locked() {
+  while (!queue_.empty()) {
+    const auto chosen = pick_locked(nullptr);
+    if (!chosen) break;
+    auto w = std::move(queue_.front());
+    queue_.pop_front();
+    waiting_.store(queue_.size(), std::memory_order_relaxed);
+    w.deliver(rank_lease(this, *chosen));
+  }
 }
 
 void balancer::release(std::size_t rank) noexcept {
   ranks_[rank].inflight.fetch_sub(1, std::memory_order_relaxed);
+  if (waiting_.load(std::memory_order_relaxed) > 0) {
+    std::lock_guard lock(pick_mutex_);
+    serve_waiters_locked();
+  }
 }
 
 void balancer::set_usable(std::size_t rank, bool usable) {
   ranks_.at(rank).usable.store(usable, std::memory_order_relaxed);
+  if (usable && waiting_.load(std::memory_order_relaxed) > 0) {
+    std::lock_guard lock(pick_mutex_);
+    serve_waiters_locked();
+  }
 }
 
 bool balancer::usable(std::size_t rank) const noexcept {

@@ -48,7 +48,17 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& backend_urls, const
                    .Name("dplb_retries_total")
                    .Help("Requests re-sent to another rank because their rank failed before answering")
                    .Register(*registry_)
-                   .Add({})) {
+                   .Add({})),
+      queue_depth_(prometheus::BuildGauge()
+                       .Name("dplb_queue_depth")
+                       .Help("Requests waiting in dplb for a rank slot (--max-inflight-per-rank)")
+                       .Register(*registry_)
+                       .Add({})),
+      queue_wait_(prometheus::BuildHistogram()
+                      .Name("dplb_queue_wait_seconds")
+                      .Help("Time requests waited in dplb's queue, whether they then got a slot or not")
+                      .Register(*registry_)
+                      .Add({}, latency_buckets())) {
   auto& inflight = prometheus::BuildGauge()
                        .Name("dplb_rank_inflight")
                        .Help("Requests dplb has sent to the rank and not yet finished")
@@ -176,6 +186,8 @@ void proxy_metrics::rank_state(std::size_t rank, bool healthy, bool ejected) {
 
 void proxy_metrics::ejected(std::size_t rank) { ranks_[rank].ejections->Increment(); }
 
+void proxy_metrics::queued(std::chrono::duration<double> waited) { queue_wait_.Observe(waited.count()); }
+
 void proxy_metrics::client_connection_opened() {
   client_connections_.Increment();
   client_connections_total_.Increment();
@@ -187,6 +199,7 @@ std::string proxy_metrics::render() {
     ranks_[r].inflight->Set(balancer_.inflight(r));
   }
   skew_.Set(balancer_.inflight_skew());
+  queue_depth_.Set(static_cast<double>(balancer_.waiting()));
   return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 

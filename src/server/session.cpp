@@ -10,6 +10,8 @@
 #include <boost/url/parse.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -279,6 +281,52 @@ class session {
     co_return co_await send_local(response, keep_alive, head_request);
   }
 
+  enum class slot_refusal { none, no_usable_rank, queue_full, queue_timeout };
+  struct slot_result {
+    balancer::rank_lease lease;
+    slot_refusal refusal = slot_refusal::none;
+  };
+
+  // A slot on a rank: at once, or (with --max-inflight-per-rank) after a FIFO wait in dplb's queue,
+  // bounded by --queue-timeout-ms.
+  asio::awaitable<slot_result> acquire_slot() {
+    if (!shared_.balancer.queueing()) {
+      auto lease = shared_.balancer.acquire();
+      co_return slot_result{std::move(lease), slot_refusal::no_usable_rank};
+    }
+    struct wait_state {
+      explicit wait_state(const asio::any_io_executor& ex) : timer(ex) {}
+      asio::steady_timer timer;
+      balancer::rank_lease lease;
+      bool gave_up = false;
+    };
+    auto executor = client_.get_executor();
+    auto state = std::make_shared<wait_state>(executor);
+    std::uint64_t waiter_id = 0;
+    bool queued = false;
+    // Runs on whichever thread freed the slot: it only hands the lease to this session's thread.
+    auto deliver = [state, executor](balancer::rank_lease lease) {
+      asio::post(executor, [state, lease = std::move(lease)]() mutable {
+        if (state->gave_up) return;  // too late: the lease is released right here
+        state->lease = std::move(lease);
+        state->timer.cancel();
+      });
+    };
+    auto lease = shared_.balancer.acquire_or_wait(deliver, waiter_id, queued);
+    if (lease) co_return slot_result{std::move(lease)};
+    if (!queued) {
+      co_return slot_result{{}, shared_.balancer.any_usable() ? slot_refusal::queue_full : slot_refusal::no_usable_rank};
+    }
+    const auto waiting_since = clock_type::now();
+    state->timer.expires_after(settings_.queue_timeout);
+    co_await state->timer.async_wait(as_result);
+    shared_.metrics.queued(clock_type::now() - waiting_since);
+    if (state->lease) co_return slot_result{std::move(state->lease)};
+    state->gave_up = true;
+    shared_.balancer.cancel_wait(waiter_id);  // if it was served meanwhile, the posted lease is released
+    co_return slot_result{{}, slot_refusal::queue_timeout};
+  }
+
   // Picks a rank, sends it the request and relays the response. Returns whether the client
   // connection may carry another request.
   asio::awaitable<bool> proxy(client_request& request, bool client_keep_alive) {
@@ -286,11 +334,17 @@ class session {
     if (!prepare_upstream_request(request)) {
       co_return co_await reject(431, "X-Forwarded-For or Via is too long to append to", false);
     }
-    auto lease = shared_.balancer.acquire();
+    auto slot = co_await acquire_slot();
+    auto lease = std::move(slot.lease);
     if (!lease) {
-      shared_.metrics.rejected(503);
-      co_return co_await send_error(503, "no backend rank is usable; check the engines and their /health",
-                                    client_keep_alive, true);
+      const unsigned status = slot.refusal == slot_refusal::queue_full ? 429 : 503;
+      shared_.metrics.rejected(status);
+      const char* why = slot.refusal == slot_refusal::queue_full
+                            ? "every rank is at --max-inflight-per-rank and dplb's queue is full; retry later"
+                        : slot.refusal == slot_refusal::queue_timeout
+                            ? "no rank slot freed within --queue-timeout-ms; retry later"
+                            : "no backend rank is usable; check the engines and their /health";
+      co_return co_await send_error(status, why, client_keep_alive, true);
     }
     auto picked_at = clock_type::now();
     const bool head_request = request.method() == bhttp::verb::head;

@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 #include <signal.h>
+#include <algorithm>
+#include <atomic>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -357,4 +359,79 @@ TEST_CASE("SIGTERM: stop accepting, finish what is in flight, exit 0", "[reliabi
   CHECK(stream.complete);  // the stream in flight finished whole
   CHECK(stream.body.find("data: [DONE]") != std::string::npos);
   CHECK(proxy.process().stop(SIGTERM, 5s) == 0);  // it exits 0 by itself once drained
+}
+
+#include "loadgen.hpp"
+
+TEST_CASE("with --max-inflight-per-rank requests wait in dplb, FIFO, bounded in size and time", "[reliability][queue]") {
+  mock_engine engine(2, {"--ttft-ms", "400"});
+  dplb_proxy proxy(engine.urls(), {"--health-check-interval-ms", "0", "--max-inflight-per-rank", "2",
+                                   "--max-queued-requests", "4", "--queue-timeout-ms", "3000"});
+  dplb::loadgen::run_options o;
+  o.port = proxy.port();
+  o.shape.stream = false;
+  o.shape.input_len = 4;
+  o.shape.output_len = 1;
+  o.shape.model = "mock-model";
+  o.timeout = 20s;
+
+  SECTION("8 at once: 4 run, 4 wait and then run; engines never see more than 2 each") {
+    o.num_prompts = 8;
+    std::atomic<double> peak_inflight{0};
+    std::atomic<bool> done{false};
+    std::thread sampler([&] {
+      while (!done) {
+        auto m = scrape_metrics(proxy.port());
+        for (int r = 0; r < 2; ++r) {
+          const double v = metric_sum(m, "dplb_rank_inflight{", {rank_label(r)});
+          if (v > peak_inflight) peak_inflight = v;
+        }
+        std::this_thread::sleep_for(5ms);  // sampling a gauge while the run goes on
+      }
+    });
+    auto report = dplb::loadgen::run(o);
+    done = true;
+    sampler.join();
+    CHECK(report.succeeded() == 8);
+    std::size_t second_wave = 0;
+    for (const auto& r : report.results) second_wave += r.e2e_s >= 0.75 ? 1 : 0;
+    CHECK(second_wave == 4);
+    CHECK(peak_inflight.load() == 2);
+    auto m = scrape_metrics(proxy.port());
+    CHECK(metric_sum(m, "dplb_queue_wait_seconds_count") == 4);
+    CHECK(metric_sum(m, "dplb_queue_depth") == 0);
+  }
+  SECTION("beyond the queue's size: 429 at once") {
+    o.num_prompts = 12;
+    auto report = dplb::loadgen::run(o);
+    std::size_t ok = 0, too_many = 0;
+    for (const auto& r : report.results) {
+      ok += r.status == 200 ? 1 : 0;
+      too_many += r.status == 429 ? 1 : 0;
+    }
+    CHECK(ok == 8);
+    CHECK(too_many == 4);
+    CHECK(metric_sum(scrape_metrics(proxy.port()), "dplb_rejected_requests_total{", {"code=\"429\""}) == 4);
+  }
+}
+
+TEST_CASE("a request that waits longer than --queue-timeout-ms gets 503", "[reliability][queue]") {
+  mock_engine engine(1, {"--ttft-ms", "1500"});
+  dplb_proxy proxy(engine.urls(), {"--health-check-interval-ms", "0", "--max-inflight-per-rank", "1",
+                                   "--queue-timeout-ms", "200"});
+  dplb::loadgen::run_options o;
+  o.port = proxy.port();
+  o.num_prompts = 2;
+  o.shape.stream = false;
+  o.shape.output_len = 1;
+  o.shape.model = "mock-model";
+  o.timeout = 10s;
+  auto report = dplb::loadgen::run(o);
+  std::vector<unsigned> statuses;
+  for (const auto& r : report.results) statuses.push_back(r.status);
+  std::sort(statuses.begin(), statuses.end());
+  CHECK(statuses == std::vector<unsigned>{200, 503});
+  auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_rejected_requests_total{", {"code=\"503\""}) == 1);
+  CHECK(metric_sum(m, "dplb_rank_inflight{") == 0);
 }

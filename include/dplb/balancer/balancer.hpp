@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -43,9 +45,24 @@ class rank_lease {
   std::size_t rank_ = 0;
 };
 
+// Optional queueing in dplb (--max-inflight-per-rank): a rank at its limit takes no new request; when
+// every usable rank is full, requests wait in a FIFO queue and each freed slot goes to the oldest waiter,
+// so imbalance never hides in an engine's own queue.
+struct queue_limits {
+  std::uint32_t max_inflight_per_rank = 0;  // 0: no limit, no queueing
+  std::size_t max_waiting = 1024;           // beyond: refused at once
+};
+
+// A request waiting for a slot. `deliver` is called (under the balancer's lock, from whichever thread
+// freed the slot) with the lease; it must only hand it over (e.g. post it to the waiter's executor).
+struct waiter {
+  std::uint64_t id = 0;
+  std::function<void(rank_lease)> deliver;
+};
+
 class balancer {
  public:
-  balancer(std::size_t rank_count, std::unique_ptr<policy> chosen_policy);
+  balancer(std::size_t rank_count, std::unique_ptr<policy> chosen_policy, queue_limits limits = {});
 
   // Chooses a rank and counts the request on it; an empty lease when no rank is usable.
   rank_lease acquire();
@@ -66,9 +83,20 @@ class balancer {
 
   const policy& active_policy() const noexcept { return *policy_; }
 
+  // Queueing (only with max_inflight_per_rank > 0).
+  bool queueing() const noexcept { return limits_.max_inflight_per_rank > 0; }
+  // Takes a slot at once (returned), or enqueues `deliver` (empty lease, queued = true), or refuses
+  // when the queue is full or no rank is usable (empty lease, queued = false).
+  rank_lease acquire_or_wait(std::function<void(rank_lease)> deliver, std::uint64_t& waiter_id, bool& queued);
+  // Removes a waiter that gave up; false when it was already served (its lease is on the way).
+  bool cancel_wait(std::uint64_t waiter_id);
+  std::size_t waiting() const noexcept { return waiting_.load(std::memory_order_relaxed); }
+
  private:
   friend class rank_lease;
   void release(std::size_t rank) noexcept;
+  std::optional<std::size_t> pick_locked(const std::vector<bool>* excluded);
+  void serve_waiters_locked();
 
   struct rank_state {
     std::atomic<std::uint32_t> inflight{0};
@@ -78,6 +106,10 @@ class balancer {
 
   mutable std::mutex pick_mutex_;
   std::unique_ptr<policy> policy_;
+  queue_limits limits_;
+  std::deque<waiter> queue_;               // guarded by pick_mutex_
+  std::atomic<std::size_t> waiting_{0};    // queue_.size(), readable without the lock
+  std::uint64_t next_waiter_id_ = 1;       // guarded by pick_mutex_
   std::vector<rank_state> ranks_;  // sized once; never resized (atomics are not movable)
   std::vector<rank_view> view_;    // scratch for choose(); guarded by pick_mutex_
 };

@@ -66,6 +66,14 @@ struct settings {
   std::chrono::milliseconds ejection_base{5'000};   // first ejection; doubles on each repeat
   std::chrono::milliseconds ejection_max{300'000};  // cap of the doubling
 
+  // --- queueing in dplb (off by default) ---
+  // A rank with this many requests in flight takes no more; when every usable rank is full, requests
+  // wait in dplb (FIFO) for the first slot that frees. 0 = no limit (requests go straight to the engines,
+  // which queue them themselves).
+  std::uint32_t max_inflight_per_rank = 0;
+  std::size_t max_queued_requests = 1024;            // beyond: 429 at once
+  std::chrono::milliseconds queue_timeout{30'000};   // longest wait in the queue; then 503
+
   // --- connections and shutdown ---
   std::size_t max_client_connections = 10'000;  // beyond: 503 and close
   std::chrono::milliseconds drain_timeout{30'000};  // SIGTERM: longest wait for in-flight requests

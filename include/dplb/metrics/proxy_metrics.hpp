@@ -58,6 +58,9 @@ class proxy_metrics {
   void rank_state(std::size_t rank, bool healthy, bool ejected);
   void ejected(std::size_t rank);
 
+  // A request waited this long in dplb's queue (--max-inflight-per-rank) before it got a slot or gave up.
+  void queued(std::chrono::duration<double> waited);
+
   void client_connection_opened();
   void client_connection_closed();
 
@@ -90,6 +93,8 @@ class proxy_metrics {
   prometheus::Gauge& client_connections_;
   prometheus::Counter& client_connections_total_;
   prometheus::Counter& retries_;
+  prometheus::Gauge& queue_depth_;
+  prometheus::Histogram& queue_wait_;
   std::vector<rank_handles> ranks_;
   std::vector<std::string> rank_labels_;
 };

@@ -174,3 +174,52 @@ TEST_CASE("a retry never goes back to an excluded rank", "[balancer]") {
   CHECK_FALSE(b.acquire(excluded));
   CHECK(b.acquire());  // the exclusion is per call only
 }
+
+TEST_CASE("with a per-rank limit, requests queue FIFO and each freed slot goes to the oldest", "[balancer][queue]") {
+  balancer b(2, make_policy("least-inflight"), dplb::balancer::queue_limits{2, 3});
+  std::vector<rank_lease> held;
+  for (int i = 0; i < 4; ++i) held.push_back(b.acquire());
+  CHECK(b.inflight(0) == 2);
+  CHECK(b.inflight(1) == 2);
+  CHECK_FALSE(b.acquire());  // full
+
+  std::vector<std::pair<int, rank_lease>> delivered;
+  std::uint64_t ids[4] = {};
+  bool queued = false;
+  for (int w = 0; w < 3; ++w) {
+    auto now = b.acquire_or_wait([&, w](rank_lease l) { delivered.emplace_back(w, std::move(l)); }, ids[w], queued);
+    CHECK_FALSE(now);
+    CHECK(queued);
+  }
+  CHECK(b.waiting() == 3);
+  // The queue is bounded: a fourth waiter is refused at once.
+  auto refused = b.acquire_or_wait([](rank_lease) {}, ids[3], queued);
+  CHECK_FALSE(refused);
+  CHECK_FALSE(queued);
+
+  CHECK(b.cancel_wait(ids[1]));  // the second waiter gives up
+  CHECK_FALSE(b.cancel_wait(ids[1]));
+  held[1].release();  // a slot on rank 1 frees: the oldest waiter (0) gets it
+  REQUIRE(delivered.size() == 1);
+  CHECK(delivered[0].first == 0);
+  CHECK(delivered[0].second.rank() == 1);
+  CHECK_FALSE(b.acquire());  // a new request does not jump the remaining waiter
+  held[0].release();
+  REQUIRE(delivered.size() == 2);
+  CHECK(delivered[1].first == 2);
+  CHECK(b.waiting() == 0);
+  CHECK_FALSE(b.cancel_wait(ids[2]));  // already served
+  CHECK(b.inflight(0) == 2);
+  CHECK(b.inflight(1) == 2);
+}
+
+TEST_CASE("without a limit nothing ever queues", "[balancer][queue]") {
+  balancer b(2, make_policy("round-robin"));
+  std::uint64_t id = 0;
+  bool queued = true;
+  for (int i = 0; i < 100; ++i) CHECK(b.acquire_or_wait([](rank_lease) {}, id, queued));
+  b.set_usable(0, false);
+  b.set_usable(1, false);
+  CHECK_FALSE(b.acquire_or_wait([](rank_lease) {}, id, queued));
+  CHECK_FALSE(queued);  // no usable rank: refused, not queued
+}
