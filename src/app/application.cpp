@@ -104,7 +104,7 @@ struct application::impl {
                    settings.health_check_interval, settings.health_check_timeout, "/health",
                    upstream::health_policy{settings.unhealthy_threshold, settings.healthy_threshold,
                                            settings.ejection_threshold, settings.ejection_base,
-                                           settings.ejection_max}}),
+                                           settings.ejection_max, settings.max_ejected_percent}}),
         shared{settings, backends, balancer, metrics, health},
         signals(signal_io, SIGINT, SIGTERM) {
     const upstream::pool_limits limits{settings.upstream_connect_timeout, settings.upstream_idle_timeout,

@@ -29,7 +29,12 @@ balancer::balancer(std::size_t rank_count, std::unique_ptr<policy> chosen_policy
   if (!policy_) throw std::invalid_argument("balancer needs a policy");
 }
 
-rank_lease balancer::acquire() { return acquire(std::vector<bool>()); }
+rank_lease balancer::acquire() {
+  std::lock_guard lock(pick_mutex_);
+  if (!queue_.empty()) return {};  // no jumping the queue
+  const auto chosen = pick_locked(nullptr);
+  return chosen ? rank_lease(this, *chosen) : rank_lease{};
+}
 
 std::optional<std::size_t> balancer::pick_locked(const std::vector<bool>* excluded) {
   const auto cap = limits_.max_inflight_per_rank;
@@ -47,8 +52,8 @@ std::optional<std::size_t> balancer::pick_locked(const std::vector<bool>* exclud
 }
 
 rank_lease balancer::acquire(const std::vector<bool>& excluded) {
+  // A retry: it already had its turn (its first rank failed), so it does not queue again.
   std::lock_guard lock(pick_mutex_);
-  if (!queue_.empty()) return {};  // no jumping the queue
   const auto chosen = pick_locked(&excluded);
   return chosen ? rank_lease(this, *chosen) : rank_lease{};
 }

@@ -487,6 +487,15 @@ class session {
       if (!accounted) shared_.metrics.request_finished(rank, 499, duration);
       co_return false;
     }
+    if (!upstream_ok && !serializer.is_header_done()) {
+      // The engine failed before anything reached the client (the head was held back to leave with the
+      // first body bytes): the client can still get a proper error.
+      shared_.metrics.upstream_error(rank, "midstream");
+      shared_.health.record(rank, upstream::request_outcome::reset);
+      lease.release();
+      co_return co_await fail_before_response(rank, picked_at, asio::error::connection_reset, "midstream",
+                                              client_keep_alive);
+    }
     if (!upstream_ok) {
       // Part of the response is already out: closing without the terminating chunk (or short of the
       // Content-Length) is the only way left to tell the client the response is incomplete.
@@ -580,9 +589,12 @@ class session {
     const unsigned status = ec == beast::error::timeout ? 504 : 502;
     shared_.metrics.request_finished(rank, status, clock_type::now() - picked_at);
     const auto& backend = shared_.backends[rank];
-    std::string message = status == 504 ? "backend rank " + std::to_string(rank) + " (" + backend.url +
-                                              ") sent no response head in time (--upstream-first-byte-timeout-ms)"
-                                        : "dplb could not get a response from backend rank " + std::to_string(rank) +
+    std::string message = status == 504 && kind == "connect"
+                              ? "could not connect to backend rank " + std::to_string(rank) + " (" + backend.url +
+                                    ") within --upstream-connect-timeout-ms"
+                          : status == 504 ? "backend rank " + std::to_string(rank) + " (" + backend.url +
+                                                ") sent no response head in time (--upstream-first-byte-timeout-ms)"
+                                          : "dplb could not get a response from backend rank " + std::to_string(rank) +
                                               " (" + backend.url + "): " + std::string(kind) + ": " + ec.message();
     spdlog::warn("{}", message);
     co_return co_await send_error(status, message, client_keep_alive);

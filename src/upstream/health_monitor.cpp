@@ -11,6 +11,8 @@
 #include <boost/beast/http.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/metrics/proxy_metrics.hpp"
 
@@ -34,7 +36,10 @@ void health_monitor::apply(std::size_t rank) {
 
 void health_monitor::record(std::size_t rank, request_outcome outcome) {
   std::lock_guard lock(mutex_);
-  if (ranks_[rank].record(outcome, std::chrono::steady_clock::now())) {
+  const auto ejected_now = static_cast<std::size_t>(
+      std::count_if(ranks_.begin(), ranks_.end(), [](const rank_health& h) { return h.ejected(); }));
+  const bool may_eject = (ejected_now + 1) * 100 <= settings_.policy.max_ejected_percent * ranks_.size();
+  if (ranks_[rank].record(outcome, std::chrono::steady_clock::now(), may_eject)) {
     const auto& h = ranks_[rank];
     const auto for_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
         *h.ejected_until() - std::chrono::steady_clock::now());

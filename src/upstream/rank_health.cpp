@@ -22,13 +22,14 @@ void rank_health::probe_failed() {
   }
 }
 
-bool rank_health::record(request_outcome outcome, time_point now) {
+bool rank_health::record(request_outcome outcome, time_point now, bool may_eject) {
   if (outcome == request_outcome::success) {
     consecutive_errors_ = 0;
     return false;
   }
   if (policy_.ejection_threshold == 0 || ejected()) return false;
   if (++consecutive_errors_ < policy_.ejection_threshold) return false;
+  if (!may_eject) return false;  // stays at the threshold: the next failure tries again
   // A rank that stayed clean for a whole maximum back-off since its last ejection starts afresh.
   if (ejections_ > 0 && now - last_ejection_end_ >= policy_.max_ejection) ejections_ = 0;
   const auto factor = std::min<std::uint32_t>(ejections_, 16);

@@ -66,7 +66,8 @@ class balancer {
 
   // Chooses a rank and counts the request on it; an empty lease when no rank is usable.
   rank_lease acquire();
-  // The same, never choosing a rank whose entry in `excluded` is true (a retry after a failure there).
+  // The same, never choosing a rank whose entry in `excluded` is true: a retry after a failure there.
+  // A retry does not wait behind queued requests (it already had its turn).
   rank_lease acquire(const std::vector<bool>& excluded);
 
   // Marks a rank usable or not (health checks, ejection). In-flight requests on it are unaffected.

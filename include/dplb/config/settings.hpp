@@ -65,6 +65,7 @@ struct settings {
   std::uint32_t ejection_threshold = 5;   // consecutive failed requests that eject a rank; 0 = never
   std::chrono::milliseconds ejection_base{5'000};   // first ejection; doubles on each repeat
   std::chrono::milliseconds ejection_max{300'000};  // cap of the doubling
+  std::uint32_t max_ejected_percent = 50;  // at most this share of ranks ejected at once
 
   // --- queueing in dplb (off by default) ---
   // A rank with this many requests in flight takes no more; when every usable rank is full, requests

@@ -23,6 +23,9 @@ struct health_policy {
   std::uint32_t ejection_threshold = 5;   // consecutive request failures that eject a rank (0 = never)
   std::chrono::milliseconds base_ejection{5'000};
   std::chrono::milliseconds max_ejection{300'000};
+  // At most this share of the ranks is ejected at once (Envoy's max_ejection_percent): outlier
+  // detection must never take the whole deployment out because every rank blipped together.
+  std::uint32_t max_ejected_percent = 50;
 };
 
 // What a request's attempt on a rank showed about the rank.
@@ -44,8 +47,9 @@ class rank_health {
   void probe_succeeded();
   void probe_failed();
 
-  // A request's outcome (passive). Returns true when this outcome ejected the rank.
-  bool record(request_outcome outcome, time_point now);
+  // A request's outcome (passive). Returns true when this outcome ejected the rank. With may_eject
+  // false (too many ranks are ejected already) the failure is counted but ejects nothing.
+  bool record(request_outcome outcome, time_point now, bool may_eject = true);
 
   // Ends an ejection whose time is up; call before reading usable() at `now`.
   void tick(time_point now);

@@ -138,6 +138,7 @@ std::vector<option_case> every_option() {
       {"ejection-base-ms", "2010", 2010, [](const cfg::settings& s) { return s.ejection_base == ms(2010); }},
       {"ejection-max-ms", "2011", 2011, [](const cfg::settings& s) { return s.ejection_max == ms(2011); }},
       {"max-client-connections", "77", 77, [](const cfg::settings& s) { return s.max_client_connections == 77; }},
+      {"max-ejected-percent", "25", 25, [](const cfg::settings& s) { return s.max_ejected_percent == 25; }},
       {"max-inflight-per-rank", "64", 64, [](const cfg::settings& s) { return s.max_inflight_per_rank == 64; }},
       {"max-queued-requests", "99", 99, [](const cfg::settings& s) { return s.max_queued_requests == 99; }},
       {"queue-timeout-ms", "2013", 2013, [](const cfg::settings& s) { return s.queue_timeout == ms(2013); }},

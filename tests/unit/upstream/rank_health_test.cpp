@@ -89,3 +89,12 @@ TEST_CASE("a rank both ejected and down is usable only when both have cleared", 
   h.probe_succeeded();
   CHECK(h.usable());
 }
+
+TEST_CASE("a failure that may not eject (too many ranks out) ejects nothing, the next one may", "[health]") {
+  rank_health h({.ejection_threshold = 2, .base_ejection = 100ms});
+  CHECK_FALSE(h.record(request_outcome::reset, t0, false));
+  CHECK_FALSE(h.record(request_outcome::reset, t0, false));
+  CHECK(h.usable());
+  CHECK(h.record(request_outcome::reset, t0, true));
+  CHECK_FALSE(h.usable());
+}
