@@ -7,6 +7,7 @@
 #include <sstream>
 #include <thread>
 
+#include "await.hpp"
 #include "http_client.hpp"
 #include "processes.hpp"
 
@@ -28,16 +29,6 @@ bhttp::request<bhttp::string_body> completion(int max_tokens, bool stream, const
   return r;
 }
 
-template <class Pred>
-std::map<std::string, double> await_metrics(std::uint16_t port, Pred pred, std::chrono::milliseconds deadline = 3s) {
-  const auto until = steady::now() + deadline;
-  auto m = scrape_metrics(port);
-  while (!pred(m) && steady::now() < until) {
-    std::this_thread::sleep_for(10ms);  // polling a scrape; the predicate is the event awaited
-    m = scrape_metrics(port);
-  }
-  return m;
-}
 
 double inflight_total(const std::map<std::string, double>& m) { return metric_sum(m, "dplb_rank_inflight{"); }
 

@@ -6,6 +6,7 @@
 #include <random>
 #include <thread>
 
+#include "await.hpp"
 #include "http_client.hpp"
 #include "processes.hpp"
 
@@ -35,17 +36,6 @@ std::string random_bytes(std::size_t n, unsigned seed) {
   return s;
 }
 
-// Waits (bounded) until the predicate over dplb's metrics holds; returns the last scrape.
-template <class Pred>
-std::map<std::string, double> await_metrics(std::uint16_t port, Pred pred, std::chrono::milliseconds deadline = 3s) {
-  const auto until = steady::now() + deadline;
-  auto m = scrape_metrics(port);
-  while (!pred(m) && steady::now() < until) {
-    std::this_thread::sleep_for(10ms);  // polling a scrape; the predicate is the event awaited
-    m = scrape_metrics(port);
-  }
-  return m;
-}
 
 std::string header(const http_response& r, std::string_view name) {
   auto it = r.headers.find(name);

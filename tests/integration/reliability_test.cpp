@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "await.hpp"
 #include "http_client.hpp"
 #include "processes.hpp"
 
@@ -36,21 +37,7 @@ std::string wire(bhttp::request<bhttp::string_body> r) {
   return os.str();
 }
 
-template <class Fetch, class Pred>
-auto await_until(Fetch fetch, Pred pred, std::chrono::milliseconds deadline = 5s) {
-  const auto until = steady::now() + deadline;
-  auto value = fetch();
-  while (!pred(value) && steady::now() < until) {
-    std::this_thread::sleep_for(5ms);  // polling the observable; the predicate is the event awaited
-    value = fetch();
-  }
-  return value;
-}
 
-std::map<std::string, double> await_metrics(std::uint16_t port, std::function<bool(const std::map<std::string, double>&)> pred,
-                                            std::chrono::milliseconds deadline = 5s) {
-  return await_until([&] { return scrape_metrics(port); }, pred, deadline);
-}
 
 std::string header(const http_response& r, std::string_view name) {
   auto it = r.headers.find(name);

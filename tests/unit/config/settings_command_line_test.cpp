@@ -12,37 +12,15 @@
 #include <vector>
 
 #include "dplb/config/settings.hpp"
+#include "parse_helpers.hpp"
 
 namespace cfg = dplb::config;
 
 namespace {
 
-cfg::parse_result parse(const std::vector<std::string>& args, const cfg::environment& env = {}) {
-  std::vector<const char*> argv{"dplb"};
-  for (const auto& a : args) argv.push_back(a.c_str());
-  return cfg::parse_command_line(static_cast<int>(argv.size()), argv.data(), env);
-}
-
-cfg::settings run(const std::vector<std::string>& args, const cfg::environment& env = {}) {
-  auto result = parse(args, env);
-  REQUIRE(result.run.has_value());
-  CHECK(result.print_and_exit.empty());
-  return *result.run;
-}
-
-// The message of the config_error that parsing throws; fails the test when nothing (or something else) is
-// thrown.
-std::string error_of(const std::vector<std::string>& args, const cfg::environment& env = {}) {
-  try {
-    parse(args, env);
-  } catch (const cfg::config_error& e) {
-    const std::string what = e.what();
-    CHECK(what.find('\n') == std::string::npos);  // one line, always
-    return what;
-  }
-  FAIL("expected a config_error");
-  return {};
-}
+using cfg::test::error_of;
+using cfg::test::parse;
+using cfg::test::run;
 
 const std::string one_backend = "--backend=http://127.0.0.1:8100";
 

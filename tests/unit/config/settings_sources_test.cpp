@@ -16,35 +16,16 @@
 #include <vector>
 
 #include "dplb/config/settings.hpp"
+#include "parse_helpers.hpp"
 
 namespace cfg = dplb::config;
 using json = nlohmann::json;
 
 namespace {
 
-cfg::parse_result parse(const std::vector<std::string>& args, const cfg::environment& env = {}) {
-  std::vector<const char*> argv{"dplb"};
-  for (const auto& a : args) argv.push_back(a.c_str());
-  return cfg::parse_command_line(static_cast<int>(argv.size()), argv.data(), env);
-}
-
-cfg::settings run(const std::vector<std::string>& args, const cfg::environment& env = {}) {
-  auto result = parse(args, env);
-  REQUIRE(result.run.has_value());
-  return *result.run;
-}
-
-std::string error_of(const std::vector<std::string>& args, const cfg::environment& env = {}) {
-  try {
-    parse(args, env);
-  } catch (const cfg::config_error& e) {
-    const std::string what = e.what();
-    CHECK(what.find('\n') == std::string::npos);
-    return what;
-  }
-  FAIL("expected a config_error");
-  return {};
-}
+using cfg::test::error_of;
+using cfg::test::parse;
+using cfg::test::run;
 
 // A fresh directory for config files, removed with everything in it when the test ends.
 class temp_dir {
