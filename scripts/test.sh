@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 build_dir=${1:-build}
 ./scripts/setup.sh
 ./scripts/build.sh "$build_dir"
+# A sanitizer report fails the run: the processes the integration tests start inherit these.
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 # Integration tests start processes on ephemeral loopback ports; two at a time keeps timing honest
 # on a 2-core machine.
 ctest --test-dir "$build_dir" --output-on-failure -j "${DPLB_TEST_JOBS:-2}" --timeout 300

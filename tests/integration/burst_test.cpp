@@ -36,7 +36,9 @@ TEST_CASE("a burst is spread exactly over 4 ranks", "[burst]") {
   const auto threads = GENERATE(as<std::string>{}, "1", "2");
   const std::size_t burst = GENERATE(256u, 250u);
   // A second to the first token: the whole burst is in flight at once, as at a benchmark's start.
-  mock_engine engine(4, {"--ttft-ms", "1000", "--itl-ms", "5"});
+  // (Longer under sanitizers: dplb must have placed every request before the first one finishes.)
+  const auto ttft_ms = std::to_string(static_cast<int>(1000 * DPLB_TIMING_SLACK));
+  mock_engine engine(4, {"--ttft-ms", ttft_ms, "--itl-ms", "5"});
   dplb_proxy proxy(engine.urls(), {"--policy", policy, "--threads", threads});
 
   auto report = dplb::loadgen::run(burst_of(burst, proxy.port()));
