@@ -101,7 +101,7 @@ TEST_CASE("consecutive 5xx eject a rank for a back-off that doubles", "[reliabil
   auto [second_back, second_wait] = readmitted(5s);
   REQUIRE(second_back);
   CHECK(second_wait >= 700ms);  // 800 ms, measured from a little after it began
-  CHECK(first_wait <= 600ms);
+  CHECK(first_wait <= 600ms * DPLB_TIMING_SLACK);
 }
 
 TEST_CASE("a refused connection is retried on another rank, invisibly", "[reliability][retry]") {
