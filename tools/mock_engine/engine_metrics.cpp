@@ -1,5 +1,7 @@
 #include "engine_metrics.hpp"
 
+#include <cstdio>
+
 namespace dplb::mock {
 namespace {
 
@@ -45,6 +47,16 @@ class text_writer {
     append_value(value);
   }
 
+  // A nanosecond count, printed in seconds.
+  void mock_seconds(std::string_view name, std::int64_t nanoseconds) {
+    out_.append(name).append("{engine=\"");
+    append_label_value(out_, engine_);
+    out_.append("\"} ");
+    char text[32];
+    const int n = std::snprintf(text, sizeof text, "%.9f\n", static_cast<double>(nanoseconds) / 1e9);
+    out_.append(text, static_cast<std::size_t>(n));
+  }
+
   std::string take() { return std::move(out_); }
 
  private:
@@ -67,9 +79,9 @@ std::string render_metrics(const engine_metrics& m, std::string_view engine, std
   text_writer w(engine, model_name);
   w.family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.");
   w.vllm_sample("vllm:num_requests_running", load(m.requests_running));
-  // No scheduler is simulated yet: every admitted request runs at once.
+  // Without --simulate every admitted request runs at once, and this stays 0.
   w.family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.");
-  w.vllm_sample("vllm:num_requests_waiting", 0);
+  w.vllm_sample("vllm:num_requests_waiting", load(m.requests_waiting));
   w.family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.");
   w.vllm_sample("vllm:kv_cache_usage_perc", 0);
   w.family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.");
@@ -99,6 +111,20 @@ std::string render_metrics(const engine_metrics& m, std::string_view engine, std
   w.family("mock_connections_closed_by_fault_total", "counter",
            "Open connections closed by the \"listening\": false fault.");
   w.mock_sample("mock_connections_closed_by_fault_total", load(m.connections_closed_by_fault));
+  if (m.simulated) {
+    w.family("mock_steps_total", "counter", "Simulated engine steps run, dummy steps included.");
+    w.mock_sample("mock_steps_total", load(m.sim_steps));
+    w.family("mock_padded_tokens_total", "counter",
+             "Sum over steps of the CUDA-graph-padded batch this rank ran (under lockstep, the group's).");
+    w.mock_sample("mock_padded_tokens_total", load(m.sim_padded_tokens));
+    w.family("mock_real_tokens_total", "counter", "Sum over steps of the requests this rank scheduled.");
+    w.mock_sample("mock_real_tokens_total", load(m.sim_real_tokens));
+    w.family("mock_step_seconds_total", "counter", "Simulated seconds spent in steps.");
+    w.mock_seconds("mock_step_seconds_total", load(m.sim_step_ns));
+    w.family("mock_step_lag_seconds_total", "counter",
+             "Wall seconds between each step's due end and its handling, summed: the event loop's delay.");
+    w.mock_seconds("mock_step_lag_seconds_total", load(m.sim_lag_ns));
+  }
   return w.take();
 }
 

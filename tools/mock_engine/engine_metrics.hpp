@@ -11,7 +11,10 @@ namespace dplb::mock {
 
 struct engine_metrics {
   // vLLM's series (vllm:*), with the same meaning as in vLLM.
-  std::atomic<std::int64_t> requests_running{0};     // generating now (vllm:num_requests_running)
+  // Generating now (vllm:num_requests_running); with --simulate, the scheduler's running requests.
+  std::atomic<std::int64_t> requests_running{0};
+  // Queued, not admitted yet (vllm:num_requests_waiting): the scheduler's, 0 without --simulate.
+  std::atomic<std::int64_t> requests_waiting{0};
   std::atomic<std::uint64_t> prompt_tokens{0};       // vllm:prompt_tokens_total, added at admission
   std::atomic<std::uint64_t> generation_tokens{0};   // vllm:generation_tokens_total, per token
   std::atomic<std::uint64_t> requests_succeeded{0};  // vllm:request_success_total{finished_reason="length"}
@@ -26,6 +29,16 @@ struct engine_metrics {
   std::atomic<std::int64_t> connections_open{0};
   // Closed by the "listening": false fault; a request running on one is neither a success nor an abort.
   std::atomic<std::uint64_t> connections_closed_by_fault{0};
+
+  // Simulated serving (--simulate; see sim_engine.hpp). Set once at start-up, before any thread runs:
+  // the mock_* series below are rendered only then, and requests_running/_waiting come from the
+  // scheduler (a generation_tracker then leaves them alone).
+  bool simulated = false;
+  std::atomic<std::uint64_t> sim_steps{0};          // mock_steps_total: steps run, dummy ones included
+  std::atomic<std::uint64_t> sim_padded_tokens{0};  // mock_padded_tokens_total: sum of padded batches
+  std::atomic<std::uint64_t> sim_real_tokens{0};    // mock_real_tokens_total: sum of real batches
+  std::atomic<std::uint64_t> sim_step_ns{0};        // mock_step_seconds_total, in simulated nanoseconds
+  std::atomic<std::uint64_t> sim_lag_ns{0};         // mock_step_lag_seconds_total, in wall nanoseconds
 };
 
 // The /metrics body (content type text/plain; version=0.0.4) for rank `engine` serving `model_name`.
@@ -40,8 +53,9 @@ std::string render_metrics(const engine_metrics& metrics, std::string_view engin
 // before the API server sends the end: a client that saw the end then sees the counts.
 class generation_tracker {
  public:
-  generation_tracker(engine_metrics& metrics, std::uint64_t prompt_tokens) : metrics_(metrics) {
-    metrics_.requests_running.fetch_add(1, std::memory_order_relaxed);
+  generation_tracker(engine_metrics& metrics, std::uint64_t prompt_tokens)
+      : metrics_(metrics), counts_running_(!metrics.simulated) {
+    if (counts_running_) metrics_.requests_running.fetch_add(1, std::memory_order_relaxed);
     metrics_.prompt_tokens.fetch_add(prompt_tokens, std::memory_order_relaxed);
   }
   generation_tracker(const generation_tracker&) = delete;
@@ -49,7 +63,7 @@ class generation_tracker {
   ~generation_tracker() {
     if (!finished_) {
       metrics_.requests_aborted.fetch_add(1, std::memory_order_relaxed);
-      metrics_.requests_running.fetch_sub(1, std::memory_order_relaxed);
+      if (counts_running_) metrics_.requests_running.fetch_sub(1, std::memory_order_relaxed);
     }
   }
 
@@ -59,20 +73,21 @@ class generation_tracker {
     if (finished_) return;
     finished_ = true;
     metrics_.requests_succeeded.fetch_add(1, std::memory_order_relaxed);
-    metrics_.requests_running.fetch_sub(1, std::memory_order_relaxed);
+    if (counts_running_) metrics_.requests_running.fetch_sub(1, std::memory_order_relaxed);
   }
 
   // The request was cut by an injected fault: it stops running and counts as neither success nor abort.
   void end_by_fault() {
     if (finished_) return;
     finished_ = true;
-    metrics_.requests_running.fetch_sub(1, std::memory_order_relaxed);
+    if (counts_running_) metrics_.requests_running.fetch_sub(1, std::memory_order_relaxed);
   }
 
   bool finished() const { return finished_; }
 
  private:
   engine_metrics& metrics_;
+  const bool counts_running_;  // false with --simulate: the scheduler owns the running gauge
   bool finished_ = false;
 };
 

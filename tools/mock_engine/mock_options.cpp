@@ -1,10 +1,14 @@
 #include "mock_options.hpp"
 
+#include <algorithm>
 #include <boost/program_options.hpp>
+#include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <ostream>
 #include <stdexcept>
+#include <vector>
 
 namespace dplb::mock {
 namespace {
@@ -45,6 +49,51 @@ Endpoints (per rank):
   Anything else: 404 {"detail":"Not Found"}.
 Limits: request head 64 KiB (431), request body 64 MiB (413); each body read and write: 60 s.
 
+Simulated serving (--simulate; off by default, and then none of this applies):
+  Each rank runs a continuous-batching engine shaped after vLLM's V1 scheduler instead of pacing each
+  request on its own timer (--ttft-ms and --itl-ms must then be 0). Requests queue; each step, every
+  running request is scheduled (a decode takes 1 token of the --max-num-batched-tokens budget, an
+  unfinished prompt its next chunk), then queued requests are admitted in arrival order while fewer
+  than --max-num-seqs run and budget is left. A request produces its first token at the end of the
+  step that completes its prefill, then one token at the end of every step, exactly max_tokens in all
+  (ignore_eos); each token goes out as its SSE event at the end of its step (a client that reads
+  slowly gets several events in one write). Non-streaming answers are sent after the last token.
+  A step lasts
+      step_base + step_per_token * padded(batch) + prefill_per_token * prompt tokens prefilled
+  where batch = requests scheduled in the step and padded(n) = the smallest CUDA-graph capture size
+  >= n (n itself above the largest: no graph). Without --dp-lockstep a rank steps on its own clock,
+  only while it has work. With --dp-lockstep all ranks of the process step together, as MoE DP ranks
+  do: a step runs while any rank has work, idle ranks run a dummy batch (counted as 1), every rank
+  pads to the largest padded batch, and the longest prefill sets the rest of the step.
+  Not simulated: KV-cache capacity (never full, never preempts; kv_cache_usage_perc stays 0),
+  prefix caching, speculative decoding, stop strings (ignore_eos always), the DP wave start latency.
+  Defaults model a large MoE (DeepSeek-V3 class) served with DP attention + expert parallelism, one
+  H100/H200-class GPU per rank: a step costs a fixed 15 ms (the rank's share of the weights read,
+  the all-to-alls of every MoE layer, launches: independent of the batch) plus 0.15 ms per padded
+  sequence (attention over its KV cache, its share of the expert GEMMs): 24.6 ms at batch 64, about
+  2.6k output tokens/s per rank, the order of published DeepSeek-V3/R1 decode figures per GPU.
+  Prefill at 20 us per prompt token (50k tokens/s per rank) is faster than such a model really
+  prefills (published: ~100-150 us per token per GPU), on purpose: the decode-phase effects that a
+  balancer acts on stay visible instead of drowning in prefill; --prefill-us-per-token 120 gives a
+  prefill-heavy picture. --max-num-batched-tokens 8192 is vLLM's API-server default on 80 GB GPUs;
+  --max-num-seqs 256 (vLLM uses 1024 on H100/H200; either way the graphs go up to 512).
+  Time: every simulated duration is divided by --time-scale X. /metrics (running, waiting, steps,
+  padded tokens) follows the simulation, but every latency a client measures is wall time: multiply
+  benchmark latencies (TTFT, TPOT, ITL, duration) by X, and divide throughputs by X, to read them as
+  the simulated engine's. That holds while the mock keeps up with X: the mean delay of a step's end,
+  mock_step_lag_seconds_total / mock_steps_total (wall), must stay small against the mean step's wall
+  time, mock_step_seconds_total / X / mock_steps_total; else lower X. The simulated clock never
+  drifts (a late step delays its tokens, not the next step): mock_step_seconds_total is the exact
+  simulated busy time, e.g. a burst's makespan on an otherwise idle lockstep engine.
+  Metrics with --simulate: vllm:num_requests_running (admitted: prefilling or decoding) and
+  vllm:num_requests_waiting (queued) come from the scheduler, and per rank:
+    mock_steps_total           steps run (an idle rank's dummy steps under --dp-lockstep included)
+    mock_padded_tokens_total   sum over steps of the padded batch the rank ran
+    mock_real_tokens_total     sum over steps of the requests it scheduled; padding waste =
+                               1 - real / padded
+    mock_step_seconds_total    simulated seconds spent in steps
+    mock_step_lag_seconds_total  wall seconds the event loop handled step ends late, summed
+
 Fault injection, on the admin port (always up, whatever the faults; answers JSON):
   GET    /fault?rank=<i>        the rank's fault state
   POST   /fault?rank=<i>        body: a JSON object of the fields below to set (absent: unchanged; {}
@@ -75,6 +124,46 @@ Fault injection, on the admin port (always up, whatever the faults; answers JSON
   nor as abort; an ignored connection counts no request.
   Example: curl -s -X POST 'http://127.0.0.1:<admin-port>/fault?rank=0' -d '{"status":503}'
 )";
+
+// "1,2,4,8": capture sizes, each in [1, 65536]; sorted and deduplicated.
+std::vector<std::uint32_t> parse_sizes(const std::string& text) {
+  std::vector<std::uint32_t> sizes;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const auto comma = std::min(text.find(',', at), text.size());
+    const auto item = text.substr(at, comma - at);
+    std::uint32_t size = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), size);
+    if (item.empty() || ec != std::errc{} || end != item.data() + item.size() || size < 1 || size > 65536) {
+      throw std::invalid_argument(
+          "--cudagraph-sizes must be a comma-separated list of integers in [1, 65536], got '" + text + "'");
+    }
+    sizes.push_back(size);
+    at = comma + 1;
+  }
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  return sizes;
+}
+
+// Microseconds (fractions allowed) in [0, 60 s], as nanoseconds.
+std::chrono::nanoseconds microseconds_option(const po::variables_map& vm, const char* name) {
+  const auto value = vm[name].as<double>();
+  if (!(value >= 0 && value <= 60e6)) {
+    throw std::invalid_argument("--" + std::string(name) + " must be in [0, 60000000] microseconds");
+  }
+  return std::chrono::nanoseconds(std::llround(value * 1000));
+}
+
+double as_us(std::chrono::nanoseconds d) { return static_cast<double>(d.count()) / 1000; }
+
+// A default's text on --help: "15000", or "0.5" for a fraction.
+std::string us_text(std::chrono::nanoseconds d) {
+  if (d.count() % 1000 == 0) return std::to_string(d.count() / 1000);
+  std::string text = std::to_string(as_us(d));
+  text.erase(text.find_last_not_of('0') + 1);
+  return text;
+}
 
 // Reads an integer option and checks its range; signed reading so that "-1" is refused, not wrapped.
 std::int64_t bounded(const po::variables_map& vm, const char* name, std::int64_t min, std::int64_t max) {
@@ -120,6 +209,34 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
      "event-loop threads (each its own io_context; acceptors share ports with SO_REUSEPORT)")
     ("admin-port", po::value<std::int64_t>()->value_name("PORT")->default_value(defaults.admin_port),
      "fault-injection admin listener on host:PORT (see below); 0 = an ephemeral port");
+  po::options_description simulation("Simulated serving (see below; each needs --simulate)");
+  simulation.add_options()
+    ("simulate", po::bool_switch(),
+     "simulate a continuous-batching engine per rank (default off: per-request timers)")
+    ("dp-lockstep", po::bool_switch(),
+     "all ranks step together, as MoE DP ranks: step time = slowest rank's padded batch, idle ranks run "
+     "dummy batches (default off: a clock per rank)")
+    ("time-scale", po::value<double>()->value_name("X")->default_value(defaults.time_scale, "1"),
+     "simulated time runs X times faster than wall time, X in [0.001, 10000]")
+    ("max-num-seqs", po::value<std::int64_t>()->value_name("N")->default_value(defaults.engine.max_num_seqs),
+     "requests running at once per rank; the rest wait")
+    ("max-num-batched-tokens", po::value<std::int64_t>()->value_name("N")->default_value(
+       defaults.engine.max_num_batched_tokens),
+     "tokens a step may process (decodes 1 each, prompts chunked into the rest), >= --max-num-seqs; "
+     "0 = no budget: a prompt is prefilled whole in its first step")
+    ("step-base-us", po::value<double>()->value_name("US")->default_value(
+       as_us(defaults.engine.step_base), us_text(defaults.engine.step_base)),
+     "fixed cost of every step (dummy ones too), simulated microseconds")
+    ("step-us-per-token", po::value<double>()->value_name("US")->default_value(
+       as_us(defaults.engine.step_per_token), us_text(defaults.engine.step_per_token)),
+     "cost per sequence of the padded batch, simulated microseconds")
+    ("prefill-us-per-token", po::value<double>()->value_name("US")->default_value(
+       as_us(defaults.engine.prefill_per_token), us_text(defaults.engine.prefill_per_token)),
+     "cost per prompt token prefilled, simulated microseconds")
+    ("cudagraph-sizes", po::value<std::string>()->value_name("LIST"),
+     "CUDA-graph capture sizes, e.g. 1,2,4,8,16 (default: vLLM's for --max-num-seqs: 1,2,4, every 8 "
+     "to 248, every 16 from 256 to min(2 * max-num-seqs, 512))");
+  described.add(simulation);
   // clang-format on
 
   try {
@@ -150,6 +267,44 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
         bounded(vm, "close-on-request", 0, std::numeric_limits<std::int64_t>::max()));
     options.threads = static_cast<unsigned>(bounded(vm, "threads", 1, 256));
     options.admin_port = static_cast<std::uint16_t>(bounded(vm, "admin-port", 0, 65535));
+
+    options.simulate = vm["simulate"].as<bool>();
+    if (!options.simulate) {
+      for (const char* name :
+           {"dp-lockstep", "time-scale", "max-num-seqs", "max-num-batched-tokens", "step-base-us",
+            "step-us-per-token", "prefill-us-per-token", "cudagraph-sizes"}) {
+        if (vm.count(name) != 0 && !vm[name].defaulted())
+          throw std::invalid_argument("--" + std::string(name) + " needs --simulate");
+      }
+      return {std::move(options), 0};
+    }
+    if (options.ttft.count() != 0 || options.itl.count() != 0) {
+      throw std::invalid_argument(
+          "--ttft-ms and --itl-ms do not apply with --simulate (the step costs set the pace)");
+    }
+    options.dp_lockstep = vm["dp-lockstep"].as<bool>();
+    options.time_scale = vm["time-scale"].as<double>();
+    if (!(options.time_scale >= 0.001 && options.time_scale <= 10000)) {
+      throw std::invalid_argument("--time-scale must be in [0.001, 10000]");
+    }
+    auto& engine = options.engine;
+    engine.max_num_seqs = static_cast<std::uint32_t>(bounded(vm, "max-num-seqs", 1, 65536));
+    engine.max_num_batched_tokens =
+        static_cast<std::uint32_t>(bounded(vm, "max-num-batched-tokens", 0, 1 << 24));
+    if (engine.max_num_batched_tokens != 0 && engine.max_num_batched_tokens < engine.max_num_seqs) {
+      // vLLM refuses the same: a budget below max_num_seqs could not even decode a full batch.
+      throw std::invalid_argument("--max-num-batched-tokens must be 0 or >= --max-num-seqs");
+    }
+    engine.step_base = microseconds_option(vm, "step-base-us");
+    engine.step_per_token = microseconds_option(vm, "step-us-per-token");
+    engine.prefill_per_token = microseconds_option(vm, "prefill-us-per-token");
+    if (engine.step_base.count() == 0 && engine.step_per_token.count() == 0) {
+      throw std::invalid_argument(
+          "--step-base-us and --step-us-per-token must not both be 0 (steps would take no time)");
+    }
+    engine.capture_sizes = vm.count("cudagraph-sizes") != 0
+                               ? parse_sizes(vm["cudagraph-sizes"].as<std::string>())
+                               : sim::default_capture_sizes(engine.max_num_seqs);
     return {std::move(options), 0};
   } catch (const std::exception& e) {
     err << "dplb-mock-engine: " << e.what() << " (see --help)\n";

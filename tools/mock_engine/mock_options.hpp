@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "batch_scheduler.hpp"
+
 namespace dplb::mock {
 
 struct mock_options {
@@ -25,6 +27,19 @@ struct mock_options {
   unsigned threads = 1;  // event-loop threads, each with its own io_context and SO_REUSEPORT acceptors
   // The admin listener (fault injection, see admin_api.hpp) on host:admin_port; 0 = an ephemeral port.
   std::uint16_t admin_port = 0;
+
+  // Simulated serving (see sim_engine.hpp). Off: each request paces its own tokens (ttft, itl), as
+  // before any of these existed.
+  bool simulate = false;
+  // All ranks step together (MoE DP): each step lasts as long as the slowest rank's padded batch, and
+  // idle ranks run dummy batches. Off: each rank steps on its own clock. Needs `simulate`.
+  bool dp_lockstep = false;
+  // Simulated time runs this many times faster than wall time (every simulated duration is divided by
+  // it). Needs `simulate`.
+  double time_scale = 1.0;
+  // The simulated engine: max_num_seqs, max_num_batched_tokens, capture sizes and step costs, with the
+  // defaults of batch_scheduler.hpp (a large MoE, one modern GPU per rank; --help says why).
+  sim::engine_config engine;
 };
 
 // Either options to run with, or the process exit status (0 after --help, 2 after a bad command line).

@@ -27,6 +27,7 @@
 #include "faults.hpp"
 #include "rank_state.hpp"
 #include "session.hpp"
+#include "sim_engine.hpp"
 
 namespace dplb::mock {
 namespace {
@@ -160,6 +161,7 @@ struct mock_server::impl final : admin_handler {
   // stay until the contexts have destroyed the coroutines that use them. Contexts go last first, so
   // that an admin change still queued on another thread never outlives the admin thread's context.
   ~impl() {
+    if (simulation) simulation->shutdown();  // its timers live on thread 0's context
     for (auto& per_rank : listeners) {
       for (auto& listener : per_rank) listener->acceptor.reset();
     }
@@ -180,6 +182,9 @@ struct mock_server::impl final : admin_handler {
 
   const mock_options options;
   std::deque<rank_state> ranks;
+  // With --simulate. Outlives the contexts: sessions destroyed with them still reach it (to learn that
+  // it is shut down).
+  std::unique_ptr<sim_engine> simulation;
   std::vector<tcp::endpoint> endpoints;                                // rank i's bound address and port
   std::vector<std::vector<std::unique_ptr<rank_listener>>> listeners;  // [rank][thread]
   std::vector<std::unique_ptr<asio::io_context>> contexts;             // [thread]; 0 runs the admin port
@@ -287,6 +292,11 @@ mock_server::mock_server(const mock_options& options) : impl_(std::make_unique<i
         s.endpoints.push_back(endpoint);
       }
     }
+  }
+
+  if (options.simulate) {
+    s.simulation = std::make_unique<sim_engine>(*s.contexts.front(), options, s.ranks);
+    for (auto& rank : s.ranks) rank.simulation = s.simulation.get();
   }
 
   tcp::acceptor admin(*s.contexts.front());

@@ -1,5 +1,6 @@
 #pragma once
-// What all threads share about one DP rank: its index, its metrics, its faults and its request-id counter.
+// What all threads share about one DP rank: its index, its metrics, its faults, its request-id counter
+// and, with --simulate, its engine.
 
 #include <atomic>
 #include <cstdint>
@@ -10,6 +11,8 @@
 
 namespace dplb::mock {
 
+class sim_engine;
+
 struct rank_state {
   explicit rank_state(unsigned rank_index) : index(rank_index), label(std::to_string(rank_index)) {}
 
@@ -19,6 +22,8 @@ struct rank_state {
   rank_faults faults;  // set through the admin port
   // Id suffix for generation requests without x-request-id (cmpl-<n>, chatcmpl-<n>).
   std::atomic<std::uint64_t> next_request_id{0};
+  // With --simulate, the engine that schedules this rank's requests (set at start-up); else null.
+  sim_engine* simulation = nullptr;
 };
 
 }  // namespace dplb::mock

@@ -3,9 +3,11 @@
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 
+#include <algorithm>
 #include <array>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
@@ -19,6 +21,7 @@
 #include "echo_report.hpp"
 #include "faults.hpp"
 #include "openai_api.hpp"
+#include "sim_engine.hpp"
 #include "stream_probe.hpp"
 
 namespace dplb::mock {
@@ -69,6 +72,16 @@ bool is_generation_path(std::string_view path) {
   return path == "/v1/completions" || path == "/v1/chat/completions";
 }
 
+// Appends one HTTP chunk carrying `data` (chunked transfer coding).
+void append_chunk(std::string& out, std::string_view data) {
+  std::array<char, 16> size{};
+  const char* end = std::to_chars(size.data(), size.data() + size.size(), data.size(), 16).ptr;
+  out.append(size.data(), static_cast<std::size_t>(end - size.data()))
+      .append("\r\n")
+      .append(data)
+      .append("\r\n");
+}
+
 class connection final : public closable_connection {
  public:
   connection(tcp::socket socket, const mock_options& options, rank_state& rank, connection_registry& registry)
@@ -105,6 +118,13 @@ class connection final : public closable_connection {
                                     generation_tracker& tracker);
   asio::awaitable<bool> answer_at_once(const request& req, const generation_request& gen,
                                        const response_renderer& renderer, generation_tracker& tracker);
+  asio::awaitable<bool> serve_simulated(const request& req, const generation_request& gen,
+                                        const response_renderer& renderer, generation_tracker& tracker);
+  asio::awaitable<bool> relay_simulated(const sim_stream& state, const generation_request& gen,
+                                        const response_renderer& renderer, generation_tracker& tracker);
+  asio::awaitable<bool> await_simulated(const sim_stream& state);
+  asio::awaitable<bool> wait_for_wake();
+  asio::awaitable<bool> send_now_or_later(std::string_view data);
   asio::awaitable<bool> serve_stream_probe(const request& req, std::string_view query);
   asio::awaitable<bool> emit_probe_events(const stream_probe_params& params, bool& finished);
   asio::awaitable<bool> sleep_until(steady_clock::time_point deadline);
@@ -120,7 +140,8 @@ class connection final : public closable_connection {
 
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;  // kept across requests: holds pipelined bytes, and its capacity is reused
-  asio::steady_timer timer_;   // token and event pacing, fault stalls
+  asio::steady_timer timer_;   // token and event pacing, fault stalls; with --simulate, the engine's wake-ups
+  std::string sim_out_;        // with --simulate: the events of one write, capacity reused
   const mock_options& options_;
   rank_state& rank_;
   open_connection open_;
@@ -340,7 +361,9 @@ asio::awaitable<bool> connection::serve_generation(const request& req, api_kind 
                                    options_.model);
   generation_tracker tracker(rank_.metrics, gen.prompt_tokens);
   bool ok = false;
-  if (gen.stream) {
+  if (rank_.simulation != nullptr) {
+    ok = co_await serve_simulated(req, gen, renderer, tracker);
+  } else if (gen.stream) {
     ok = co_await stream_tokens(req, gen, renderer, tracker);
   } else {
     ok = co_await answer_at_once(req, gen, renderer, tracker);
@@ -410,6 +433,97 @@ asio::awaitable<bool> connection::answer_at_once(const request& req, const gener
   tracker.finish();
   co_return co_await reply(req, http::status::ok, json_type,
                            renderer.full_response(gen.prompt_tokens, gen.max_tokens));
+}
+
+// --simulate: the rank's engine paces the tokens (sim_engine.hpp). Leaving early, whatever the reason,
+// aborts the request in the engine (sim_request's destructor).
+asio::awaitable<bool> connection::serve_simulated(const request& req, const generation_request& gen,
+                                                  const response_renderer& renderer,
+                                                  generation_tracker& tracker) {
+  sim_request simulated(*rank_.simulation, rank_.index, gen.prompt_tokens, gen.max_tokens, gen.stream,
+                        timer_);
+  if (!gen.stream) {
+    if (!co_await unless_disconnected(stream_.socket(), await_simulated(simulated.state()))) co_return false;
+    tracker.tokens(gen.max_tokens);
+    tracker.finish();
+    co_return co_await reply(req, http::status::ok, json_type,
+                             renderer.full_response(gen.prompt_tokens, gen.max_tokens));
+  }
+  if (!co_await write_sse_head(req)) co_return false;
+  // For send_now_or_later: asio's sockets are non-blocking underneath already, this only makes a
+  // synchronous send say would_block instead of waiting.
+  if (beast::error_code ec; !stream_.socket().non_blocking()) stream_.socket().non_blocking(true, ec);
+  co_return co_await unless_disconnected(stream_.socket(),
+                                         relay_simulated(simulated.state(), gen, renderer, tracker));
+}
+
+// Writes the tokens produced so far after each wake: one event (one chunk) per token as usual, and all
+// the events that are ready in one write (several steps' worth when the reader or the loop lagged). The
+// same bytes as emit_tokens, the same reset_after_events behaviour; the end (last token, usage, [DONE],
+// the terminating chunk) leaves in one write.
+asio::awaitable<bool> connection::relay_simulated(const sim_stream& state, const generation_request& gen,
+                                                  const response_renderer& renderer,
+                                                  generation_tracker& tracker) {
+  const auto reset_after = rank_.faults.reset_after_events();  // read when the stream begins
+  const auto stop_at = reset_after == 0 ? gen.max_tokens : std::min(reset_after, gen.max_tokens);
+  const std::string token = renderer.token_event(false);
+  const std::string last_token = renderer.token_event(true);
+  std::uint64_t sent = 0;
+  for (;;) {
+    const auto ready = std::min(state.produced(), stop_at);
+    if (ready == sent) {
+      if (!co_await wait_for_wake()) co_return false;
+      continue;
+    }
+    sim_out_.clear();
+    if (sent == 0 && gen.kind == api_kind::chat) append_chunk(sim_out_, renderer.role_event());
+    for (auto k = sent; k < ready; ++k) append_chunk(sim_out_, k + 1 == gen.max_tokens ? last_token : token);
+    tracker.tokens(ready - sent);
+    sent = ready;
+    const bool reset_now = reset_after != 0 && sent == stop_at;
+    const bool finished = sent == gen.max_tokens && !reset_now;
+    if (finished) {
+      tracker.finish();
+      if (gen.include_usage) append_chunk(sim_out_, renderer.usage_event(gen.prompt_tokens, gen.max_tokens));
+      append_chunk(sim_out_, done_event);
+      sim_out_.append("0\r\n\r\n");
+    }
+    if (!co_await send_now_or_later(sim_out_)) co_return false;
+    if (reset_now) {
+      reset_due_ = true;
+      co_return false;
+    }
+    if (finished) co_return true;
+  }
+}
+
+// Written with a local on purpose: GCC 12.2 miscompiles a coroutine without locals that begins with
+// `if (!co_await ...) co_return false;` (the first resume reads an uninitialised frame and crashes).
+asio::awaitable<bool> connection::await_simulated(const sim_stream& state) {
+  bool ok = true;
+  while (ok && !state.finished()) ok = co_await wait_for_wake();
+  co_return ok;
+}
+
+// Each step's events leave with a plain send when the socket buffer takes them, which is nearly always:
+// no asynchronous operation, no timer, a fraction of the CPU per token (what lets one core carry a
+// thousand simulated streams). A reader that lags gets the rest through write_raw, with its deadline.
+asio::awaitable<bool> connection::send_now_or_later(std::string_view data) {
+  beast::error_code ec;
+  const auto sent = stream_.socket().send(asio::buffer(data.data(), data.size()), 0, ec);
+  if (!ec && sent == data.size()) co_return true;
+  if (ec && ec != asio::error::would_block && ec != asio::error::try_again) co_return false;
+  co_return co_await write_raw(data.substr(ec ? 0 : sent));
+}
+
+// Parks on timer_ until the engine cancels it (tokens arrived), the client leaves (the disconnect
+// watch cancels this coroutine) or a fault closes the connection. A wake that comes while nothing waits
+// is lost harmlessly: callers look at the produced count before waiting, on this same thread.
+asio::awaitable<bool> connection::wait_for_wake() {
+  timer_.expires_at(steady_clock::time_point::max());
+  co_await timer_.async_wait(as_result);
+  const auto state = co_await asio::this_coro::cancellation_state;
+  co_return state.cancelled() == asio::cancellation_type::none && !closed_by_fault_;
 }
 
 asio::awaitable<bool> connection::serve_stream_probe(const request& req, std::string_view query) {

@@ -1,0 +1,226 @@
+#include "sim_engine.hpp"
+
+#include <algorithm>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
+#include <cmath>
+#include <utility>
+
+#include "rank_state.hpp"
+
+namespace dplb::mock {
+namespace {
+
+namespace asio = boost::asio;
+using std::chrono::steady_clock;
+
+// Steps a late clock may end in one turn of the event loop (see on_step_end).
+constexpr unsigned max_steps_per_turn = 16;
+
+}  // namespace
+
+sim_stream::sim_stream(sim::request_id id, unsigned rank, std::uint64_t prompt_tokens,
+                       std::uint64_t max_tokens, bool wake_each_token, asio::steady_timer& waker)
+    : id_(id),
+      rank_(rank),
+      prompt_tokens_(prompt_tokens),
+      max_tokens_(max_tokens),
+      wake_each_token_(wake_each_token),
+      executor_(waker.get_executor()),
+      context_(&asio::query(waker.get_executor(), asio::execution::context)),
+      waker_(&waker) {}
+
+// One clock and the ranks it steps: all of them with --dp-lockstep, else one.
+struct sim_engine::clock_state {
+  clock_state(asio::io_context& context, const sim::engine_config& config, std::vector<unsigned> member_ranks,
+              std::vector<sim::batch_scheduler*> members)
+      : timer(context), ranks(std::move(member_ranks)), clock(config, std::move(members)) {}
+
+  asio::steady_timer timer;
+  std::vector<unsigned> ranks;
+  sim::lockstep_clock clock;
+  bool kick_pending = false;  // a kick is posted: arrivals in the same event-loop turn start one step
+};
+
+sim_engine::sim_engine(asio::io_context& context, const mock_options& options, std::deque<rank_state>& ranks)
+    : context_(context), ranks_(ranks), time_scale_(options.time_scale), epoch_(steady_clock::now()) {
+  const auto& config = options.engine;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    schedulers_.push_back(std::make_unique<sim::batch_scheduler>(config));
+    ranks[r].metrics.simulated = true;
+  }
+  if (options.dp_lockstep) {
+    std::vector<unsigned> all;
+    std::vector<sim::batch_scheduler*> members;
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      all.push_back(static_cast<unsigned>(r));
+      members.push_back(schedulers_[r].get());
+    }
+    clocks_.push_back(std::make_unique<clock_state>(context, config, std::move(all), std::move(members)));
+    clock_of_rank_.assign(ranks.size(), 0);
+  } else {
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      clocks_.push_back(
+          std::make_unique<clock_state>(context, config, std::vector<unsigned>{static_cast<unsigned>(r)},
+                                        std::vector<sim::batch_scheduler*>{schedulers_[r].get()}));
+      clock_of_rank_.push_back(static_cast<unsigned>(r));
+    }
+  }
+  tokens_.reserve(1024);
+}
+
+sim_engine::~sim_engine() = default;
+
+void sim_engine::shutdown() {
+  accepting_.store(false, std::memory_order_release);
+  clocks_.clear();  // the timers belong to thread 0's context, which goes before the engine
+  streams_.clear();
+}
+
+void sim_engine::submit(std::shared_ptr<sim_stream> stream) {
+  if (!accepting()) return;
+  asio::dispatch(context_, [this, s = std::move(stream)]() mutable { enqueue(std::move(s)); });
+}
+
+void sim_engine::abort(std::shared_ptr<sim_stream> stream) {
+  if (!accepting()) return;
+  asio::dispatch(context_, [this, s = std::move(stream)] { remove(*s); });
+}
+
+void sim_engine::enqueue(std::shared_ptr<sim_stream> stream) {
+  if (clocks_.empty()) return;  // shut down meanwhile
+  const auto rank = stream->rank_;
+  schedulers_[rank]->submit(stream->id_, stream->prompt_tokens_, stream->max_tokens_);
+  streams_.emplace(stream->id_, std::move(stream));
+  auto& clock = *clocks_[clock_of_rank_[rank]];
+  publish(clock);
+  if (!clock.clock.stepping() && !clock.kick_pending) {
+    // Not at once: requests read in the same turn of the event loop (a burst) join the same first step.
+    clock.kick_pending = true;
+    asio::post(context_, [this, c = clock_of_rank_[rank]] { kick(c); });
+  }
+}
+
+void sim_engine::remove(const sim_stream& stream) {
+  if (clocks_.empty()) return;
+  if (streams_.erase(stream.id_) == 0) return;  // finished meanwhile
+  schedulers_[stream.rank_]->abort(stream.id_);
+  publish(*clocks_[clock_of_rank_[stream.rank_]]);
+}
+
+void sim_engine::kick(unsigned clock) {
+  if (clock >= clocks_.size()) return;
+  auto& c = *clocks_[clock];
+  c.kick_pending = false;
+  if (c.clock.begin_step(sim_now())) {
+    publish(c);
+    arm(clock);
+  }
+}
+
+void sim_engine::arm(unsigned clock) {
+  auto& c = *clocks_[clock];
+  c.timer.expires_at(wall_time(c.clock.step_end()));
+  c.timer.async_wait([this, clock](const boost::system::error_code& ec) {
+    if (!ec) on_step_end(clock);
+  });
+}
+
+void sim_engine::on_step_end(unsigned clock) {
+  auto& c = *clocks_[clock];
+  const auto now = steady_clock::now();
+  tokens_.clear();
+  // Every step already due ends here, in order, and their tokens go out together. On time, that is the
+  // one step the timer was set for; a loop that fell behind (a busy core, a high --time-scale) catches
+  // up with one write per stream for several steps instead of one per step, which is what lets it
+  // catch up at all. Bounded, so that the loop still serves its connections meanwhile.
+  for (unsigned n = 0; n < max_steps_per_turn && c.clock.stepping(); ++n) {
+    const auto end = c.clock.step_end();
+    if (n > 0 && wall_time(end) > now) break;
+    // The next step begins where this one ended, not at the handler's (possibly late) wall time: the
+    // simulated clock stays exact whatever the loop's delays; only the delivery is late, by `lag`.
+    const auto lag = std::max(steady_clock::duration::zero(), now - wall_time(end));
+    const auto step_ns = static_cast<std::uint64_t>((end - c.clock.step_begin()).count());
+    const auto lag_ns =
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(lag).count());
+    c.clock.end_step(tokens_);
+    for (const auto rank : c.ranks) {
+      auto& m = ranks_[rank].metrics;
+      m.sim_step_ns.fetch_add(step_ns, std::memory_order_relaxed);
+      m.sim_lag_ns.fetch_add(lag_ns, std::memory_order_relaxed);
+    }
+    c.clock.begin_step(end);
+  }
+  deliver(tokens_);
+  publish(c);
+  if (c.clock.stepping()) arm(clock);
+}
+
+// Each token is announced to its session: directly when the session runs on this thread, else with
+// one post per thread per step.
+void sim_engine::deliver(const std::vector<sim::token_event>& tokens) {
+  std::vector<std::pair<asio::execution_context*, std::vector<std::shared_ptr<sim_stream>>>> foreign;
+  for (const auto& token : tokens) {
+    const auto at = streams_.find(token.id);
+    if (at == streams_.end()) continue;
+    auto& stream = at->second;
+    stream->produced_.fetch_add(1, std::memory_order_release);
+    if (stream->wake_each_token_ || token.last) {
+      if (stream->context_ == &context_) {
+        stream->wake();
+      } else {
+        auto batch = foreign.begin();
+        while (batch != foreign.end() && batch->first != stream->context_) ++batch;
+        if (batch == foreign.end())
+          batch =
+              foreign.emplace(foreign.end(), stream->context_, std::vector<std::shared_ptr<sim_stream>>{});
+        batch->second.push_back(stream);
+      }
+    }
+    if (token.last) streams_.erase(at);
+  }
+  for (auto& [context, streams] : foreign) {
+    const auto executor = streams.front()->executor_;
+    asio::post(executor, [woken = std::move(streams)] {
+      for (const auto& stream : woken) stream->wake();
+    });
+  }
+}
+
+void sim_engine::publish(const clock_state& clock) {
+  for (const auto rank : clock.ranks) {
+    const auto& s = *schedulers_[rank];
+    auto& m = ranks_[rank].metrics;
+    m.requests_running.store(static_cast<std::int64_t>(s.running()), std::memory_order_relaxed);
+    m.requests_waiting.store(static_cast<std::int64_t>(s.waiting()), std::memory_order_relaxed);
+    m.sim_steps.store(s.steps(), std::memory_order_relaxed);
+    m.sim_padded_tokens.store(s.padded_tokens(), std::memory_order_relaxed);
+    m.sim_real_tokens.store(s.real_tokens(), std::memory_order_relaxed);
+  }
+}
+
+sim::sim_time sim_engine::sim_now() const {
+  const auto wall = std::chrono::duration_cast<std::chrono::nanoseconds>(steady_clock::now() - epoch_);
+  return sim::sim_time(
+      static_cast<std::int64_t>(std::llround(static_cast<double>(wall.count()) * time_scale_)));
+}
+
+steady_clock::time_point sim_engine::wall_time(sim::sim_time t) const {
+  return epoch_ + std::chrono::nanoseconds(
+                      static_cast<std::int64_t>(std::llround(static_cast<double>(t.count()) / time_scale_)));
+}
+
+sim_request::sim_request(sim_engine& engine, unsigned rank, std::uint64_t prompt_tokens,
+                         std::uint64_t max_tokens, bool stream, asio::steady_timer& waker)
+    : engine_(engine),
+      stream_(
+          std::make_shared<sim_stream>(engine.next_id(), rank, prompt_tokens, max_tokens, stream, waker)) {
+  engine_.submit(stream_);
+}
+
+sim_request::~sim_request() {
+  stream_->waker_ = nullptr;  // a wake still on its way finds nobody listening
+  if (!stream_->finished()) engine_.abort(std::move(stream_));
+}
+
+}  // namespace dplb::mock

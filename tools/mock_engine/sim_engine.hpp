@@ -1,0 +1,131 @@
+#pragma once
+// Simulated serving (--simulate), the I/O shell around the pure core (batch_scheduler.hpp,
+// lockstep_clock.hpp): one scheduler per rank and one steady_timer per clock (one for the process with
+// --dp-lockstep, else one per rank), all on the event loop of thread 0. Sessions, on any thread, submit
+// requests and are woken at most once per step in which their request produced a token (a late loop
+// ends several due steps at once: one wake for all); no timer per token and no timer per request.
+//
+// Time: simulated durations are divided by --time-scale X to get wall time. The scheduler and the
+// metrics it publishes (vllm:num_requests_running/_waiting, mock_steps_total, ...) follow the
+// simulation; everything a client measures is wall time, so benchmark latencies must be multiplied by
+// X (and throughputs divided by X) to read as the simulated engine's.
+
+#include <atomic>
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "batch_scheduler.hpp"
+#include "lockstep_clock.hpp"
+#include "mock_options.hpp"
+
+namespace dplb::mock {
+
+struct rank_state;
+class sim_engine;
+
+// One simulated request as its session sees it. The engine (thread 0) counts `produced`, which the
+// session reads after each wake; `waker_` belongs to the session's thread; the rest never changes.
+class sim_stream {
+ public:
+  // `waker` is the session's timer; its executor is the session's thread.
+  sim_stream(sim::request_id id, unsigned rank, std::uint64_t prompt_tokens, std::uint64_t max_tokens,
+             bool wake_each_token, boost::asio::steady_timer& waker);
+
+  // Tokens produced so far (each at the end of a step), up to max_tokens.
+  std::uint64_t produced() const { return produced_.load(std::memory_order_acquire); }
+  std::uint64_t max_tokens() const { return max_tokens_; }
+  bool finished() const { return produced() >= max_tokens_; }
+
+ private:
+  friend class sim_engine;
+  friend class sim_request;
+
+  // On the session's thread: cancels the session's wait, if the session still listens.
+  void wake() {
+    if (waker_ != nullptr) waker_->cancel();
+  }
+
+  const sim::request_id id_;
+  const unsigned rank_;
+  const std::uint64_t prompt_tokens_;
+  const std::uint64_t max_tokens_;
+  const bool wake_each_token_;  // false (non-streaming): only the last token wakes the session
+  const boost::asio::any_io_executor executor_;    // the session's
+  boost::asio::execution_context* const context_;  // the session's event loop
+  boost::asio::steady_timer* waker_;  // the session's timer; null once the session stopped listening
+  std::atomic<std::uint64_t> produced_{0};
+};
+
+class sim_engine {
+ public:
+  // Runs on `context` (thread 0's); `ranks` and the options must outlive the engine.
+  sim_engine(boost::asio::io_context& context, const mock_options& options, std::deque<rank_state>& ranks);
+  ~sim_engine();
+  sim_engine(const sim_engine&) = delete;
+  sim_engine& operator=(const sim_engine&) = delete;
+
+  // Before the event loops are destroyed: timers go, and later submits and aborts are ignored.
+  void shutdown();
+
+ private:
+  friend class sim_request;
+  struct clock_state;
+
+  // Any thread.
+  void submit(std::shared_ptr<sim_stream> stream);
+  void abort(std::shared_ptr<sim_stream> stream);
+  sim::request_id next_id() { return next_id_.fetch_add(1, std::memory_order_relaxed); }
+  bool accepting() const { return accepting_.load(std::memory_order_acquire); }
+
+  // Thread 0 only.
+  void enqueue(std::shared_ptr<sim_stream> stream);
+  void remove(const sim_stream& stream);
+  void kick(unsigned clock);
+  void arm(unsigned clock);
+  void on_step_end(unsigned clock);
+  void deliver(const std::vector<sim::token_event>& tokens);
+  void publish(const clock_state& clock);
+  sim::sim_time sim_now() const;
+  std::chrono::steady_clock::time_point wall_time(sim::sim_time t) const;
+
+  boost::asio::io_context& context_;
+  std::deque<rank_state>& ranks_;
+  const double time_scale_;
+  const std::chrono::steady_clock::time_point epoch_;              // simulated time 0
+  std::vector<std::unique_ptr<sim::batch_scheduler>> schedulers_;  // [rank]
+  std::vector<std::unique_ptr<clock_state>> clocks_;
+  std::vector<unsigned> clock_of_rank_;
+  std::unordered_map<sim::request_id, std::shared_ptr<sim_stream>> streams_;  // submitted, not finished
+  std::vector<sim::token_event> tokens_;                                      // reused by every step
+  std::atomic<sim::request_id> next_id_{1};
+  std::atomic<bool> accepting_{true};
+};
+
+// A session's simulated request, for the time the session serves it: submitted at construction; at
+// destruction the session stops listening and, if the request has not produced all its tokens (the
+// client went away, a fault cut it), it is aborted: removed from the queue or the batch. Construct and
+// destroy on the session's thread; `waker` is cancelled whenever tokens arrive (every step for
+// `stream`, else only at the last token) and must not be waited on by anything else meanwhile.
+class sim_request {
+ public:
+  sim_request(sim_engine& engine, unsigned rank, std::uint64_t prompt_tokens, std::uint64_t max_tokens,
+              bool stream, boost::asio::steady_timer& waker);
+  ~sim_request();
+  sim_request(const sim_request&) = delete;
+  sim_request& operator=(const sim_request&) = delete;
+
+  const sim_stream& state() const { return *stream_; }
+
+ private:
+  sim_engine& engine_;
+  std::shared_ptr<sim_stream> stream_;
+};
+
+}  // namespace dplb::mock

@@ -1,0 +1,118 @@
+// The mock's command line for simulated serving: defaults, the flags that need --simulate, refusals.
+
+#include <catch2/catch.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "mock_options.hpp"
+
+using namespace dplb::mock;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct parsed_line {
+  command_line_result result;
+  std::string out;
+  std::string err;
+};
+
+parsed_line parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "dplb-mock-engine");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out;
+  std::ostringstream err;
+  auto result = parse_command_line(static_cast<int>(argv.size()), argv.data(), out, err);
+  return {std::move(result), out.str(), err.str()};
+}
+
+}  // namespace
+
+TEST_CASE("without --simulate the mock is as before", "[options]") {
+  const auto p = parse({});
+  REQUIRE(p.result.options);
+  CHECK_FALSE(p.result.options->simulate);
+  CHECK_FALSE(p.result.options->dp_lockstep);
+}
+
+TEST_CASE("option --simulate defaults", "[options]") {
+  const auto p = parse({"--simulate"});
+  REQUIRE(p.result.options);
+  const auto& o = *p.result.options;
+  CHECK(o.simulate);
+  CHECK_FALSE(o.dp_lockstep);
+  CHECK(o.time_scale == 1.0);
+  CHECK(o.engine.max_num_seqs == 256);
+  CHECK(o.engine.max_num_batched_tokens == 8192);
+  CHECK(o.engine.step_base == 15ms);
+  CHECK(o.engine.step_per_token == 150us);
+  CHECK(o.engine.prefill_per_token == 20us);
+  CHECK(o.engine.capture_sizes == dplb::mock::sim::default_capture_sizes(256));
+}
+
+TEST_CASE("option --simulate with every flag", "[options]") {
+  const auto p = parse({"--simulate", "--dp-lockstep", "--time-scale", "10", "--max-num-seqs", "64",
+                        "--max-num-batched-tokens", "0", "--step-base-us", "1000.5", "--step-us-per-token",
+                        "0", "--prefill-us-per-token", "0.25", "--cudagraph-sizes", "8,1,4,2,8"});
+  REQUIRE(p.result.options);
+  const auto& o = *p.result.options;
+  CHECK(o.dp_lockstep);
+  CHECK(o.time_scale == 10.0);
+  CHECK(o.engine.max_num_seqs == 64);
+  CHECK(o.engine.max_num_batched_tokens == 0);
+  CHECK(o.engine.step_base == 1'000'500ns);
+  CHECK(o.engine.step_per_token == 0ns);
+  CHECK(o.engine.prefill_per_token == 250ns);
+  CHECK(o.engine.capture_sizes == std::vector<std::uint32_t>{1, 2, 4, 8});
+}
+
+TEST_CASE("option --max-num-seqs sets the default capture sizes", "[options]") {
+  const auto p = parse({"--simulate", "--max-num-seqs", "32"});
+  REQUIRE(p.result.options);
+  CHECK(p.result.options->engine.capture_sizes.back() == 64);
+}
+
+TEST_CASE("simulation flags are refused without --simulate, and bad values always", "[options]") {
+  const std::vector<std::vector<std::string>> refused = {
+      {"--dp-lockstep"},
+      {"--time-scale", "10"},
+      {"--max-num-seqs", "8"},
+      {"--cudagraph-sizes", "1,2"},
+      {"--step-base-us", "1"},
+      {"--simulate", "--itl-ms", "5"},
+      {"--simulate", "--ttft-ms", "5"},
+      {"--simulate", "--time-scale", "0"},
+      {"--simulate", "--time-scale", "-1"},
+      {"--simulate", "--time-scale", "nan"},
+      {"--simulate", "--max-num-seqs", "0"},
+      {"--simulate", "--max-num-batched-tokens", "100"},  // below max_num_seqs 256
+      {"--simulate", "--step-base-us", "-1"},
+      {"--simulate", "--step-base-us", "0", "--step-us-per-token", "0"},
+      {"--simulate", "--cudagraph-sizes", ""},
+      {"--simulate", "--cudagraph-sizes", "1,,2"},
+      {"--simulate", "--cudagraph-sizes", "0,8"},
+      {"--simulate", "--cudagraph-sizes", "8x"},
+  };
+  for (const auto& args : refused) {
+    INFO(args.back());
+    const auto p = parse(args);
+    CHECK_FALSE(p.result.options);
+    CHECK(p.result.exit_code == 2);
+    CHECK(p.err.rfind("dplb-mock-engine: ", 0) == 0);
+  }
+}
+
+TEST_CASE("option --help shows every simulation flag with its default", "[options]") {
+  const auto p = parse({"--help"});
+  CHECK_FALSE(p.result.options);
+  CHECK(p.result.exit_code == 0);
+  for (const char* text : {"--simulate", "--dp-lockstep", "--time-scale X (=1)", "--max-num-seqs N (=256)",
+                           "--max-num-batched-tokens N (=8192)", "--step-base-us US (=15000)",
+                           "--step-us-per-token US (=150)", "--prefill-us-per-token US (=20)",
+                           "--cudagraph-sizes", "mock_padded_tokens_total", "mock_step_lag_seconds_total"}) {
+    INFO(text);
+    CHECK(p.out.find(text) != std::string::npos);
+  }
+}
