@@ -30,14 +30,14 @@ parsed_line parse(std::vector<std::string> args) {
 
 }  // namespace
 
-TEST_CASE("without --simulate the mock is as before", "[options]") {
+TEST_CASE("options: without --simulate the mock is as before", "[options]") {
   const auto p = parse({});
   REQUIRE(p.result.options);
   CHECK_FALSE(p.result.options->simulate);
   CHECK_FALSE(p.result.options->dp_lockstep);
 }
 
-TEST_CASE("option --simulate defaults", "[options]") {
+TEST_CASE("options: --simulate defaults", "[options]") {
   const auto p = parse({"--simulate"});
   REQUIRE(p.result.options);
   const auto& o = *p.result.options;
@@ -52,7 +52,7 @@ TEST_CASE("option --simulate defaults", "[options]") {
   CHECK(o.engine.capture_sizes == dplb::mock::sim::default_capture_sizes(256));
 }
 
-TEST_CASE("option --simulate with every flag", "[options]") {
+TEST_CASE("options: --simulate with every flag", "[options]") {
   const auto p = parse({"--simulate", "--dp-lockstep", "--time-scale", "10", "--max-num-seqs", "64",
                         "--max-num-batched-tokens", "0", "--step-base-us", "1000.5", "--step-us-per-token",
                         "0", "--prefill-us-per-token", "0.25", "--cudagraph-sizes", "8,1,4,2,8"});
@@ -68,13 +68,13 @@ TEST_CASE("option --simulate with every flag", "[options]") {
   CHECK(o.engine.capture_sizes == std::vector<std::uint32_t>{1, 2, 4, 8});
 }
 
-TEST_CASE("option --max-num-seqs sets the default capture sizes", "[options]") {
+TEST_CASE("options: --max-num-seqs sets the default capture sizes", "[options]") {
   const auto p = parse({"--simulate", "--max-num-seqs", "32"});
   REQUIRE(p.result.options);
   CHECK(p.result.options->engine.capture_sizes.back() == 64);
 }
 
-TEST_CASE("simulation flags are refused without --simulate, and bad values always", "[options]") {
+TEST_CASE("options: simulation flags are refused without --simulate, and bad values always", "[options]") {
   const std::vector<std::vector<std::string>> refused = {
       {"--dp-lockstep"},
       {"--time-scale", "10"},
@@ -104,7 +104,7 @@ TEST_CASE("simulation flags are refused without --simulate, and bad values alway
   }
 }
 
-TEST_CASE("option --help shows every simulation flag with its default", "[options]") {
+TEST_CASE("options: --help shows every simulation flag with its default", "[options]") {
   const auto p = parse({"--help"});
   CHECK_FALSE(p.result.options);
   CHECK(p.result.exit_code == 0);
