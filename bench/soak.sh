@@ -49,17 +49,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# Waits (bounded) for a line matching a pattern in a log file; prints the first match.
-await_line() {
-  local file=$1 pattern=$2
-  for _ in $(seq 1 200); do
-    if grep -Eo "$pattern" "$file" 2>/dev/null | head -1 | grep .; then return 0; fi
-    sleep 0.05
-  done
-  echo "soak: timed out waiting for '$pattern' in $file:" >&2
-  cat "$file" >&2
-  return 1
-}
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh  # the working directory is the repository root (see above)
 
 "$mock_bin" --host 127.0.0.1 --port 0 --ranks 4 --threads "${SOAK_MOCK_THREADS:-1}" \
   --ttft-ms "${SOAK_TTFT_MS:-1}" --itl-ms "${SOAK_ITL_MS:-1}" --admin-port 0 >"$workdir/mock.log" 2>&1 &

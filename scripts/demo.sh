@@ -19,17 +19,8 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-# Waits (bounded) for a line matching a pattern in a log file; prints the match.
-await_line() {
-  local file=$1 pattern=$2
-  for _ in $(seq 1 200); do
-    if grep -Eo "$pattern" "$file" 2>/dev/null | head -1 | grep .; then return 0; fi
-    sleep 0.05
-  done
-  echo "demo: timed out waiting for '$pattern' in $file:" >&2
-  cat "$file" >&2
-  return 1
-}
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh  # the working directory is the repository root (see above)
 
 # 4 ranks: 50 ms to first token, then a token every 10 ms, like a busy decode step.
 ./build/tools/mock_engine/dplb-mock-engine --host 127.0.0.1 --port 0 --ranks 4 --ttft-ms 50 --itl-ms 10 \

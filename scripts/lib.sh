@@ -1,0 +1,14 @@
+# Shell helpers shared by the project's scripts (source it; it defines functions only).
+
+# Waits (bounded: 10 s) for a line matching an extended regex in a log file; prints the first match.
+# On time-out it says so, names the calling script, shows the log and returns 1.
+await_line() {
+  local file=$1 pattern=$2
+  for _ in $(seq 1 200); do
+    if grep -Eo "$pattern" "$file" 2>/dev/null | head -1 | grep .; then return 0; fi
+    sleep 0.05
+  done
+  echo "$(basename "$0" .sh): timed out waiting for '$pattern' in $file:" >&2
+  cat "$file" >&2
+  return 1
+}
