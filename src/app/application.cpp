@@ -15,6 +15,7 @@
 
 #include "dplb/app/version.hpp"
 #include "dplb/balancer/policy_factory.hpp"
+#include "dplb/upstream/engine_stats_poller.hpp"
 #include "dplb/server/listener.hpp"
 
 namespace dplb::app {
@@ -105,6 +106,7 @@ struct application::impl {
                    upstream::health_policy{settings.unhealthy_threshold, settings.healthy_threshold,
                                            settings.ejection_threshold, settings.ejection_base,
                                            settings.ejection_max, settings.max_ejected_percent}}),
+        stats(backends, balancer, settings.stats_interval, settings.health_check_timeout),
         shared{settings, backends, balancer, metrics, health},
         signals(signal_io, SIGINT, SIGTERM) {
     const upstream::pool_limits limits{settings.upstream_connect_timeout, settings.upstream_idle_timeout,
@@ -124,6 +126,7 @@ struct application::impl {
   balancer::balancer balancer;
   metrics::proxy_metrics metrics;
   upstream::health_monitor health;
+  upstream::engine_stats_poller stats;  // runs only for the engine-stats baseline policy
   server::shared_state shared;
   std::vector<std::unique_ptr<worker>> workers;
   asio::io_context signal_io;
@@ -193,6 +196,11 @@ int application::run() {
     });
   }
   s.health.start(s.workers.front()->io.get_executor());
+  if (s.balancer.active_policy().uses_engine_stats()) {
+    spdlog::info("policy {} is a baseline for benchmarks: it reads every engine's /metrics each {} ms",
+                 s.balancer.active_policy().name(), s.settings.stats_interval.count());
+    s.stats.start(s.workers.front()->io.get_executor());
+  }
 
   s.signals.async_wait([&](const boost::system::error_code& ec, int signal_number) {
     if (!ec) spdlog::info("received signal {}; shutting down", signal_number);
@@ -202,6 +210,7 @@ int application::run() {
 
   drain();
   s.health.stop();
+  s.stats.stop();
   for (auto& w : s.workers) {
     asio::post(w->io, [&w = *w] {
       w.pool.stop();

@@ -51,6 +51,11 @@ std::optional<std::size_t> balancer::pick_locked(const std::vector<bool>* exclud
   return chosen;
 }
 
+void balancer::publish_engine_stats(std::span<const engine_load> snapshot) {
+  std::lock_guard lock(pick_mutex_);
+  policy_->on_engine_stats(snapshot);
+}
+
 rank_lease balancer::acquire(const std::vector<bool>& excluded) {
   // A retry: it already had its turn (its first rank failed), so it does not queue again.
   std::lock_guard lock(pick_mutex_);

@@ -1,5 +1,7 @@
 #include "dplb/config/settings.hpp"
 
+#include "dplb/balancer/policy_factory.hpp"
+
 #include <boost/program_options.hpp>
 #include <boost/url/ipv4_address.hpp>
 #include <boost/url/ipv6_address.hpp>
@@ -34,7 +36,7 @@ using json = nlohmann::json;
 
 // Accepted values of the enumerated options. Each list is the single place to extend: --help, the error
 // messages and the docs' wording are all generated from it.
-constexpr std::array<std::string_view, 2> policy_names{"round-robin", "least-inflight"};
+using balancer::policy_names;
 // spdlog's level names (spdlog::level::from_str); "warning" and "err" aliases are left out so that one
 // spelling is documented.
 constexpr std::array<std::string_view, 7> log_level_names{"trace", "debug", "info",    "warn",
@@ -97,6 +99,25 @@ std::optional<std::uint64_t> parse_unsigned(std::string_view s) {
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc{} || end != s.data() + s.size()) return std::nullopt;
   return v;
+}
+
+// A duration option's value: whole milliseconds ("250"), or with an explicit unit: "250ms", "2s", "0.1s"
+// (at most millisecond precision). Anything else is refused rather than half-parsed.
+std::optional<std::uint64_t> parse_milliseconds(std::string_view s) {
+  if (s.ends_with("ms")) return parse_unsigned(s.substr(0, s.size() - 2));
+  if (!s.ends_with('s')) return parse_unsigned(s);
+  s.remove_suffix(1);
+  const auto dot = s.find('.');
+  const auto whole = parse_unsigned(s.substr(0, dot));
+  if (!whole || *whole > max_timeout_ms) return std::nullopt;
+  std::uint64_t ms = *whole * 1000;
+  if (dot != std::string_view::npos) {
+    const auto fraction = s.substr(dot + 1);
+    const auto digits = parse_unsigned(fraction);
+    if (!digits || fraction.size() > 3) return std::nullopt;
+    ms += *digits * (fraction.size() == 1 ? 100 : fraction.size() == 2 ? 10 : 1);
+  }
+  return ms;
 }
 
 // An IPv4 literal or a DNS name (labels of letters, digits, '-' and '_'; '_' because Docker Compose and
@@ -259,11 +280,17 @@ constexpr std::array option_table{
     option_spec{.flag = "policy",
                 .env = "DPLB_POLICY",
                 .key = "policy",
-                .meaning = "How to pick a rank for each request.",
+                .meaning = "How to pick a rank for each request. least-inflight: the rank with the fewest requests "
+                           "dplb has in flight there, ties taken in turn; round-robin: each rank in turn. Baselines "
+                           "for benchmarks, not for serving: random, and engine-stats (lowest 4*waiting+running from "
+                           "the engines' /metrics, read every --stats-interval, as vLLM's own client balances).",
                 .kind = value_kind::choice,
                 .choices = policy_names,
                 .set_text = [](settings& s, std::string_view v) { return (s.policy = v, std::string()); },
                 .show_default = [](const settings& s) { return s.policy; }},
+    ms_option<&settings::stats_interval>("stats-interval", "DPLB_STATS_INTERVAL", "stats_interval", 10, max_timeout_ms,
+                                  "Only for the engine-stats baseline policy: how often every engine's /metrics is read "
+                                  "(vLLM's DP coordinator publishes every 100 ms)."),
     option_spec{.flag = "threads",
                 .env = "DPLB_THREADS",
                 .key = "threads",
@@ -652,11 +679,12 @@ void apply(const option_spec& o, const raw_value& v, settings& s) {
       s.backends = parse_backends(o, v);
       return;
     case value_kind::number: {
-      const auto n = parse_unsigned(v.texts.front());
+      const bool duration = o.unit == "ms";
+      const auto n = duration ? parse_milliseconds(v.texts.front()) : parse_unsigned(v.texts.front());
       if (!n || *n < o.min || *n > o.max) {
         bad_value(o, v, v.texts.front(),
                   "expected a whole number from " + std::to_string(o.min) + " to " + std::to_string(o.max) + " (" +
-                      std::string(o.unit) + ")");
+                      std::string(o.unit) + ")" + (duration ? ", or a duration such as 250ms or 1.5s" : ""));
       }
       o.set_number(s, *n);
       return;

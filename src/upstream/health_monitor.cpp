@@ -6,21 +6,17 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
-#include <boost/beast/http.hpp>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/metrics/proxy_metrics.hpp"
+#include "dplb/upstream/http_fetch.hpp"
 
 namespace dplb::upstream {
 
 namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace bhttp = boost::beast::http;
 constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
 
 health_monitor::health_monitor(const std::vector<backend>& backends, balancer::balancer& balancer,
@@ -122,25 +118,8 @@ asio::awaitable<void> health_monitor::probe_loop() {
 }
 
 asio::awaitable<bool> health_monitor::probe(std::size_t rank) {
-  const auto& b = backends_[rank];
-  beast::tcp_stream stream(co_await asio::this_coro::executor);
-  stream.expires_after(settings_.timeout);
-  auto [cec, endpoint] = co_await stream.async_connect(b.endpoints, as_result);
-  if (cec) co_return false;
-  bhttp::request<bhttp::empty_body> request{bhttp::verb::get, settings_.path, 11};
-  request.set(bhttp::field::host, b.authority);
-  request.set(bhttp::field::user_agent, "dplb-health-check");
-  request.keep_alive(false);
-  auto [wec, written] = co_await bhttp::async_write(stream, request, as_result);
-  if (wec) co_return false;
-  beast::flat_buffer buffer;
-  bhttp::response_parser<bhttp::string_body> parser;
-  parser.body_limit(64 * 1024);
-  auto [rec, read] = co_await bhttp::async_read(stream, buffer, parser, as_result);
-  if (rec) co_return false;
-  boost::system::error_code ignored;
-  stream.socket().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-  co_return parser.get().result_int() == 200;
+  const auto answer = co_await fetch(backends_[rank], settings_.path, "dplb-health-check", settings_.timeout, 64 * 1024);
+  co_return answer && answer->status == 200;
 }
 
 }  // namespace dplb::upstream

@@ -104,6 +104,9 @@ std::string render_metrics(const engine_metrics& m, std::string_view engine, std
   w.mock_sample("mock_requests_reset_total", load(m.requests_reset));
   w.family("mock_health_checks_total", "counter", "GET and HEAD /health requests received.");
   w.mock_sample("mock_health_checks_total", load(m.health_checks));
+  w.family("mock_metrics_scrapes_total", "counter",
+           "GET /metrics requests received on the rank's own port (a balancer reading engine stats).");
+  w.mock_sample("mock_metrics_scrapes_total", load(m.metrics_scrapes));
   w.family("mock_connections_accepted_total", "counter", "Connections accepted.");
   w.mock_sample("mock_connections_accepted_total", load(m.connections_accepted));
   w.family("mock_connections_open", "gauge", "Connections open now.");

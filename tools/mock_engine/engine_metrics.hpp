@@ -25,6 +25,7 @@ struct engine_metrics {
   // Reset (RST) by the reset_on_request or reset_after_events fault: neither a success nor an abort.
   std::atomic<std::uint64_t> requests_reset{0};
   std::atomic<std::uint64_t> health_checks{0};  // GET or HEAD /health received, whatever the answer
+  std::atomic<std::uint64_t> metrics_scrapes{0};  // GET /metrics on the rank's port (not the admin's)
   std::atomic<std::uint64_t> connections_accepted{0};
   std::atomic<std::int64_t> connections_open{0};
   // Closed by the "listening": false fault; a request running on one is neither a success nor an abort.

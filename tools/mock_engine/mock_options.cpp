@@ -38,7 +38,7 @@ Endpoints (per rank):
       vllm:num_requests_running/_waiting, vllm:kv_cache_usage_perc, vllm:prompt_tokens_total,
       vllm:generation_tokens_total, vllm:request_success_total and the mock_* counters:
       mock_requests_received_total, _aborted_total, _dropped_total, _reset_total,
-      mock_health_checks_total, mock_connections_accepted_total, mock_connections_open,
+      mock_health_checks_total, mock_metrics_scrapes_total, mock_connections_accepted_total, mock_connections_open,
       mock_connections_closed_by_fault_total; each with the label engine="<i>").
   /mock/echo       (any method) JSON: method, target, headers (in received order), body_size,
                    body_fnv1a64 (FNV-1a 64, 16 hex digits), chunked (request body was chunked).

@@ -170,6 +170,7 @@ asio::awaitable<void> connection::run() {
     const auto target = sv(parser.get().target());
     const auto path = target.substr(0, target.find('?'));
     if (path != "/metrics") rank_.metrics.requests_received.fetch_add(1, std::memory_order_relaxed);
+    else rank_.metrics.metrics_scrapes.fetch_add(1, std::memory_order_relaxed);
     if (path == "/health" && is_read_only(parser.get().method())) {
       rank_.metrics.health_checks.fetch_add(1, std::memory_order_relaxed);
     }

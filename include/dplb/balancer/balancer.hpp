@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "dplb/balancer/policy.hpp"
@@ -83,6 +84,10 @@ class balancer {
   std::uint32_t inflight_skew() const noexcept;
 
   const policy& active_policy() const noexcept { return *policy_; }
+
+  // Hands a snapshot of every engine's reported load (indexed by rank) to the policy, under the pick
+  // lock. Only the engine-stats baseline looks at it; dplb's own counts are never touched by it.
+  void publish_engine_stats(std::span<const engine_load> snapshot);
 
   // Queueing (only with max_inflight_per_rank > 0).
   bool queueing() const noexcept { return limits_.max_inflight_per_rank > 0; }

@@ -13,6 +13,12 @@
 
 namespace dplb::balancer {
 
+// One rank's load as its engine reports it (vLLM's /metrics gauges), for the engine-stats baseline.
+struct engine_load {
+  std::uint32_t waiting = 0;  // vllm:num_requests_waiting
+  std::uint32_t running = 0;  // vllm:num_requests_running
+};
+
 // What a policy sees of one rank when it chooses.
 struct rank_view {
   std::uint32_t inflight = 0;  // requests dplb has sent to this rank and not yet finished
@@ -29,6 +35,11 @@ class policy {
 
   // The name used on the command line and in logs, e.g. "round-robin".
   virtual std::string_view name() const noexcept = 0;
+
+  // Policies fed by engine stats say so; dplb then polls every engine's /metrics and hands each full
+  // snapshot (indexed by rank) to on_engine_stats(), under the same lock as choose().
+  virtual bool uses_engine_stats() const noexcept { return false; }
+  virtual void on_engine_stats(std::span<const engine_load> /*snapshot*/) {}
 };
 
 }  // namespace dplb::balancer

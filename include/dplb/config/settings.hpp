@@ -32,8 +32,11 @@ struct settings {
   listen_address listen;
   // Backend base URLs (http://host:port), in rank order: backends[i] is rank i.
   std::vector<std::string> backends;
-  // Balancing policy name: "round-robin" or "least-inflight" (see balancer/policy_factory.hpp).
+  // Balancing policy name (balancer::policy_names): "round-robin" or "least-inflight", or one of the
+  // baselines kept for benchmarks, "random" and "engine-stats".
   std::string policy = "least-inflight";
+  // How often the engine-stats baseline reads every engine's /metrics (vLLM's coordinator: 100 ms).
+  std::chrono::milliseconds stats_interval{100};
   // Worker threads, each with its own event loop and upstream connection pool. 0 = one per CPU core.
   unsigned threads = 0;
   std::string log_level = "info";  // trace, debug, info, warn, error, critical, off

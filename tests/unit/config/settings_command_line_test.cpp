@@ -32,6 +32,7 @@ TEST_CASE("defaults apply when only a backend is given", "[config]") {
   CHECK(s.listen.port == 8000);
   CHECK(s.backends == std::vector<std::string>{"http://127.0.0.1:8100"});
   CHECK(s.policy == "least-inflight");
+  CHECK(s.stats_interval == std::chrono::milliseconds(100));
   CHECK(s.threads == 0);
   CHECK(s.log_level == "info");
   CHECK(s.log_fmt == cfg::log_format::text);
@@ -53,6 +54,7 @@ TEST_CASE("every option is read from the command line, in both --name value and 
       {"listen", "127.0.0.1:9000"},
       {"backend", "http://10.0.0.1:8100"},
       {"policy", "round-robin"},
+      {"stats-interval", "250"},
       {"threads", "8"},
       {"log-level", "debug"},
       {"log-format", "json"},
@@ -80,6 +82,7 @@ TEST_CASE("every option is read from the command line, in both --name value and 
   CHECK(s.listen.port == 9000);
   CHECK(s.backends == std::vector<std::string>{"http://10.0.0.1:8100"});
   CHECK(s.policy == "round-robin");
+  CHECK(s.stats_interval == std::chrono::milliseconds(250));
   CHECK(s.threads == 8);
   CHECK(s.log_level == "debug");
   CHECK(s.log_fmt == cfg::log_format::json);
@@ -232,10 +235,13 @@ TEST_CASE("invalid --listen values are refused, naming --listen and the value", 
 TEST_CASE("option --policy accepts the known policies and refuses others", "[config]") {
   CHECK(run({"--policy", "round-robin", one_backend}).policy == "round-robin");
   CHECK(run({"--policy", "least-inflight", one_backend}).policy == "least-inflight");
+  CHECK(run({"--policy", "random", one_backend}).policy == "random");
+  CHECK(run({"--policy", "engine-stats", one_backend}).policy == "engine-stats");
   CHECK(run({"--policy", "Round-Robin", one_backend}).policy == "round-robin");  // stored canonical
   CHECK(error_of({"--policy", "fastest", one_backend}) ==
-        "invalid --policy 'fastest': expected round-robin or least-inflight");
-  CHECK(error_of({"--policy", "", one_backend}) == "invalid --policy '': expected round-robin or least-inflight");
+        "invalid --policy 'fastest': expected round-robin, least-inflight, random or engine-stats");
+  CHECK(error_of({"--policy", "", one_backend}) ==
+        "invalid --policy '': expected round-robin, least-inflight, random or engine-stats");
 }
 
 TEST_CASE("option --log-level accepts exactly spdlog's level names", "[config]") {
@@ -272,6 +278,7 @@ TEST_CASE("numeric options accept their range and refuse the rest, naming option
   };
   const std::vector<range> ranges{
       {"threads", "0", "256", "", "257"},
+      {"stats-interval", "10", "86400000", "9", "86400001"},
       {"max-request-body-bytes", "1", "4294967296", "0", "4294967297"},
       {"max-header-bytes", "1", "65536", "0", "65537"},
       {"client-idle-timeout-ms", "1", "86400000", "0", "86400001"},
@@ -286,17 +293,33 @@ TEST_CASE("numeric options accept their range and refuse the rest, naming option
     INFO("--" << r.flag);
     CHECK_NOTHROW(run({"--" + r.flag, r.min, one_backend}));
     CHECK_NOTHROW(run({"--" + r.flag, r.max, one_backend}));
-    std::vector<std::string> bad{r.above, "abc", "-1", "1.5", "10ms", " 5", "+5", "99999999999999999999999"};
+    const bool duration = r.flag.ends_with("-ms") || r.flag == "stats-interval";
+    std::vector<std::string> bad{r.above, "abc", "-1", "1.5", " 5", "+5", "99999999999999999999999"};
     if (!r.below.empty()) bad.push_back(r.below);
+    if (!duration) bad.push_back("10ms");  // a unit is only for durations
     for (const auto& value : bad) {
       INFO("value '" << value << "'");
       CHECK(error_of({"--" + r.flag + "=" + value, one_backend}) ==
             "invalid --" + r.flag + " '" + value + "': expected a whole number from " + r.min + " to " + r.max +
                 (r.flag == "threads"                      ? " (threads)"
-                 : r.flag.ends_with("-ms")                ? " (ms)"
+                 : duration                               ? " (ms), or a duration such as 250ms or 1.5s"
                  : r.flag == "upstream-max-idle-per-rank" ? " (connections)"
                                                           : " (bytes)"));
     }
+  }
+}
+
+TEST_CASE("durations take whole milliseconds or an explicit ms or s unit", "[config]") {
+  const std::vector<std::pair<std::string, std::int64_t>> accepted{
+      {"250", 250}, {"250ms", 250}, {"2s", 2'000}, {"0.1s", 100}, {"1.25s", 1'250}, {"1.005s", 1'005}};
+  for (const auto& [text, ms] : accepted) {
+    INFO(text);
+    CHECK(run({"--stats-interval", text, one_backend}).stats_interval == std::chrono::milliseconds(ms));
+    CHECK(run({"--client-idle-timeout-ms", text, one_backend}).client_idle_timeout == std::chrono::milliseconds(ms));
+  }
+  for (const std::string text : {"1.0005s", "s", "ms", ".5s", "1.s", "5 s", "5m", "1e3", "86401s", "0.009s"}) {
+    INFO(text);
+    CHECK_THAT(error_of({"--stats-interval", text, one_backend}), Catch::StartsWith("invalid --stats-interval '" + text + "'"));
   }
 }
 
@@ -345,6 +368,7 @@ TEST_CASE("option --help documents every option with its environment variable, c
       "listen",
       "backend",
       "policy",
+      "stats-interval",
       "threads",
       "config",
       "log-level",

@@ -88,6 +88,7 @@ std::vector<option_case> every_option() {
       {"backend", "http://10.0.0.7:8100", json::array({"http://10.0.0.7:8100"}),
        [](const cfg::settings& s) { return s.backends == std::vector<std::string>{"http://10.0.0.7:8100"}; }},
       {"policy", "round-robin", "round-robin", [](const cfg::settings& s) { return s.policy == "round-robin"; }},
+      {"stats-interval", "300", 300, [](const cfg::settings& s) { return s.stats_interval == ms(300); }},
       {"threads", "12", 12, [](const cfg::settings& s) { return s.threads == 12; }},
       {"log-level", "error", "error", [](const cfg::settings& s) { return s.log_level == "error"; }},
       {"log-format", "json", "json", [](const cfg::settings& s) { return s.log_fmt == cfg::log_format::json; }},
@@ -276,7 +277,8 @@ TEST_CASE("a value overridden by a higher-precedence source is not validated", "
 
 TEST_CASE("bad values from the environment name the option, the variable and the value", "[config]") {
   CHECK(error_of({"--backend", a_backend}, {{"DPLB_POLICY", "fastest"}}) ==
-        "invalid --policy 'fastest' (from DPLB_POLICY): expected round-robin or least-inflight");
+        "invalid --policy 'fastest' (from DPLB_POLICY): expected round-robin, least-inflight, random or "
+        "engine-stats");
   CHECK(error_of({"--backend", a_backend}, {{"DPLB_THREADS", "many"}}) ==
         "invalid --threads 'many' (from DPLB_THREADS): expected a whole number from 0 to 256 (threads)");
   CHECK(error_of({}, {{"DPLB_BACKENDS", "https://h:1"}}) ==
@@ -343,7 +345,7 @@ TEST_CASE("unknown config keys are errors that name the key", "[config]") {
     const std::string file = dir.write_json("dplb.json", json{{"backends", {a_backend}}, {"tls_certificate", "x.pem"}});
     const std::string msg = error_of({"--config", file});
     CHECK_THAT(msg, Catch::StartsWith("unknown key 'tls_certificate' in config file '" + file + "'; known keys: "));
-    CHECK_THAT(msg, Catch::Contains("listen, backends, policy, threads, log_level, log_format"));
+    CHECK_THAT(msg, Catch::Contains("listen, backends, policy, stats_interval, threads, log_level, log_format"));
     CHECK_THAT(msg, Catch::Contains("upstream_max_idle_per_rank"));
   }
   SECTION("the file cannot name another config file") {

@@ -1,0 +1,27 @@
+#pragma once
+// One small GET to an engine on a fresh connection, for dplb's own side channels (health checks, engine
+// stats), never for proxied requests. Bounded in time and in size.
+
+#include <boost/asio/awaitable.hpp>
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "dplb/upstream/backend.hpp"
+
+namespace dplb::upstream {
+
+struct fetched {
+  unsigned status = 0;
+  std::string body;
+};
+
+// nullopt when the engine could not be reached, broke the connection, sent a body over `body_limit`, or
+// took longer than `timeout` (connect and answer together).
+boost::asio::awaitable<std::optional<fetched>> fetch(const backend& target, std::string_view path,
+                                                     std::string_view user_agent, std::chrono::milliseconds timeout,
+                                                     std::size_t body_limit);
+
+}  // namespace dplb::upstream

@@ -1,0 +1,102 @@
+#include "dplb/upstream/engine_stats_poller.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <spdlog/spdlog.h>
+
+#include <charconv>
+#include <cmath>
+
+#include "dplb/balancer/balancer.hpp"
+#include "dplb/upstream/http_fetch.hpp"
+
+namespace dplb::upstream {
+
+namespace asio = boost::asio;
+
+namespace {
+
+// The sample value of a line that starts with `name` followed by a label set or a space; nullopt for
+// any other line (another metric, a comment, a longer name sharing the prefix).
+std::optional<double> sample_of(std::string_view line, std::string_view name) {
+  if (!line.starts_with(name)) return std::nullopt;
+  line.remove_prefix(name.size());
+  if (line.starts_with('{')) {
+    // Label values may hold any character but an unescaped quote, so the label set ends at the first
+    // '}' outside quotes.
+    bool quoted = false;
+    std::size_t i = 1;
+    for (; i < line.size(); ++i) {
+      if (line[i] == '\\' && quoted) ++i;
+      else if (line[i] == '"') quoted = !quoted;
+      else if (line[i] == '}' && !quoted) break;
+    }
+    if (i >= line.size()) return std::nullopt;
+    line.remove_prefix(i + 1);
+  }
+  if (!line.starts_with(' ')) return std::nullopt;
+  while (line.starts_with(' ')) line.remove_prefix(1);
+  double value = 0;
+  const auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), value);
+  if (ec != std::errc{} || !std::isfinite(value) || value < 0) return std::nullopt;
+  return value;
+}
+
+std::uint32_t to_count(double sum) {
+  return sum >= 4e9 ? 4'000'000'000u : static_cast<std::uint32_t>(std::llround(sum));
+}
+
+}  // namespace
+
+std::optional<balancer::engine_load> parse_engine_load(std::string_view text) {
+  double waiting = 0, running = 0;
+  bool seen = false;
+  while (!text.empty()) {
+    const auto eol = text.find('\n');
+    const auto line = text.substr(0, eol);
+    text.remove_prefix(eol == std::string_view::npos ? text.size() : eol + 1);
+    if (const auto v = sample_of(line, "vllm:num_requests_waiting")) waiting += *v, seen = true;
+    else if (const auto v = sample_of(line, "vllm:num_requests_running")) running += *v, seen = true;
+  }
+  if (!seen) return std::nullopt;
+  return balancer::engine_load{to_count(waiting), to_count(running)};
+}
+
+engine_stats_poller::engine_stats_poller(const std::vector<backend>& backends, balancer::balancer& balancer,
+                                         std::chrono::milliseconds interval, std::chrono::milliseconds timeout)
+    : backends_(backends), balancer_(balancer), interval_(interval), timeout_(timeout) {}
+
+void engine_stats_poller::start(const asio::any_io_executor& executor) {
+  asio::co_spawn(executor, poll_loop(), asio::detached);
+}
+
+asio::awaitable<void> engine_stats_poller::poll_loop() {
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  std::vector<balancer::engine_load> snapshot(backends_.size());
+  std::vector<char> warned(backends_.size(), 0);  // a rank that gave no numbers is logged once
+  for (;;) {
+    const auto started = std::chrono::steady_clock::now();
+    // One rank after the other, then one publication: the policy sees every rank's numbers change at
+    // once, as a client of vLLM's coordinator does. A rank that does not answer keeps its last numbers.
+    for (std::size_t r = 0; r < backends_.size(); ++r) {
+      const auto page = co_await fetch(backends_[r], "/metrics", "dplb-engine-stats", timeout_, 16u << 20);
+      const auto load = page && page->status == 200 ? parse_engine_load(page->body) : std::nullopt;
+      if (load) snapshot[r] = *load;
+      else if (!std::exchange(warned[r], char{1})) {
+        spdlog::warn("engine stats: no vllm:num_requests_waiting/running from rank {} ({}); keeping its last "
+                     "numbers (warned once)", r, backends_[r].url);
+      }
+      if (stopped_.load(std::memory_order_relaxed)) co_return;
+    }
+    balancer_.publish_engine_stats(snapshot);
+    timer.expires_at(started + interval_);
+    auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    if (ec || stopped_.load(std::memory_order_relaxed)) co_return;
+  }
+}
+
+}  // namespace dplb::upstream
