@@ -86,7 +86,8 @@ Simulated serving (--simulate; off by default, and then none of this applies):
   drifts (a late step delays its tokens, not the next step): mock_step_seconds_total is the exact
   simulated busy time, e.g. a burst's makespan on an otherwise idle lockstep engine.
   Metrics with --simulate: vllm:num_requests_running (admitted: prefilling or decoding) and
-  vllm:num_requests_waiting (queued) come from the scheduler, and per rank:
+  vllm:num_requests_waiting (queued) come from the scheduler, updated when a step begins or ends (as
+  vLLM's per-step scheduler stats: a request arriving mid-step shows at the step's end), and per rank:
     mock_steps_total           steps run (an idle rank's dummy steps under --dp-lockstep included)
     mock_padded_tokens_total   sum over steps of the padded batch the rank ran
     mock_real_tokens_total     sum over steps of the requests it scheduled; padding waste =
@@ -218,6 +219,9 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
      "dummy batches (default off: a clock per rank)")
     ("time-scale", po::value<double>()->value_name("X")->default_value(defaults.time_scale, "1"),
      "simulated time runs X times faster than wall time, X in [0.001, 10000]")
+    ("start-after", po::value<std::int64_t>()->value_name("N")->default_value(0),
+     "no step runs until N requests have arrived, over all ranks (they then start together: a burst's "
+     "t=0, independent of how fast the client sent it); 0 = step at once")
     ("max-num-seqs", po::value<std::int64_t>()->value_name("N")->default_value(defaults.engine.max_num_seqs),
      "requests running at once per rank; the rest wait")
     ("max-num-batched-tokens", po::value<std::int64_t>()->value_name("N")->default_value(
@@ -271,7 +275,7 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
     options.simulate = vm["simulate"].as<bool>();
     if (!options.simulate) {
       for (const char* name :
-           {"dp-lockstep", "time-scale", "max-num-seqs", "max-num-batched-tokens", "step-base-us",
+           {"dp-lockstep", "time-scale", "start-after", "max-num-seqs", "max-num-batched-tokens", "step-base-us",
             "step-us-per-token", "prefill-us-per-token", "cudagraph-sizes"}) {
         if (vm.count(name) != 0 && !vm[name].defaulted())
           throw std::invalid_argument("--" + std::string(name) + " needs --simulate");
@@ -287,6 +291,8 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
     if (!(options.time_scale >= 0.001 && options.time_scale <= 10000)) {
       throw std::invalid_argument("--time-scale must be in [0.001, 10000]");
     }
+    options.start_after = static_cast<std::uint64_t>(
+        bounded(vm, "start-after", 0, std::numeric_limits<std::int64_t>::max()));
     auto& engine = options.engine;
     engine.max_num_seqs = static_cast<std::uint32_t>(bounded(vm, "max-num-seqs", 1, 65536));
     engine.max_num_batched_tokens =

@@ -37,6 +37,9 @@ struct mock_options {
   // Simulated time runs this many times faster than wall time (every simulated duration is divided by
   // it). Needs `simulate`.
   double time_scale = 1.0;
+  // No step runs until this many requests have arrived (all ranks together): a burst benchmark's t=0,
+  // so that how fast the client delivers the burst does not leak into the engine's timing. 0 = off.
+  std::uint64_t start_after = 0;
   // The simulated engine: max_num_seqs, max_num_batched_tokens, capture sizes and step costs, with the
   // defaults of batch_scheduler.hpp (a large MoE, one modern GPU per rank; --help says why).
   sim::engine_config engine;

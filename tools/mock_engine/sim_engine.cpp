@@ -43,7 +43,11 @@ struct sim_engine::clock_state {
 };
 
 sim_engine::sim_engine(asio::io_context& context, const mock_options& options, std::deque<rank_state>& ranks)
-    : context_(context), ranks_(ranks), time_scale_(options.time_scale), epoch_(steady_clock::now()) {
+    : context_(context),
+      ranks_(ranks),
+      time_scale_(options.time_scale),
+      start_after_(options.start_after),
+      epoch_(steady_clock::now()) {
   const auto& config = options.engine;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     schedulers_.push_back(std::make_unique<sim::batch_scheduler>(config));
@@ -92,8 +96,21 @@ void sim_engine::enqueue(std::shared_ptr<sim_stream> stream) {
   const auto rank = stream->rank_;
   schedulers_[rank]->submit(stream->id_, stream->prompt_tokens_, stream->max_tokens_);
   streams_.emplace(stream->id_, std::move(stream));
+  ++arrived_;
+  if (arrived_ < start_after_) return;  // held: the burst is not all here yet
+  if (arrived_ == start_after_ && start_after_ > 1) {
+    // The last of the held burst: every clock with work starts now, in the same turn.
+    for (unsigned c = 0; c < clocks_.size(); ++c) {
+      if (clocks_[c]->kick_pending || clocks_[c]->clock.stepping()) continue;
+      clocks_[c]->kick_pending = true;
+      asio::post(context_, [this, c] { kick(c); });
+    }
+    return;
+  }
   auto& clock = *clocks_[clock_of_rank_[rank]];
-  publish(clock);
+  // Not published here: like vLLM's scheduler stats, the gauges change once per step, so a request
+  // that arrives mid-step shows in vllm:num_requests_waiting only when that step ends. A balancer
+  // reading them is always at least that far behind, as it is against a real engine.
   if (!clock.clock.stepping() && !clock.kick_pending) {
     // Not at once: requests read in the same turn of the event loop (a burst) join the same first step.
     clock.kick_pending = true;

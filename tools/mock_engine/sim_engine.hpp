@@ -98,6 +98,8 @@ class sim_engine {
   boost::asio::io_context& context_;
   std::deque<rank_state>& ranks_;
   const double time_scale_;
+  const std::uint64_t start_after_;  // --start-after: steps are held until this many requests arrived
+  std::uint64_t arrived_ = 0;        // requests submitted so far (thread 0)
   const std::chrono::steady_clock::time_point epoch_;              // simulated time 0
   std::vector<std::unique_ptr<sim::batch_scheduler>> schedulers_;  // [rank]
   std::vector<std::unique_ptr<clock_state>> clocks_;

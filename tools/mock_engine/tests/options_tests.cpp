@@ -44,6 +44,7 @@ TEST_CASE("options: --simulate defaults", "[options]") {
   CHECK(o.simulate);
   CHECK_FALSE(o.dp_lockstep);
   CHECK(o.time_scale == 1.0);
+  CHECK(o.start_after == 0);
   CHECK(o.engine.max_num_seqs == 256);
   CHECK(o.engine.max_num_batched_tokens == 8192);
   CHECK(o.engine.step_base == 15ms);
@@ -53,13 +54,14 @@ TEST_CASE("options: --simulate defaults", "[options]") {
 }
 
 TEST_CASE("options: --simulate with every flag", "[options]") {
-  const auto p = parse({"--simulate", "--dp-lockstep", "--time-scale", "10", "--max-num-seqs", "64",
+  const auto p = parse({"--simulate", "--dp-lockstep", "--time-scale", "10", "--start-after", "256", "--max-num-seqs", "64",
                         "--max-num-batched-tokens", "0", "--step-base-us", "1000.5", "--step-us-per-token",
                         "0", "--prefill-us-per-token", "0.25", "--cudagraph-sizes", "8,1,4,2,8"});
   REQUIRE(p.result.options);
   const auto& o = *p.result.options;
   CHECK(o.dp_lockstep);
   CHECK(o.time_scale == 10.0);
+  CHECK(o.start_after == 256);
   CHECK(o.engine.max_num_seqs == 64);
   CHECK(o.engine.max_num_batched_tokens == 0);
   CHECK(o.engine.step_base == 1'000'500ns);
@@ -78,6 +80,8 @@ TEST_CASE("options: simulation flags are refused without --simulate, and bad val
   const std::vector<std::vector<std::string>> refused = {
       {"--dp-lockstep"},
       {"--time-scale", "10"},
+      {"--start-after", "10"},
+      {"--simulate", "--start-after", "-1"},
       {"--max-num-seqs", "8"},
       {"--cudagraph-sizes", "1,2"},
       {"--step-base-us", "1"},
@@ -108,7 +112,7 @@ TEST_CASE("options: --help shows every simulation flag with its default", "[opti
   const auto p = parse({"--help"});
   CHECK_FALSE(p.result.options);
   CHECK(p.result.exit_code == 0);
-  for (const char* text : {"--simulate", "--dp-lockstep", "--time-scale X (=1)", "--max-num-seqs N (=256)",
+  for (const char* text : {"--simulate", "--dp-lockstep", "--time-scale X (=1)", "--start-after N (=0)", "--max-num-seqs N (=256)",
                            "--max-num-batched-tokens N (=8192)", "--step-base-us US (=15000)",
                            "--step-us-per-token US (=150)", "--prefill-us-per-token US (=20)",
                            "--cudagraph-sizes", "mock_padded_tokens_total", "mock_step_lag_seconds_total"}) {
