@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""Memory and scale: dplb's resident memory with 1, 1,000 and 10,000 concurrent connections.
+
+Run through bench/scale.sh. Two kinds of connection are measured, each against a fresh dplb (one worker
+thread) in front of one mock rank:
+  idle       a client connection that has connected and sent nothing (dplb holds its socket and
+             session, waiting for a request head);
+  streaming  a client connection with an SSE stream in progress through dplb (client socket, engine
+             socket, the session coroutine and its relay buffers), events flowing at a slow, steady rate.
+For each count N: dplb's VmRSS once all N are established (dplb_client_connections == N, and for streams,
+every stream has had its first event and dplb_rank_inflight == N), the cost per connection
+(RSS(N) - RSS(idle process)) / N, and RSS again after every connection has closed.
+
+A streaming connection costs dplb two file descriptors; the process may not open more than its hard
+RLIMIT_NOFILE (20,000 on the machine these figures were taken on, and not raisable there). A count that
+does not fit is lowered to what fits, and the report says so.
+
+Standard library only (asyncio for the thousands of client connections). Every process is stopped by pid.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+# dplb's own descriptors besides the connections: stdio, the listening socket, epoll, eventfd, timers,
+# health checks in flight. Generous on purpose: a count that would not fit is lowered, not failed.
+RESERVED_FDS = 64
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def start(args, log_path, pattern):
+    log_file = open(log_path, "w")
+    proc = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and proc.poll() is None:
+        match = re.search(pattern, Path(log_path).read_text())
+        if match:
+            return proc, match
+        time.sleep(0.02)
+    stop(proc)
+    raise RuntimeError(f"{args[0]} did not start:\n" + Path(log_path).read_text())
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def rss_kib(pid):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def metric(port, name):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+async def await_metric(port, name, wanted, timeout):
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        value = await asyncio.to_thread(metric, port, name)
+        if value == wanted:
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{name} stayed at {value}, expected {wanted}")
+
+
+async def open_connections(port, count, batch=500):
+    conns = []
+    while len(conns) < count:
+        n = min(batch, count - len(conns))
+        conns += await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port) for _ in range(n)))
+    return conns
+
+
+async def drain(reader, first_event):
+    """Reads a stream until it ends; sets first_event at its first SSE event."""
+    seen = b""
+    while True:
+        chunk = await reader.read(65536)
+        if not chunk:
+            return
+        if not first_event.done():
+            seen += chunk
+            if b"data: " in seen:
+                first_event.set_result(True)
+
+
+def stream_request(max_tokens):
+    body = json.dumps({"model": "mock-model", "prompt": "hello", "max_tokens": max_tokens, "stream": True})
+    return (f"POST /v1/completions HTTP/1.1\r\nHost: dplb\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n{body}").encode()
+
+
+async def measure(opts, kind, count, dplb_pid, port):
+    # One scrape first: the baseline then includes what serving /metrics allocates once, which every
+    # point below pays alike and which is not a connection's cost.
+    await asyncio.to_thread(metric, port, "dplb_client_connections")
+    base = rss_kib(dplb_pid)
+    conns = await open_connections(port, count)
+    tasks = []
+    try:
+        # The scrape's own connection is open while dplb answers it, hence + 1.
+        await await_metric(port, "dplb_client_connections", count + 1, timeout=60)
+        if kind == "streaming":
+            request = stream_request(opts.stream_tokens)
+            loop = asyncio.get_running_loop()
+            firsts = []
+            for reader, writer in conns:
+                writer.write(request)
+                first = loop.create_future()
+                firsts.append(first)
+                tasks.append(asyncio.create_task(drain(reader, first)))
+            await asyncio.wait_for(asyncio.gather(*firsts), timeout=120)
+            await await_metric(port, "dplb_rank_inflight", count, timeout=60)
+        # Several samples while everything is held open: the streams keep relaying meanwhile.
+        samples = []
+        for _ in range(5):
+            samples.append(rss_kib(dplb_pid))
+            await asyncio.sleep(0.2)
+        held = max(samples)
+    finally:
+        for _, writer in conns:
+            writer.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    await await_metric(port, "dplb_client_connections", 1, timeout=60)
+    await await_metric(port, "dplb_rank_inflight", 0, timeout=60)
+    after = rss_kib(dplb_pid)
+    return {"kind": kind, "connections": count, "rss_before_kib": base, "rss_held_kib": held,
+            "rss_after_kib": after, "per_connection_kib": (held - base) / count}
+
+
+def fitting(count, kind, hard_limit):
+    fds_each = 2 if kind == "streaming" else 1
+    return min(count, (hard_limit - RESERVED_FDS) // fds_each)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build-dir", default="build")
+    parser.add_argument("--counts", default="1 1000 10000")
+    parser.add_argument("--kinds", default="idle streaming")
+    parser.add_argument("--itl-ms", type=int, default=1000, help="mock inter-token latency of the streams")
+    parser.add_argument("--stream-tokens", type=int, default=100000, help="tokens a stream asks for (outlasts the run)")
+    parser.add_argument("--results-dir", default="bench/results")
+    opts = parser.parse_args()
+
+    dplb = Path(opts.build_dir) / "dplb"
+    mock = Path(opts.build_dir) / "tools/mock_engine/dplb-mock-engine"
+    for binary in (dplb, mock):
+        if not os.access(binary, os.X_OK):
+            sys.exit(f"scale: {binary} not found; build first (./scripts/build.sh {opts.build_dir})")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this client holds every connection too
+
+    workdir = Path(tempfile.mkdtemp(prefix="dplb-scale."))
+    rows = []
+    mock_proc = None
+    try:
+        mock_proc, _ = start([str(mock), "--ranks", "1", "--port", "0", "--threads", "2", "--itl-ms", str(opts.itl_ms)],
+                             workdir / "mock.log", r"mock-engine ready")
+        engine_port = re.search(r"rank 0 listening on [\d.]+:(\d+)", (workdir / "mock.log").read_text()).group(1)
+        for kind in opts.kinds.split():
+            for asked in [int(c) for c in opts.counts.split()]:
+                count = fitting(asked, kind, hard)
+                # A fresh dplb per point, so that what one point allocated cannot flatter the next.
+                proc, match = start([str(dplb), "--listen", "127.0.0.1:0", "--backend", f"http://127.0.0.1:{engine_port}",
+                                     "--threads", "1", "--max-client-connections", "100000",
+                                     "--client-idle-timeout-ms", "600000", "--log-level", "info"],
+                                    workdir / f"dplb-{kind}-{count}.log", r"listening on 127\.0\.0\.1:(\d+)")
+                try:
+                    time.sleep(0.3)  # let start-up allocations (first health check) settle before the baseline
+                    log(f"{kind}: {count} connections" + (f" (asked {asked}; fd limit {hard})" if count != asked else ""))
+                    row = asyncio.run(measure(opts, kind, count, proc.pid, int(match.group(1))))
+                    row["asked"] = asked
+                    rows.append(row)
+                finally:
+                    stop(proc)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"dplb exited {proc.returncode}:\n" + (workdir / f"dplb-{kind}-{count}.log").read_text())
+    finally:
+        if mock_proc:
+            stop(mock_proc)
+        for f in workdir.iterdir():
+            f.unlink()
+        workdir.rmdir()
+
+    lines = ["| connections | kind | dplb RSS before | RSS held | per connection | RSS after close |",
+             "|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        note = f" (asked {r['asked']:,}: fd limit)" if r["connections"] != r["asked"] else ""
+        lines.append(f"| {r['connections']:,}{note} | {r['kind']} | {r['rss_before_kib'] / 1024:.1f} MiB | "
+                     f"{r['rss_held_kib'] / 1024:.1f} MiB | {r['per_connection_kib']:.1f} KiB | "
+                     f"{r['rss_after_kib'] / 1024:.1f} MiB |")
+    text = (f"# dplb memory and scale (one worker thread; streams at one event per {opts.itl_ms} ms)\n\n"
+            + "\n".join(lines) + "\n")
+    results = Path(opts.results_dir)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "scale.md").write_text(text)
+    (results / "scale.json").write_text(json.dumps(rows, indent=1))
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    main()
