@@ -7,12 +7,15 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <malloc.h>
 #include <optional>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <thread>
 
+#include "dplb/app/memory_trimmer.hpp"
 #include "dplb/app/version.hpp"
 #include "dplb/balancer/policy_factory.hpp"
 #include "dplb/upstream/engine_stats_poller.hpp"
@@ -129,8 +132,10 @@ struct application::impl {
   upstream::engine_stats_poller stats;  // runs only for the engine-stats baseline policy
   server::shared_state shared;
   std::vector<std::unique_ptr<worker>> workers;
-  asio::io_context signal_io;
+  asio::io_context signal_io;  // the main thread's loop: signals and housekeeping
   asio::signal_set signals;
+  asio::steady_timer housekeeping{signal_io};
+  memory_trimmer trimmer;
   tcp::endpoint bound;
 };
 
@@ -142,6 +147,23 @@ std::string application::listen_address() const { return format_endpoint(impl_->
 
 void application::stop() {
   asio::post(impl_->signal_io, [this] { impl_->signal_io.stop(); });
+}
+
+void application::schedule_housekeeping() {
+  auto& s = *impl_;
+  s.housekeeping.expires_after(std::chrono::seconds(1));
+  s.housekeeping.async_wait([this, &s](const boost::system::error_code& ec) {
+    if (ec) return;
+    if (s.trimmer.observe(s.shared.client_connections.load(std::memory_order_relaxed))) {
+      // On the main thread, off every worker's event loop.
+      const auto started = std::chrono::steady_clock::now();
+      malloc_trim(0);
+      spdlog::debug("returned freed memory to the system after a connection surge ({} us)",
+                    std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started)
+                        .count());
+    }
+    schedule_housekeeping();
+  });
 }
 
 void application::drain() {
@@ -206,6 +228,7 @@ int application::run() {
     if (!ec) spdlog::info("received signal {}; shutting down", signal_number);
     s.signal_io.stop();
   });
+  schedule_housekeeping();
   s.signal_io.run();
 
   drain();

@@ -32,6 +32,7 @@ class application {
 
  private:
   void drain();
+  void schedule_housekeeping();  // once a second on the main thread: memory trimming after surges
 
   struct impl;
   std::unique_ptr<impl> impl_;
