@@ -94,7 +94,7 @@ def run_one(opts, workdir, policy, label, bench_args, start_after=0):
     tag = f"{label}-{policy}".replace(" ", "_")
     mock = Process([opts.mock, "--ranks", str(RANKS), "--port", "0", "--simulate", "--dp-lockstep",
                     "--time-scale", str(opts.time_scale), "--max-num-seqs", str(opts.max_num_seqs),
-                    "--start-after", str(start_after), "--threads", "1"], workdir / f"{tag}.mock.log")
+                    "--start-after", str(start_after), "--threads", "1"] + opts.mock_args.split(), workdir / f"{tag}.mock.log")
     proxy = None
     try:
         mock.await_line(r"mock-engine ready")
@@ -172,6 +172,8 @@ def main():
     parser.add_argument("--max-num-seqs", type=int, default=1024)
     parser.add_argument("--stats-interval-ms", type=int, default=10)
     parser.add_argument("--dplb-threads", type=int, default=1)
+    parser.add_argument("--mock-args", default="", help="more engine options, e.g. '--step-base-us 1000' for a step "
+                        "cost dominated by the padded batch")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results-dir", default="bench/results")
     parser.add_argument("--keep-logs", action="store_true")
@@ -234,7 +236,7 @@ def report(opts, records, results, elapsed):
     lines = []
     out = lines.append
     out(f"# dplb imbalance benchmark: {RANKS} lockstep ranks (mock --simulate --dp-lockstep "
-        f"--time-scale {opts.time_scale:g} --max-num-seqs {opts.max_num_seqs}), "
+        f"--time-scale {opts.time_scale:g} --max-num-seqs {opts.max_num_seqs}{(' ' + opts.mock_args) if opts.mock_args else ''}), "
         f"engine-stats refreshed every {opts.stats_interval_ms} ms wall, {opts.repeats} runs per cell, {elapsed:.0f} s")
     out("")
     out(f"## Bursts: N requests at once, {opts.input_len} prompt tokens, {opts.output_len} output tokens (ignore_eos)")
