@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Turns the results of one bench/overhead.sh run into PNGs, written next to the results:
+#   overhead-rps.png          req/s vs client connections, one line per target (part 1)
+#   overhead-cpu-per-req.png  proxy CPU microseconds per request vs connections, per proxy (part 1)
+#   overhead-stream-cpu.png   proxy CPU seconds per million relayed SSE events, per proxy and N (part 2)
+#
+#   bench/plot.sh [RESULTS_DIR]     (default: bench/results/latest, the last full run)
+#
+# Needs gnuplot (pngcairo terminal when built with cairo, else the libgd png terminal).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+results=${1:-bench/results/latest}
+for f in wrk.tsv stream.tsv; do
+  [[ -f $results/$f ]] || { echo "plot: $results/$f not found; run bench/overhead.sh first" >&2; exit 2; }
+done
+command -v gnuplot >/dev/null || { echo "plot: gnuplot not installed" >&2; exit 2; }
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/dplb-plot.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+# pngcairo draws anti-aliased lines; Debian's gnuplot-nox has it, but fall back to png rather than fail.
+if gnuplot -e 'set terminal' 2>&1 | grep -qw pngcairo; then
+  terminal="pngcairo size 1000,600 font ',11'"
+else
+  terminal="png size 1000,600"
+fi
+
+# One colour per target in every plot (gnuplot's default cycles by position, and direct is missing
+# from the CPU plots).
+declare -A colour=([direct]='#444444' [dplb1]='#d62728' [dplb2]='#ff9896' [haproxy]='#1f77b4'
+                   [haproxy_nd]='#9ecae1' [nginx]='#2ca02c')
+colour_of() { echo "${colour[$1]:-#7f7f7f}"; }
+
+# Column number of a header name in a TSV file.
+column_of() { head -1 "$1" | tr '\t' '\n' | grep -nx "$2" | cut -d: -f1; }
+
+# One data file per target (connections, value), in the targets' order of appearance: gnuplot joins the
+# points of one file with a line.
+split_by_target() {  # tsv value-column -> prints the target names; writes $tmp/<column>-<target>.dat
+  local tsv=$1 col target_col x_col
+  col=$(column_of "$tsv" "$2") target_col=$(column_of "$tsv" target) x_col=$(column_of "$tsv" connections)
+  awk -F'\t' -v c="$col" -v t="$target_col" -v x="$x_col" -v out="$tmp/$2-" '
+    NR > 1 && $c != "NA" { print $x "\t" $c > (out $t ".dat"); if (!seen[$t]++) order[++n] = $t }
+    END { for (i = 1; i <= n; i++) print order[i] }' "$tsv"
+}
+
+# Lines over connections (log scale): one `plot` clause per target file.
+plot_lines() {  # column title ylabel output
+  local targets clauses="" t
+  mapfile -t targets < <(split_by_target "$results/wrk.tsv" "$1")
+  for t in "${targets[@]}"; do
+    clauses+="${clauses:+, }'$tmp/$1-$t.dat' using 1:2 with linespoints lw 2 pt 7 lc rgb '$(colour_of "$t")' title '$t'"
+  done
+  gnuplot <<GNUPLOT
+set terminal $terminal noenhanced
+set output '$results/$4'
+set title '$2'
+set xlabel 'client connections (wrk -t1)'
+set ylabel '$3'
+set logscale x 2
+set grid
+set key outside right
+set yrange [0:*]
+plot $clauses
+GNUPLOT
+}
+
+# Clustered bars: one group per N, one bar per proxy (direct has no proxy CPU).
+plot_stream_cpu() {
+  local tsv=$results/stream.tsv matrix=$tmp/stream-cpu.dat clauses="" i t
+  awk -F'\t' -v c="$(column_of "$tsv" cpu_s_per_mevents)" -v t="$(column_of "$tsv" target)" \
+      -v s="$(column_of "$tsv" streams)" '
+    NR > 1 && $c != "NA" {
+      if (!(s_seen[$s]++)) ns[++n] = $s
+      if (!(t_seen[$t]++)) ts[++m] = $t
+      v[$s, $t] = $c
+    }
+    END {
+      printf "N"; for (j = 1; j <= m; j++) printf "\t%s", ts[j]; print ""
+      for (i = 1; i <= n; i++) {
+        printf "%s", ns[i]; for (j = 1; j <= m; j++) printf "\t%s", ((ns[i], ts[j]) in v) ? v[ns[i], ts[j]] : "NaN"; print ""
+      }
+    }' "$tsv" >"$matrix"
+  # One clause per proxy column, each in its target's colour; `every ::1` skips the header row.
+  i=1
+  for t in $(head -1 "$matrix" | cut -f2-); do
+    i=$((i + 1))
+    clauses+="${clauses:+, }'$matrix' every ::1 using $i:xtic(1) lc rgb '$(colour_of "$t")' title '$t'"
+  done
+  gnuplot <<GNUPLOT
+set terminal $terminal noenhanced
+set output '$results/overhead-stream-cpu.png'
+set title 'Proxy CPU per million relayed SSE events (lower is better)'
+set xlabel 'concurrent streams N'
+set ylabel 'CPU seconds / million events'
+set datafile separator '\t'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set grid ytics
+set key outside right
+set yrange [0:*]
+plot $clauses
+GNUPLOT
+}
+
+plot_lines rps 'Requests per second, POST /v1/completions (max_tokens 1), median of rounds' 'requests / s' \
+  overhead-rps.png
+plot_lines proxy_cpu_us_per_req 'Proxy CPU per request (lower is better)' 'CPU microseconds / request' \
+  overhead-cpu-per-req.png
+plot_stream_cpu
+echo "plot: wrote overhead-rps.png, overhead-cpu-per-req.png and overhead-stream-cpu.png in $results"
