@@ -18,10 +18,16 @@ void usage_scanner::feed(std::string_view bytes) noexcept {
   const char* end = p + bytes.size();
   while (p < end) {
     if (state_ == state::scan) {
-      // Fast path: nearly every byte of a response is outside a key of interest; jump to the next quote.
-      const void* quote = std::memchr(p, '"', static_cast<std::size_t>(end - p));
-      if (!quote) return;
-      p = static_cast<const char*>(quote);
+      // Fast path: nearly every byte of a response is outside a key of interest. Jump from quote to
+      // quote, and past every quote whose next byte (when already here) cannot start either key; an SSE
+      // event holds some thirty quotes and only the usage chunk has a key that matters.
+      for (;;) {
+        const void* quote = std::memchr(p, '"', static_cast<std::size_t>(end - p));
+        if (!quote) return;
+        p = static_cast<const char*>(quote);
+        if (p + 1 == end || p[1] == 'p' || p[1] == 'c') break;
+        p += p[1] == '"' ? 1 : 2;  // neither key starts here; a quote right after may open one
+      }
     }
     step(*p++);
   }

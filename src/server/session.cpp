@@ -14,6 +14,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <sys/socket.h>
 
+#include <array>
 #include <cerrno>
 #include <utility>
 #include <chrono>
@@ -22,6 +23,7 @@
 
 #include "dplb/http/error_response.hpp"
 #include "dplb/http/header_sanitizer.hpp"
+#include "dplb/http/wire_format.hpp"
 #include "dplb/metrics/usage_scanner.hpp"
 
 namespace dplb::server {
@@ -406,17 +408,20 @@ class session {
     }
     const bool upstream_keep_alive = upstream_head.keep_alive();
     const bool has_body = response_has_body(status, head_request);
-    bhttp::response<bhttp::buffer_body> out;
+    bhttp::response<bhttp::empty_body> out;
     out.result(status);
     out.version(11);
+    out.reason(upstream_head.reason());
     for (const auto& field : upstream_head) out.insert(field.name(), field.name_string(), field.value());
     http::strip_hop_by_hop(out);
     bool keep_client = client_keep_alive;
+    bool chunked_out = false;
     if (has_body && !parser->content_length()) {
       // Chunked, or delimited by the engine closing: relay as chunked to an HTTP/1.1 client; an
       // HTTP/1.0 client gets the body delimited by dplb closing the connection.
       if (client_understands_chunked) {
         out.chunked(true);
+        chunked_out = true;
       } else {
         keep_client = false;
       }
@@ -424,7 +429,32 @@ class session {
     out.set("x-dplb-rank", std::to_string(rank));
     out.keep_alive(keep_client);
 
-    bhttp::response_serializer<bhttp::buffer_body> serializer{out};
+    // What goes to the client is laid out by hand (http/wire_format.hpp): the head, then the body bytes
+    // exactly as the engine's framing delivered them, re-framed as chunks when relayed chunked. Each
+    // write gathers the head (the first time), the chunk framing and the data into one system call.
+    std::string& framing = client_framing_;
+    framing.clear();
+    http::append_response_head(framing, out.base());
+    bool head_sent = false;
+    bool body_ended = false;  // the terminating chunk (if any) has been sent
+    // Sends body bytes (none for the head alone), with the head before them the first time; `last`
+    // ends the body (the terminating chunk when chunked).
+    const auto send = [&](std::string_view data, bool last) -> asio::awaitable<bool> {
+      if (head_sent) framing.clear();
+      std::string_view tail;
+      if (chunked_out) {
+        if (!data.empty()) http::append_chunk_header(framing, data.size());
+        static constexpr std::string_view end_and_last = "\r\n0\r\n\r\n";
+        tail = data.empty() ? (last ? http::last_chunk : std::string_view{}) : (last ? end_and_last : http::chunk_end);
+      }
+      const std::array<asio::const_buffer, 3> pieces{asio::buffer(framing), asio::buffer(data), asio::buffer(tail)};
+      client_.expires_after(settings_.client_write_timeout);
+      auto [ec, n] = co_await asio::async_write(client_, pieces, as_result);
+      head_sent = true;
+      body_ended = last;
+      co_return !ec;
+    };
+
     metrics::usage_scanner usage;
     const bool count_usage = status == 200;
     bool upstream_ok = true;
@@ -443,12 +473,13 @@ class session {
       shared_.metrics.request_finished(rank, status, clock_type::now() - picked_at);
     };
     if (!has_body || parser->is_done()) engine_finished();
-    if (!has_body || connection->buffer.size() == 0) {
+    if (!has_body || parser->is_done()) {
+      // No body to relay (HEAD, 204, 304, Content-Length: 0): the head alone, and done.
+      client_ok = co_await send({}, true);
+    } else if (connection->buffer.size() == 0) {
       // Nothing of the body is here yet (a stream waiting for its first token): the head goes now so the
       // client sees the status at once. Otherwise it leaves together with the first body bytes.
-      client_.expires_after(settings_.client_write_timeout);
-      auto [ec, n] = co_await bhttp::async_write_header(client_, serializer, as_result);
-      client_ok = !ec;
+      client_ok = co_await send({}, false);
     }
     char* relay = relay_buffer();
     while (client_ok && has_body && !parser->is_done()) {
@@ -464,20 +495,12 @@ class session {
       if (count_usage) usage.feed({relay, got});
       if (parser->is_done()) engine_finished();
       if (got == 0 && !parser->is_done()) continue;  // a chunk header without data yet
-      out.body().data = got ? relay : nullptr;
-      out.body().size = got;
-      out.body().more = !parser->is_done();
-      client_.expires_after(settings_.client_write_timeout);
-      auto [write_ec, written] = co_await bhttp::async_write(client_, serializer, as_result);
-      client_ok = !write_ec || write_ec == bhttp::error::need_buffer;
+      client_ok = co_await send({relay, got}, parser->is_done());
     }
-    if (client_ok && upstream_ok && !serializer.is_done()) {
-      out.body().data = nullptr;
-      out.body().size = 0;
-      out.body().more = false;
-      client_.expires_after(settings_.client_write_timeout);
-      auto [ec, n] = co_await bhttp::async_write(client_, serializer, as_result);
-      client_ok = !ec || ec == bhttp::error::need_buffer;
+    if (client_ok && upstream_ok && !body_ended) {
+      // Only possible for a body that ended exactly at a read that delivered nothing new (e.g. the
+      // engine's last chunk arrived alone): the end still has to be told.
+      client_ok = co_await send({}, true);
     }
 
     const auto duration = clock_type::now() - picked_at;
@@ -487,7 +510,7 @@ class session {
       if (!accounted) shared_.metrics.request_finished(rank, 499, duration);
       co_return false;
     }
-    if (!upstream_ok && !serializer.is_header_done()) {
+    if (!upstream_ok && !head_sent) {
       // The engine failed before anything reached the client (the head was held back to leave with the
       // first body bytes): the client can still get a proper error.
       shared_.metrics.upstream_error(rank, "midstream");
@@ -557,7 +580,10 @@ class session {
       if (head_request) parser->skip(true);
 
       connection->stream.expires_after(settings_.upstream_read_timeout);
-      auto [write_ec, written] = co_await bhttp::async_write(connection->stream, request, as_result);
+      upstream_framing_.clear();
+      http::append_request_head(upstream_framing_, request.base());
+      const std::array<asio::const_buffer, 2> pieces{asio::buffer(upstream_framing_), asio::buffer(request.body())};
+      auto [write_ec, written] = co_await asio::async_write(connection->stream, pieces, as_result);
       boost::system::error_code ec = write_ec;
       if (!ec) {
         connection->stream.expires_after(head_timeout);
@@ -612,6 +638,8 @@ class session {
   beast::flat_buffer buffer_;
   std::string client_address_;
   std::unique_ptr<char[]> relay_buffer_;
+  std::string upstream_framing_;  // the request head for the engine, reused by every request
+  std::string client_framing_;    // response head and chunk framing for the client, reused likewise
 };
 
 }  // namespace

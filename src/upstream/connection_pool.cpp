@@ -36,6 +36,9 @@ asio::awaitable<connect_result> connection_pool::connect(std::size_t rank) {
   // Small requests and SSE events must leave at once, not wait for Nagle's algorithm.
   c->stream.socket().set_option(asio::ip::tcp::no_delay(true), ec);
   c->stream.expires_never();
+  // Beast reads at most the buffer's free capacity (512 bytes when empty): room for a burst of SSE
+  // events in one read instead of one system call per 512 bytes.
+  c->buffer.reserve(4 * 1024);
   co_return connect_result{std::move(c), {}};
 }
 

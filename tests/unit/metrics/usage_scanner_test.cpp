@@ -82,3 +82,18 @@ TEST_CASE("absurdly long numbers saturate instead of overflowing", "[usage]") {
   CHECK(*s.prompt_tokens() > 1'000'000'000'000'000u);
   CHECK(s.completion_tokens() == 1u);
 }
+
+TEST_CASE("a key right after an empty string or another quote is still found", "[usage]") {
+  // The fast path skips quotes that cannot open a key; a quote right after one may.
+  for (const std::string text : {R"({"a":"","prompt_tokens":5,"completion_tokens":6})",
+                                 R"({"a":"x""prompt_tokens":5,"""completion_tokens":6})"}) {
+    INFO(text);
+    for (std::size_t cut = 0; cut <= text.size(); ++cut) {
+      usage_scanner s;
+      s.feed(std::string_view(text).substr(0, cut));
+      s.feed(std::string_view(text).substr(cut));
+      REQUIRE(s.prompt_tokens() == 5u);
+      REQUIRE(s.completion_tokens() == 6u);
+    }
+  }
+}
