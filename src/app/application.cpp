@@ -90,7 +90,7 @@ struct worker {
   asio::io_context io{1};
   upstream::connection_pool pool;
   server::worker_state state;
-  tcp::acceptor acceptor;
+  io::acceptor acceptor;
   std::thread thread;
 };
 

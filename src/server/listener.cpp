@@ -19,8 +19,8 @@ namespace dplb::server {
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
-tcp::acceptor open_acceptor(const asio::any_io_executor& executor, const tcp::endpoint& endpoint) {
-  tcp::acceptor acceptor(executor);
+io::acceptor open_acceptor(const io::executor& executor, const tcp::endpoint& endpoint) {
+  io::acceptor acceptor(executor);
   acceptor.open(endpoint.protocol());
   acceptor.set_option(asio::socket_base::reuse_address(true));
   acceptor.set_option(asio::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>(true));
@@ -33,32 +33,32 @@ namespace {
 
 // Over --max-client-connections: a clear answer instead of a silent reset, then close. The write is
 // bounded so that a client that never reads cannot hold the socket.
-asio::awaitable<void> refuse_connection(worker_state& worker, tcp::socket socket) {
+io::task<void> refuse_connection(worker_state& worker, io::socket socket) {
   worker.shared.metrics.rejected(503);
   static const std::string response = [] {
     const std::string body = http::error_body(503, "dplb is at its client connection limit (--max-client-connections); retry later");
     return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
            "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   }();
-  boost::beast::tcp_stream stream(std::move(socket));
+  io::tcp_stream stream(std::move(socket));
   stream.expires_after(std::chrono::seconds(1));
-  co_await asio::async_write(stream, asio::buffer(response), asio::as_tuple(asio::use_awaitable));
+  co_await asio::async_write(stream, asio::buffer(response), io::as_result);
   boost::system::error_code ignored;
   stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
 }
 
 }  // namespace
 
-asio::awaitable<void> accept_loop(worker_state& worker, tcp::acceptor& acceptor) {
+io::task<void> accept_loop(worker_state& worker, io::acceptor& acceptor) {
   auto executor = co_await asio::this_coro::executor;
   while (acceptor.is_open()) {
-    auto [ec, socket] = co_await acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
+    auto [ec, socket] = co_await acceptor.async_accept(io::as_result);
     if (ec == asio::error::operation_aborted || !acceptor.is_open()) break;
     if (ec) {
       // Typically EMFILE: out of file descriptors. Back off briefly instead of spinning on the error.
       spdlog::warn("accept failed: {}; retrying in 100 ms", ec.message());
-      asio::steady_timer pause(executor, std::chrono::milliseconds(100));
-      co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
+      io::steady_timer pause(executor, std::chrono::milliseconds(100));
+      co_await pause.async_wait(io::as_result);
       continue;
     }
     auto& shared = worker.shared;

@@ -36,7 +36,7 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
+using io::as_result;
 
 // One relay read's worth of body. 16 KiB holds many SSE events (each a few hundred bytes) so that a
 // burst that arrived together leaves in one write, while 10,000 streaming sessions cost 160 MiB at most.
@@ -73,7 +73,7 @@ struct client_watch {
 // Waits until the client's socket is readable. Bytes there are a pipelined next request (left in the
 // socket for the session to read); end-of-file or an error is the client leaving, and the engine
 // connection is closed at once so the engine aborts the request and frees its KV cache.
-asio::awaitable<void> watch_client(tcp::socket& socket, std::shared_ptr<client_watch> watch) {
+io::task<void> watch_client(io::socket& socket, std::shared_ptr<client_watch> watch) {
   for (;;) {
     auto [ec] = co_await socket.async_wait(tcp::socket::wait_read, as_result);
     if (watch->done || ec) co_return;  // `done` first: the session and its socket may be gone
@@ -92,7 +92,7 @@ asio::awaitable<void> watch_client(tcp::socket& socket, std::shared_ptr<client_w
 
 class session {
  public:
-  session(worker_state& worker, tcp::socket socket)
+  session(worker_state& worker, io::socket socket)
       : worker_(worker), shared_(worker.shared), settings_(worker.shared.settings), client_(std::move(socket)),
         buffer_(settings_.max_header_bytes + 64 * 1024) {
     boost::system::error_code ec;
@@ -101,7 +101,7 @@ class session {
     client_.socket().set_option(tcp::no_delay(true), ec);
   }
 
-  asio::awaitable<void> run() {
+  io::task<void> run() {
     shared_.metrics.client_connection_opened();
     struct closed_on_exit {
       shared_state& shared;
@@ -126,7 +126,7 @@ class session {
 
  private:
   // Reads and answers one request. Returns whether the connection stays open for another.
-  asio::awaitable<bool> serve_one_request() {
+  io::task<bool> serve_one_request() {
     bhttp::request_parser<bhttp::string_body> parser;
     parser.header_limit(static_cast<std::uint32_t>(settings_.max_header_bytes));
     parser.body_limit(settings_.max_request_body_bytes);
@@ -180,7 +180,7 @@ class session {
   // deadline already set), so that it can be checked as raw bytes before Beast parses it: Beast
   // silently unfolds obs-fold, which RFC 9112 lets a proxy do only by rejecting or rewriting, and a
   // folded header is a classic way to make two parsers disagree. bad_field reports a fold.
-  asio::awaitable<boost::system::error_code> read_raw_head() {
+  io::task<boost::system::error_code> read_raw_head() {
     std::size_t searched = 0;  // bytes already known to hold no end of head
     for (;;) {
       const auto head = http::find_head_end(
@@ -213,7 +213,7 @@ class session {
     return true;
   }
 
-  asio::awaitable<bool> refuse_unreadable_request(const boost::system::error_code& ec, bool got_some) {
+  io::task<bool> refuse_unreadable_request(const boost::system::error_code& ec, bool got_some) {
     if (ec == bhttp::error::header_limit) {
       co_return co_await reject(431, "request head exceeds the limit (--max-header-bytes)", false);
     }
@@ -233,12 +233,12 @@ class session {
     co_return false;  // the client went away or stayed idle: close quietly
   }
 
-  asio::awaitable<bool> reject(unsigned status, std::string_view message, bool keep_alive) {
+  io::task<bool> reject(unsigned status, std::string_view message, bool keep_alive) {
     shared_.metrics.rejected(status);
     co_return co_await send_error(status, message, keep_alive);
   }
 
-  asio::awaitable<bool> send_error(unsigned status, std::string_view message, bool keep_alive,
+  io::task<bool> send_error(unsigned status, std::string_view message, bool keep_alive,
                                    bool retry_later = false) {
     bhttp::response<bhttp::string_body> response{static_cast<bhttp::status>(status), 11};
     response.set(bhttp::field::content_type, "application/json");
@@ -247,7 +247,7 @@ class session {
     co_return co_await send_local(response, keep_alive, false);
   }
 
-  asio::awaitable<bool> send_local(bhttp::response<bhttp::string_body>& response, bool keep_alive,
+  io::task<bool> send_local(bhttp::response<bhttp::string_body>& response, bool keep_alive,
                                    bool head_request) {
     response.keep_alive(keep_alive);
     response.prepare_payload();
@@ -257,7 +257,7 @@ class session {
     co_return !ec && keep_alive;
   }
 
-  asio::awaitable<bool> serve_own_path(const client_request& request, std::string_view path, bool keep_alive) {
+  io::task<bool> serve_own_path(const client_request& request, std::string_view path, bool keep_alive) {
     const bool head_request = request.method() == bhttp::verb::head;
     if (request.method() != bhttp::verb::get && !head_request) {
       bhttp::response<bhttp::string_body> response{bhttp::status::method_not_allowed, 11};
@@ -291,14 +291,14 @@ class session {
 
   // A slot on a rank: at once, or (with --max-inflight-per-rank) after a FIFO wait in dplb's queue,
   // bounded by --queue-timeout-ms.
-  asio::awaitable<slot_result> acquire_slot() {
+  io::task<slot_result> acquire_slot() {
     if (!shared_.balancer.queueing()) {
       auto lease = shared_.balancer.acquire();
       co_return slot_result{std::move(lease), slot_refusal::no_usable_rank};
     }
     struct wait_state {
-      explicit wait_state(const asio::any_io_executor& ex) : timer(ex) {}
-      asio::steady_timer timer;
+      explicit wait_state(const io::executor& ex) : timer(ex) {}
+      io::steady_timer timer;
       balancer::rank_lease lease;
       bool gave_up = false;
     };
@@ -331,7 +331,7 @@ class session {
 
   // Picks a rank, sends it the request and relays the response. Returns whether the client
   // connection may carry another request.
-  asio::awaitable<bool> proxy(client_request& request, bool client_keep_alive) {
+  io::task<bool> proxy(client_request& request, bool client_keep_alive) {
     const bool client_understands_chunked = request.version() >= 11;  // before the head is rewritten
     if (!prepare_upstream_request(request)) {
       co_return co_await reject(431, "X-Forwarded-For or Via is too long to append to", false);
@@ -357,7 +357,7 @@ class session {
     asio::co_spawn(client_.get_executor(), watch_client(client_.socket(), watch), asio::detached);
     struct stop_watch_on_exit {
       client_watch& w;
-      tcp::socket& socket;
+      io::socket& socket;
       ~stop_watch_on_exit() {
         w.done = true;
         w.upstream = nullptr;
@@ -439,7 +439,7 @@ class session {
     bool body_ended = false;  // the terminating chunk (if any) has been sent
     // Sends body bytes (none for the head alone), with the head before them the first time; `last`
     // ends the body (the terminating chunk when chunked).
-    const auto send = [&](std::string_view data, bool last) -> asio::awaitable<bool> {
+    const auto send = [&](std::string_view data, bool last) -> io::task<bool> {
       if (head_sent) framing.clear();
       std::string_view tail;
       if (chunked_out) {
@@ -553,7 +553,7 @@ class session {
   // Sends the request to the rank and reads the response head. A pooled connection that turns out
   // closed before any response byte is the keep-alive race (the engine closed it while idle): the
   // request is re-sent on a fresh connection to the same rank, invisibly.
-  asio::awaitable<head_attempt> exchange_head(std::size_t rank, client_request& request, bool head_request,
+  io::task<head_attempt> exchange_head(std::size_t rank, client_request& request, bool head_request,
                                               client_watch& watch, upstream::connection_ptr& connection,
                                               std::optional<bhttp::response_parser<bhttp::buffer_body>>& parser) {
     request.set(bhttp::field::host, shared_.backends[rank].authority);
@@ -609,7 +609,7 @@ class session {
     }
   }
 
-  asio::awaitable<bool> fail_before_response(std::size_t rank, clock_type::time_point picked_at,
+  io::task<bool> fail_before_response(std::size_t rank, clock_type::time_point picked_at,
                                              const boost::system::error_code& ec, std::string_view kind,
                                              bool client_keep_alive) {
     const unsigned status = ec == beast::error::timeout ? 504 : 502;
@@ -634,7 +634,7 @@ class session {
   worker_state& worker_;
   shared_state& shared_;
   const config::settings& settings_;
-  beast::tcp_stream client_;
+  io::tcp_stream client_;
   beast::flat_buffer buffer_;
   std::string client_address_;
   std::unique_ptr<char[]> relay_buffer_;
@@ -644,7 +644,7 @@ class session {
 
 }  // namespace
 
-asio::awaitable<void> run_session(worker_state& worker, tcp::socket socket) {
+io::task<void> run_session(worker_state& worker, io::socket socket) {
   session s(worker, std::move(socket));
   co_await s.run();
 }

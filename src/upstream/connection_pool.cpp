@@ -1,16 +1,11 @@
 #include "dplb/upstream/connection_pool.hpp"
 
-#include <boost/asio/as_tuple.hpp>
-#include <boost/asio/use_awaitable.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 
 namespace dplb::upstream {
 
 namespace asio = boost::asio;
-using asio::as_tuple;
-using asio::use_awaitable;
 
-connection_pool::connection_pool(asio::any_io_executor executor, const std::vector<backend>& backends,
+connection_pool::connection_pool(io::executor executor, const std::vector<backend>& backends,
                                  pool_limits limits)
     : executor_(executor), backends_(backends), limits_(limits), idle_(backends.size()),
       sweep_timer_(executor) {}
@@ -28,10 +23,10 @@ connection_ptr connection_pool::take_idle(std::size_t rank) {
   return nullptr;
 }
 
-asio::awaitable<connect_result> connection_pool::connect(std::size_t rank) {
+io::task<connect_result> connection_pool::connect(std::size_t rank) {
   auto c = std::make_unique<upstream_connection>(executor_);
   c->stream.expires_after(limits_.connect_timeout);
-  auto [ec, endpoint] = co_await c->stream.async_connect(backends_[rank].endpoints, as_tuple(use_awaitable));
+  auto [ec, endpoint] = co_await c->stream.async_connect(backends_[rank].endpoints, io::as_result);
   if (ec) co_return connect_result{nullptr, ec};
   // Small requests and SSE events must leave at once, not wait for Nagle's algorithm.
   c->stream.socket().set_option(asio::ip::tcp::no_delay(true), ec);
@@ -60,13 +55,13 @@ void connection_pool::drop_expired(std::size_t rank, std::chrono::steady_clock::
   idle.erase(idle.begin(), idle.begin() + static_cast<std::ptrdiff_t>(keep_from));
 }
 
-asio::awaitable<void> connection_pool::sweep_loop() {
+io::task<void> connection_pool::sweep_loop() {
   // Without the sweep, a connection the engine closed would sit in CLOSE_WAIT until the next request
   // to that rank; the period is a quarter of the idle timeout so nothing lingers much beyond it.
   const auto period = std::max(limits_.idle_timeout / 4, std::chrono::milliseconds(50));
   while (!stopped_) {
     sweep_timer_.expires_after(period);
-    auto [ec] = co_await sweep_timer_.async_wait(as_tuple(use_awaitable));
+    auto [ec] = co_await sweep_timer_.async_wait(io::as_result);
     if (ec || stopped_) break;
     const auto now = std::chrono::steady_clock::now();
     for (std::size_t rank = 0; rank < idle_.size(); ++rank) drop_expired(rank, now);

@@ -3,19 +3,18 @@
 // SO_REUSEPORT, so the kernel spreads new connections over the workers without a hand-off between
 // threads; each accepted connection is served by a session coroutine on the accepting worker.
 
-#include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
 #include "dplb/server/proxy_context.hpp"
+#include "dplb/support/io_types.hpp"
 
 namespace dplb::server {
 
 // Opens, binds (SO_REUSEADDR + SO_REUSEPORT) and listens. Throws boost::system::system_error when the
 // address cannot be bound (start-up only).
-boost::asio::ip::tcp::acceptor open_acceptor(const boost::asio::any_io_executor& executor,
-                                             const boost::asio::ip::tcp::endpoint& endpoint);
+io::acceptor open_acceptor(const io::executor& executor, const boost::asio::ip::tcp::endpoint& endpoint);
 
 // Accepts until the acceptor is closed, spawning one session per connection.
-boost::asio::awaitable<void> accept_loop(worker_state& worker, boost::asio::ip::tcp::acceptor& acceptor);
+io::task<void> accept_loop(worker_state& worker, io::acceptor& acceptor);
 
 }  // namespace dplb::server

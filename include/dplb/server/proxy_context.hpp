@@ -3,7 +3,6 @@
 // the metrics) and the state of the worker thread the session runs on (its connection pool).
 
 #include <atomic>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <unordered_set>
 #include <vector>
 
@@ -13,6 +12,7 @@
 #include "dplb/upstream/backend.hpp"
 #include "dplb/upstream/connection_pool.hpp"
 #include "dplb/upstream/health_monitor.hpp"
+#include "dplb/support/io_types.hpp"
 
 namespace dplb::server {
 
@@ -32,7 +32,7 @@ struct worker_state {
   shared_state& shared;
   upstream::connection_pool& pool;
   // Client connections waiting for their next request; a drain closes them at once.
-  std::unordered_set<boost::beast::tcp_stream*> idle_clients;
+  std::unordered_set<io::tcp_stream*> idle_clients;
 };
 
 }  // namespace dplb::server

@@ -5,13 +5,12 @@
 // a value, answered with an OpenAI-style JSON error when no response byte has gone out yet, or by
 // closing the connection when one has (the client then sees a truncated response).
 
-#include <boost/asio/awaitable.hpp>
-#include <boost/asio/ip/tcp.hpp>
 
 #include "dplb/server/proxy_context.hpp"
+#include "dplb/support/io_types.hpp"
 
 namespace dplb::server {
 
-boost::asio::awaitable<void> run_session(worker_state& worker, boost::asio::ip::tcp::socket socket);
+io::task<void> run_session(worker_state& worker, io::socket socket);
 
 }  // namespace dplb::server

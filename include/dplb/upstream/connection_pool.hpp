@@ -3,21 +3,19 @@
 // threads, so it needs no locking). A connection is either idle in the pool or owned by exactly one
 // request; a request that cannot finish its response cleanly never gives its connection back.
 
-#include <boost/asio/awaitable.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <chrono>
 #include <memory>
 #include <vector>
 
+#include "dplb/support/io_types.hpp"
 #include "dplb/upstream/backend.hpp"
 
 namespace dplb::upstream {
 
 struct upstream_connection {
-  explicit upstream_connection(const boost::asio::any_io_executor& ex) : stream(ex) {}
-  boost::beast::tcp_stream stream;
+  explicit upstream_connection(const io::executor& ex) : stream(ex) {}
+  io::tcp_stream stream;
   boost::beast::flat_buffer buffer;  // bytes read from the engine beyond the last parsed message
   std::chrono::steady_clock::time_point idle_since{};
   bool reused = false;  // true once it carried a response: the engine may have closed it since
@@ -38,20 +36,20 @@ struct connect_result {
 
 class connection_pool {
  public:
-  connection_pool(boost::asio::any_io_executor executor, const std::vector<backend>& backends,
+  connection_pool(io::executor executor, const std::vector<backend>& backends,
                   pool_limits limits);
 
   // The most recently used idle connection to the rank that is young enough, or null.
   connection_ptr take_idle(std::size_t rank);
 
   // Opens a new connection to the rank (trying each resolved endpoint), bounded by connect_timeout.
-  boost::asio::awaitable<connect_result> connect(std::size_t rank);
+  io::task<connect_result> connect(std::size_t rank);
 
   // Returns a connection whose last response ended cleanly and that the engine keeps alive.
   void give_back(std::size_t rank, connection_ptr connection);
 
   // Periodically closes idle connections that outlived idle_timeout; runs until stop().
-  boost::asio::awaitable<void> sweep_loop();
+  io::task<void> sweep_loop();
   void stop();
 
   std::size_t idle_count(std::size_t rank) const { return idle_[rank].size(); }
@@ -59,11 +57,11 @@ class connection_pool {
  private:
   void drop_expired(std::size_t rank, std::chrono::steady_clock::time_point now);
 
-  boost::asio::any_io_executor executor_;
+  io::executor executor_;
   const std::vector<backend>& backends_;
   pool_limits limits_;
   std::vector<std::vector<connection_ptr>> idle_;  // per rank; back() is the most recently used
-  boost::asio::steady_timer sweep_timer_;
+  io::steady_timer sweep_timer_;
   bool stopped_ = false;
 };
 
