@@ -12,10 +12,8 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <sys/socket.h>
 
 #include <array>
-#include <cerrno>
 #include <utility>
 #include <chrono>
 #include <optional>
@@ -73,20 +71,19 @@ struct client_watch {
 // Waits until the client's socket is readable. Bytes there are a pipelined next request (left in the
 // socket for the session to read); end-of-file or an error is the client leaving, and the engine
 // connection is closed at once so the engine aborts the request and frees its KV cache.
+//
+// The wait is a one-byte MSG_PEEK receive rather than async_wait(wait_read): Asio arms a wait with an
+// epoll_ctl call every time, while a receive on a socket already registered for input costs no system
+// call until the socket becomes readable (one per request saved, of about five).
 io::task<void> watch_client(io::socket& socket, std::shared_ptr<client_watch> watch) {
-  for (;;) {
-    auto [ec] = co_await socket.async_wait(tcp::socket::wait_read, as_result);
-    if (watch->done || ec) co_return;  // `done` first: the session and its socket may be gone
-    char probe;
-    const auto n = ::recv(socket.native_handle(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n > 0) co_return;  // a pipelined request: not a disconnect
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
-    watch->client_gone = true;
-    if (watch->upstream) {
-      boost::system::error_code ignored;
-      watch->upstream->stream.socket().close(ignored);
-    }
-    co_return;
+  char probe;
+  auto [ec, n] = co_await socket.async_receive(asio::buffer(&probe, 1), io::socket::message_peek, as_result);
+  if (watch->done || ec == asio::error::operation_aborted) co_return;  // the session may be gone
+  if (!ec && n > 0) co_return;  // a pipelined request: not a disconnect
+  watch->client_gone = true;    // end of file or an error: the client left
+  if (watch->upstream) {
+    boost::system::error_code ignored;
+    watch->upstream->stream.socket().close(ignored);
   }
 }
 
@@ -408,11 +405,10 @@ class session {
     }
     const bool upstream_keep_alive = upstream_head.keep_alive();
     const bool has_body = response_has_body(status, head_request);
-    bhttp::response<bhttp::empty_body> out;
-    out.result(status);
+    // Rewritten in place, without copying a field: the parser keeps its own record of the engine's
+    // framing and keep-alive, so the fields are free to become the client's head.
+    auto& out = upstream_head;
     out.version(11);
-    out.reason(upstream_head.reason());
-    for (const auto& field : upstream_head) out.insert(field.name(), field.name_string(), field.value());
     http::strip_hop_by_hop(out);
     bool keep_client = client_keep_alive;
     bool chunked_out = false;
