@@ -3,17 +3,25 @@
 #   overhead-rps.png          req/s vs client connections, one line per target (part 1)
 #   overhead-cpu-per-req.png  proxy CPU microseconds per request vs connections, per proxy (part 1)
 #   overhead-stream-cpu.png   proxy CPU seconds per million relayed SSE events, per proxy and N (part 2)
+# and, when bench/imbalance.sh has run (its imbalance.tsv in IMBALANCE_DIR, default bench/results):
+#   imbalance-bursts.png      output-token throughput of each policy relative to the balanced run, per burst
 #
-#   bench/plot.sh [RESULTS_DIR]     (default: bench/results/latest, the last full run)
+#   bench/plot.sh [RESULTS_DIR]     (default: bench/results/latest, the last full overhead run)
 #
 # Needs gnuplot (pngcairo terminal when built with cairo, else the libgd png terminal).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 results=${1:-bench/results/latest}
+imbalance_dir=${IMBALANCE_DIR:-bench/results}
+have_overhead=1
 for f in wrk.tsv stream.tsv; do
-  [[ -f $results/$f ]] || { echo "plot: $results/$f not found; run bench/overhead.sh first" >&2; exit 2; }
+  [[ -f $results/$f ]] || have_overhead=0
 done
+if [[ $have_overhead == 0 && ! -f $imbalance_dir/imbalance.tsv ]]; then
+  echo "plot: no results found; run bench/overhead.sh or bench/imbalance.sh first" >&2
+  exit 2
+fi
 command -v gnuplot >/dev/null || { echo "plot: gnuplot not installed" >&2; exit 2; }
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dplb-plot.XXXXXX")
@@ -105,9 +113,49 @@ plot $clauses
 GNUPLOT
 }
 
-plot_lines rps 'Requests per second, POST /v1/completions (max_tokens 1), median of rounds' 'requests / s' \
-  overhead-rps.png
-plot_lines proxy_cpu_us_per_req 'Proxy CPU per request (lower is better)' 'CPU microseconds / request' \
-  overhead-cpu-per-req.png
-plot_stream_cpu
-echo "plot: wrote overhead-rps.png, overhead-cpu-per-req.png and overhead-stream-cpu.png in $results"
+# Clustered bars: one group per burst size, one bar per policy: throughput / the balanced run's.
+plot_imbalance() {
+  local tsv=$imbalance_dir/imbalance.tsv matrix=$tmp/imbalance.dat clauses="" i t
+  awk -F'\t' 'NR > 1 && $1 == "burst" {
+      if (!(l_seen[$2]++)) ls[++n] = $2
+      if (!(p_seen[$3]++)) ps[++m] = $3
+      v[$2, $3] = $4
+    }
+    END {
+      printf "N"; for (j = 1; j <= m; j++) printf "\t%s", ps[j]; print ""
+      for (i = 1; i <= n; i++) { printf "%s", ls[i]; for (j = 1; j <= m; j++) printf "\t%s", v[ls[i], ps[j]]; print "" }
+    }' "$tsv" >"$matrix"
+  declare -A policy_colour=([least-inflight]='#d62728' [round-robin]='#ff9896' [random]='#7f7f7f'
+                            [engine-stats]='#1f77b4')
+  i=1
+  for t in $(head -1 "$matrix" | cut -f2-); do
+    i=$((i + 1))
+    clauses+="${clauses:+, }'$matrix' every ::1 using $i:xtic(1) lc rgb '${policy_colour[$t]:-#444444}' title '$t'"
+  done
+  gnuplot <<GNUPLOT
+set terminal $terminal noenhanced
+set output '$imbalance_dir/imbalance-bursts.png'
+set title 'Output-token throughput of 4 lockstep ranks, relative to the balanced run (median of runs)'
+set xlabel 'burst size (requests at once)'
+set ylabel 'throughput / balanced'
+set datafile separator '\t'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set grid ytics
+set key outside right
+set yrange [0.85:1.01]
+plot $clauses
+GNUPLOT
+  echo "plot: wrote imbalance-bursts.png in $imbalance_dir"
+}
+
+if [[ $have_overhead == 1 ]]; then
+  plot_lines rps 'Requests per second, POST /v1/completions (max_tokens 1), median of rounds' 'requests / s' \
+    overhead-rps.png
+  plot_lines proxy_cpu_us_per_req 'Proxy CPU per request (lower is better)' 'CPU microseconds / request' \
+    overhead-cpu-per-req.png
+  plot_stream_cpu
+  echo "plot: wrote overhead-rps.png, overhead-cpu-per-req.png and overhead-stream-cpu.png in $results"
+fi
+[[ -f $imbalance_dir/imbalance.tsv ]] && plot_imbalance
