@@ -94,11 +94,12 @@ declare -A pid=()    # target -> pid of the process this script started (nginx: 
 mock_pid=
 stream_pid=
 status=1
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh  # the working directory is the repository root (see above)
+
 # shellcheck disable=SC2317  # invoked by the trap
 cleanup() {
-  local p
-  for p in $stream_pid "${pid[@]}" $mock_pid; do kill "$p" 2>/dev/null || true; done
-  for p in $stream_pid "${pid[@]}" $mock_pid; do wait "$p" 2>/dev/null || true; done
+  stop_pids "$stream_pid" "${pid[@]}" "$mock_pid"
   if [[ $status == 0 && ${OVERHEAD_KEEP_LOGS:-0} != 1 ]]; then
     rm -rf "$workdir"
   else
@@ -107,9 +108,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-# shellcheck source=scripts/lib.sh
-source scripts/lib.sh  # the working directory is the repository root (see above)
 
 log() { echo "overhead: $*" >&2; }
 

@@ -74,6 +74,25 @@ plot $clauses
 GNUPLOT
 }
 
+# Clustered bars from a matrix file whose first row names the series: one group per row, one bar per series.
+plot_bars() {  # output title xlabel ylabel yrange plot-clauses
+  gnuplot <<GNUPLOT
+set terminal $terminal noenhanced
+set output '$1'
+set title '$2'
+set xlabel '$3'
+set ylabel '$4'
+set datafile separator '\t'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set grid ytics
+set key outside right
+set yrange [$5]
+plot $6
+GNUPLOT
+}
+
 # Clustered bars: one group per N, one bar per proxy (direct has no proxy CPU).
 plot_stream_cpu() {
   local tsv=$results/stream.tsv matrix=$tmp/stream-cpu.dat clauses="" i t
@@ -96,21 +115,8 @@ plot_stream_cpu() {
     i=$((i + 1))
     clauses+="${clauses:+, }'$matrix' every ::1 using $i:xtic(1) lc rgb '$(colour_of "$t")' title '$t'"
   done
-  gnuplot <<GNUPLOT
-set terminal $terminal noenhanced
-set output '$results/overhead-stream-cpu.png'
-set title 'Proxy CPU per million relayed SSE events (lower is better)'
-set xlabel 'concurrent streams N'
-set ylabel 'CPU seconds / million events'
-set datafile separator '\t'
-set style data histograms
-set style histogram clustered gap 1
-set style fill solid 0.8 border -1
-set grid ytics
-set key outside right
-set yrange [0:*]
-plot $clauses
-GNUPLOT
+  plot_bars "$results/overhead-stream-cpu.png" 'Proxy CPU per million relayed SSE events (lower is better)' \
+    'concurrent streams N' 'CPU seconds / million events' '0:*' "$clauses"
 }
 
 # Clustered bars: one group per burst size, one bar per policy: throughput / the balanced run's.
@@ -132,21 +138,9 @@ plot_imbalance() {
     i=$((i + 1))
     clauses+="${clauses:+, }'$matrix' every ::1 using $i:xtic(1) lc rgb '${policy_colour[$t]:-#444444}' title '$t'"
   done
-  gnuplot <<GNUPLOT
-set terminal $terminal noenhanced
-set output '$imbalance_dir/imbalance-bursts.png'
-set title 'Output-token throughput of 4 lockstep ranks, relative to the balanced run (median of runs)'
-set xlabel 'burst size (requests at once)'
-set ylabel 'throughput / balanced'
-set datafile separator '\t'
-set style data histograms
-set style histogram clustered gap 1
-set style fill solid 0.8 border -1
-set grid ytics
-set key outside right
-set yrange [0.85:1.01]
-plot $clauses
-GNUPLOT
+  plot_bars "$imbalance_dir/imbalance-bursts.png" \
+    'Output-token throughput of 4 lockstep ranks, relative to the balanced run (median of runs)' \
+    'burst size (requests at once)' 'throughput / balanced' '0.85:1.01' "$clauses"
   echo "plot: wrote imbalance-bursts.png in $imbalance_dir"
 }
 

@@ -36,10 +36,12 @@ mock_pid=
 dplb_pid=
 client_pid=
 status=1
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh  # the working directory is the repository root (see above)
+
 # shellcheck disable=SC2317  # invoked by the trap
 cleanup() {
-  for pid in $client_pid $dplb_pid $mock_pid; do kill "$pid" 2>/dev/null || true; done
-  for pid in $client_pid $dplb_pid $mock_pid; do wait "$pid" 2>/dev/null || true; done
+  stop_pids "$client_pid" "$dplb_pid" "$mock_pid"
   if [[ $status == 0 && ${SOAK_KEEP_LOGS:-0} != 1 ]]; then
     rm -rf "$workdir"
   else
@@ -48,9 +50,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-# shellcheck source=scripts/lib.sh
-source scripts/lib.sh  # the working directory is the repository root (see above)
 
 "$mock_bin" --host 127.0.0.1 --port 0 --ranks 4 --threads "${SOAK_MOCK_THREADS:-1}" \
   --ttft-ms "${SOAK_TTFT_MS:-1}" --itl-ms "${SOAK_ITL_MS:-1}" --admin-port 0 >"$workdir/mock.log" 2>&1 &

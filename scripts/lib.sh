@@ -12,3 +12,12 @@ await_line() {
   cat "$file" >&2
   return 1
 }
+
+# Stops the given processes by pid (those still running) and reaps them; empty arguments are skipped.
+stop_pids() {
+  local p
+  # `|| true`: under `set -e` a failing kill (already gone) or wait (killed by the signal) must not end
+  # the caller's EXIT trap with that status.
+  for p in "$@"; do [[ -z $p ]] || kill "$p" 2>/dev/null || true; done
+  for p in "$@"; do [[ -z $p ]] || wait "$p" 2>/dev/null || true; done
+}
