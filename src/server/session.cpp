@@ -87,6 +87,55 @@ io::task<void> watch_client(io::socket& socket, std::shared_ptr<client_watch> wa
   }
 }
 
+// The relay's deadlines, without a timer operation per read and per write. A stream is relayed with one
+// read and one write per event, and beast::tcp_stream arms and cancels a timer around each of them (a
+// timer-queue insertion and removal and a wrapped handler, every time). Here an operation only stores
+// its deadline; one timer per relay wakes at the earliest deadline (or every `period` while none is set)
+// and closes the socket whose deadline has passed, so that its pending operation fails, as it would
+// with tcp_stream's own timeout.
+class relay_watchdog : public std::enable_shared_from_this<relay_watchdog> {
+ public:
+  using time_point = clock_type::time_point;
+
+  relay_watchdog(const io::executor& executor, io::socket& upstream, io::socket& client,
+                 std::chrono::milliseconds period)
+      : timer_(executor), upstream_(upstream), client_(client), period_(period) {}
+
+  void start() { arm(clock_type::now() + period_); }
+  void stop() {
+    stopped_ = true;
+    timer_.cancel();
+  }
+
+  void reading(std::chrono::milliseconds timeout) { upstream_deadline_ = clock_type::now() + timeout; }
+  void writing(std::chrono::milliseconds timeout) { client_deadline_ = clock_type::now() + timeout; }
+  void idle() { upstream_deadline_ = client_deadline_ = time_point::max(); }
+
+ private:
+  void arm(time_point at) {
+    timer_.expires_at(at);
+    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) { self->expired(ec); });
+  }
+
+  void expired(const boost::system::error_code& ec) {
+    if (ec || stopped_) return;  // stopped: the sockets may be gone
+    const auto now = clock_type::now();
+    boost::system::error_code ignored;
+    if (now >= upstream_deadline_) return void(upstream_.close(ignored));  // the engine fell silent
+    if (now >= client_deadline_) return void(client_.close(ignored));      // the client stopped reading
+    const auto next = std::min(upstream_deadline_, client_deadline_);
+    arm(next == time_point::max() ? now + period_ : next);
+  }
+
+  io::steady_timer timer_;
+  io::socket& upstream_;
+  io::socket& client_;
+  std::chrono::milliseconds period_;
+  time_point upstream_deadline_ = time_point::max();
+  time_point client_deadline_ = time_point::max();
+  bool stopped_ = false;
+};
+
 class session {
  public:
   session(worker_state& worker, io::socket socket)
@@ -435,6 +484,15 @@ class session {
     bool body_ended = false;  // the terminating chunk (if any) has been sent
     // Sends body bytes (none for the head alone), with the head before them the first time; `last`
     // ends the body (the terminating chunk when chunked).
+    // The relay's reads and writes go straight to the sockets, their deadlines kept by one watchdog.
+    const auto watchdog = std::make_shared<relay_watchdog>(
+        client_.get_executor(), connection->stream.socket(), client_.socket(),
+        std::min(settings_.upstream_read_timeout, settings_.client_write_timeout));
+    watchdog->start();
+    struct stop_watchdog_on_exit {
+      relay_watchdog& w;
+      ~stop_watchdog_on_exit() { w.stop(); }
+    } stop_watchdog{*watchdog};
     const auto send = [&](std::string_view data, bool last) -> io::task<bool> {
       if (head_sent) framing.clear();
       std::string_view tail;
@@ -444,8 +502,9 @@ class session {
         tail = data.empty() ? (last ? http::last_chunk : std::string_view{}) : (last ? end_and_last : http::chunk_end);
       }
       const std::array<asio::const_buffer, 3> pieces{asio::buffer(framing), asio::buffer(data), asio::buffer(tail)};
-      client_.expires_after(settings_.client_write_timeout);
-      auto [ec, n] = co_await asio::async_write(client_, pieces, as_result);
+      watchdog->writing(settings_.client_write_timeout);
+      auto [ec, n] = co_await asio::async_write(client_.socket(), pieces, as_result);
+      watchdog->idle();
       head_sent = true;
       body_ended = last;
       co_return !ec;
@@ -481,8 +540,10 @@ class session {
     while (client_ok && has_body && !parser->is_done()) {
       parser->get().body().data = relay;
       parser->get().body().size = relay_buffer_size;
-      connection->stream.expires_after(settings_.upstream_read_timeout);
-      auto [read_ec, read] = co_await bhttp::async_read_some(connection->stream, connection->buffer, *parser, as_result);
+      watchdog->reading(settings_.upstream_read_timeout);
+      auto [read_ec, read] =
+          co_await bhttp::async_read_some(connection->stream.socket(), connection->buffer, *parser, as_result);
+      watchdog->idle();
       if (read_ec && read_ec != bhttp::error::need_buffer) {
         upstream_ok = false;
         break;
@@ -525,7 +586,10 @@ class session {
                    shared_.backends[rank].url);
       co_return false;
     }
-    if (upstream_keep_alive && parser->is_done()) worker_.pool.give_back(rank, std::move(connection));
+    // (A watchdog that fired at the very moment the last read completed has closed the socket: not reusable.)
+    if (upstream_keep_alive && parser->is_done() && connection->stream.socket().is_open()) {
+      worker_.pool.give_back(rank, std::move(connection));
+    }
     co_return keep_client;
   }
 

@@ -422,3 +422,37 @@ TEST_CASE("a request that waits longer than --queue-timeout-ms gets 503", "[reli
   CHECK(metric_sum(m, "dplb_rejected_requests_total{", {"code=\"503\""}) == 1);
   CHECK(metric_sum(m, "dplb_rank_inflight{") == 0);
 }
+
+TEST_CASE("timeouts while relaying: a silent engine and a client that stops reading", "[reliability][timeouts]") {
+  SECTION("an engine silent mid-stream for longer than --upstream-read-timeout-ms is cut; the client sees the truncation") {
+    mock_engine engine(1, {"--itl-ms", "2000"});  // the second token would come 2 s after the first
+    dplb_proxy proxy(engine.urls(), {"--health-check-interval-ms", "0", "--upstream-read-timeout-ms", "200"});
+    http_connection client(proxy.port());
+    const auto t0 = steady::now();
+    const auto r = client.send_streaming(completion(5, true), 10s);
+    const auto took = steady::now() - t0;
+    CHECK(r.status == 200);
+    CHECK_FALSE(r.complete);  // no terminating chunk: the client knows the response is incomplete
+    CHECK(r.body.find("data: ") != std::string::npos);  // the first token did arrive
+    CHECK(took >= 180ms);
+    CHECK(took < 1500ms * DPLB_TIMING_SLACK);  // long before the engine's next token
+    const auto m = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_rank_inflight{") == 0; });
+    CHECK(metric_sum(m, "dplb_rank_inflight{") == 0);
+    CHECK(metric_sum(m, "dplb_upstream_errors_total{", {"kind=\"midstream\""}) == 1);
+  }
+  SECTION("a client that stops reading is dropped after --client-write-timeout-ms, and the engine sees the abort") {
+    mock_engine engine(1);
+    dplb_proxy proxy(engine.urls(), {"--health-check-interval-ms", "0", "--client-write-timeout-ms", "300"});
+    http_connection client(proxy.port());
+    // 64 MiB of events, far more than the socket buffers between dplb and a client that reads nothing.
+    client.write_raw("GET /mock/stream?events=8192&interval_ms=0&bytes=8192 HTTP/1.1\r\nHost: x\r\n\r\n");
+    const auto gone = await_metrics(proxy.port(), [](const auto& m) {
+      return metric_sum(m, "dplb_requests_total{", {"code=\"499\""}) == 1 && metric_sum(m, "dplb_rank_inflight{") == 0;
+    }, std::chrono::duration_cast<std::chrono::milliseconds>(5s * DPLB_TIMING_SLACK));
+    CHECK(metric_sum(gone, "dplb_requests_total{", {"code=\"499\""}) == 1);
+    CHECK(metric_sum(gone, "dplb_rank_inflight{") == 0);
+    const auto e = await_until([&] { return engine.metrics(0); },
+                               [](const auto& e) { return metric_sum(e, "mock_requests_aborted_total") == 1; });
+    CHECK(metric_sum(e, "mock_requests_aborted_total") == 1);
+  }
+}
