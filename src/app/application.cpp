@@ -79,7 +79,9 @@ unsigned thread_count(unsigned configured) {
 }
 
 // One event loop with its own acceptor and connection pool: nothing in it is shared with other
-// workers, so none of it needs a lock. The concurrency hint 1 lets Asio skip its internal locking.
+// workers, so none of it needs a lock. Every socket and timer of a worker is only ever touched on the
+// worker's own thread (other threads only post to it), so the reactor's per-socket locking is switched
+// off (BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO); the scheduler keeps its lock for those posts.
 struct worker {
   worker(server::shared_state& shared, const std::vector<upstream::backend>& backends,
          upstream::pool_limits limits, const tcp::endpoint& endpoint)
@@ -87,7 +89,7 @@ struct worker {
         state{shared, pool, {}},
         acceptor(server::open_acceptor(io.get_executor(), endpoint)) {}
 
-  asio::io_context io{1};
+  asio::io_context io{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
   upstream::connection_pool pool;
   server::worker_state state;
   io::acceptor acceptor;

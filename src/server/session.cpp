@@ -66,25 +66,29 @@ struct client_watch {
   bool done = false;                                  // the request is over; the watcher must not touch anything
   bool client_gone = false;                           // the client closed or reset its connection
   upstream::upstream_connection* upstream = nullptr;  // closed by the watcher when the client goes
+  char probe = 0;  // where the watch's MSG_PEEK copies a byte (never read; nothing is consumed)
 };
 
-// Waits until the client's socket is readable. Bytes there are a pipelined next request (left in the
-// socket for the session to read); end-of-file or an error is the client leaving, and the engine
-// connection is closed at once so the engine aborts the request and frees its KV cache.
+// Watches the client's socket while its request is proxied. Bytes arriving there are a pipelined next
+// request (left in the socket for the session to read); end-of-file or an error is the client leaving,
+// and the engine connection is closed at once so the engine aborts the request and frees its KV cache.
 //
-// The wait is a one-byte MSG_PEEK receive rather than async_wait(wait_read): Asio arms a wait with an
-// epoll_ctl call every time, while a receive on a socket already registered for input costs no system
-// call until the socket becomes readable (one per request saved, of about five).
-io::task<void> watch_client(io::socket& socket, std::shared_ptr<client_watch> watch) {
-  char probe;
-  auto [ec, n] = co_await socket.async_receive(asio::buffer(&probe, 1), io::socket::message_peek, as_result);
-  if (watch->done || ec == asio::error::operation_aborted) co_return;  // the session may be gone
-  if (!ec && n > 0) co_return;  // a pipelined request: not a disconnect
-  watch->client_gone = true;    // end of file or an error: the client left
-  if (watch->upstream) {
-    boost::system::error_code ignored;
-    watch->upstream->stream.socket().close(ignored);
-  }
+// The watch is a one-byte MSG_PEEK receive with a plain completion handler: Asio arms an async_wait with
+// an epoll_ctl call every time, while a receive on a socket already registered for input costs no system
+// call until the socket becomes readable; and a handler costs less than a coroutine per request.
+void watch_client(io::socket& socket, std::shared_ptr<client_watch> watch) {
+  auto* probe = &watch->probe;
+  socket.async_receive(asio::buffer(probe, 1), io::socket::message_peek,
+                       [watch = std::move(watch)](const boost::system::error_code& ec, std::size_t n) {
+                         // `done` first: the session and its sockets may be gone.
+                         if (watch->done || ec == asio::error::operation_aborted) return;
+                         if (!ec && n > 0) return;  // a pipelined request: not a disconnect
+                         watch->client_gone = true;  // end of file or an error: the client left
+                         if (watch->upstream) {
+                           boost::system::error_code ignored;
+                           watch->upstream->stream.socket().close(ignored);
+                         }
+                       });
 }
 
 // The relay's deadlines, without a timer operation per read and per write. A stream is relayed with one
@@ -400,7 +404,7 @@ class session {
     // While dplb waits for the engine and relays its answer, a watcher notices the client leaving and
     // closes the engine connection at once: that is how vLLM learns to abort the request.
     auto watch = std::make_shared<client_watch>();
-    asio::co_spawn(client_.get_executor(), watch_client(client_.socket(), watch), asio::detached);
+    watch_client(client_.socket(), watch);
     struct stop_watch_on_exit {
       client_watch& w;
       io::socket& socket;
