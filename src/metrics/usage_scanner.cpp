@@ -15,21 +15,37 @@ bool is_space(char c) noexcept { return c == ' ' || c == '\t' || c == '\r' || c 
 
 void usage_scanner::feed(std::string_view bytes) noexcept {
   const char* p = bytes.data();
-  const char* end = p + bytes.size();
+  const char* const end = p + bytes.size();
+  // `"completion_tokens"`, the longer key with its quotes, fits in what is left of the piece.
+  constexpr std::size_t whole_key = completion_key.size() + 2;
+  const auto key_at = [](const char* quote, std::string_view key) {
+    return std::memcmp(quote + 1, key.data(), key.size()) == 0 && quote[1 + key.size()] == '"';
+  };
   while (p < end) {
-    if (state_ == state::scan) {
-      // Fast path: nearly every byte of a response is outside a key of interest. Jump from quote to
-      // quote, and past every quote whose next byte (when already here) cannot start either key; an SSE
-      // event holds some thirty quotes and only the usage chunk has a key that matters.
-      for (;;) {
-        const void* quote = std::memchr(p, '"', static_cast<std::size_t>(end - p));
-        if (!quote) return;
-        p = static_cast<const char*>(quote);
-        if (p + 1 == end || p[1] == 'p' || p[1] == 'c') break;
-        p += p[1] == '"' ? 1 : 2;  // neither key starts here; a quote right after may open one
-      }
+    if (state_ != state::scan) {
+      step(*p++);
+      continue;
     }
-    step(*p++);
+    // Nearly every byte of a response is outside a key of interest: jump to the next quote.
+    const void* quote = std::memchr(p, '"', static_cast<std::size_t>(end - p));
+    if (!quote) return;
+    p = static_cast<const char*>(quote);
+    if (static_cast<std::size_t>(end - p) >= whole_key) {
+      // The whole key is in this piece: compare it at once (an SSE event holds some thirty quotes).
+      if (p[1] == 'p' && key_at(p, prompt_key)) {
+        key_ = which::prompt;
+        state_ = state::before_colon;
+        p += prompt_key.size() + 2;
+      } else if (p[1] == 'c' && key_at(p, completion_key)) {
+        key_ = which::completion;
+        state_ = state::before_colon;
+        p += completion_key.size() + 2;
+      } else {
+        ++p;  // no key of interest opens here; a quote inside is found by the next search
+      }
+      continue;
+    }
+    step(*p++);  // near the end of the piece: byte by byte, so that a key split across pieces is found
   }
 }
 
