@@ -100,11 +100,7 @@ source scripts/lib.sh  # the working directory is the repository root (see above
 # shellcheck disable=SC2317  # invoked by the trap
 cleanup() {
   stop_pids "$stream_pid" "${pid[@]}" "$mock_pid"
-  if [[ $status == 0 && ${OVERHEAD_KEEP_LOGS:-0} != 1 ]]; then
-    rm -rf "$workdir"
-  else
-    echo "overhead: logs kept in $workdir" >&2
-  fi
+  finish_workdir "$workdir" "$status" "${OVERHEAD_KEEP_LOGS:-0}"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM

@@ -42,11 +42,7 @@ source scripts/lib.sh  # the working directory is the repository root (see above
 # shellcheck disable=SC2317  # invoked by the trap
 cleanup() {
   stop_pids "$client_pid" "$dplb_pid" "$mock_pid"
-  if [[ $status == 0 && ${SOAK_KEEP_LOGS:-0} != 1 ]]; then
-    rm -rf "$workdir"
-  else
-    echo "soak: logs kept in $workdir" >&2
-  fi
+  finish_workdir "$workdir" "$status" "${SOAK_KEEP_LOGS:-0}"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM

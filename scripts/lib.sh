@@ -21,3 +21,13 @@ stop_pids() {
   for p in "$@"; do [[ -z $p ]] || kill "$p" 2>/dev/null || true; done
   for p in "$@"; do [[ -z $p ]] || wait "$p" 2>/dev/null || true; done
 }
+
+# Removes a script's temporary directory after a run that passed (status 0), unless asked to keep it
+# (keep = 1); otherwise keeps it and says where, for the logs.
+finish_workdir() {  # dir status keep
+  if [[ $2 == 0 && $3 != 1 ]]; then
+    rm -rf "$1"
+  else
+    echo "$(basename "$0" .sh): logs kept in $1" >&2
+  fi
+}
