@@ -96,7 +96,8 @@ void watch_client(io::socket& socket, std::shared_ptr<client_watch> watch) {
 // timer-queue insertion and removal and a wrapped handler, every time). Here an operation only stores
 // its deadline; one timer per relay wakes at the earliest deadline (or every `period` while none is set)
 // and closes the socket whose deadline has passed, so that its pending operation fails, as it would
-// with tcp_stream's own timeout.
+// with tcp_stream's own timeout. `period` is the shorter of the two timeouts, so no deadline is noticed
+// more than one period late.
 class relay_watchdog : public std::enable_shared_from_this<relay_watchdog> {
  public:
   using time_point = clock_type::time_point;
@@ -125,10 +126,18 @@ class relay_watchdog : public std::enable_shared_from_this<relay_watchdog> {
     if (ec || stopped_) return;  // stopped: the sockets may be gone
     const auto now = clock_type::now();
     boost::system::error_code ignored;
-    if (now >= upstream_deadline_) return void(upstream_.close(ignored));  // the engine fell silent
-    if (now >= client_deadline_) return void(client_.close(ignored));      // the client stopped reading
-    const auto next = std::min(upstream_deadline_, client_deadline_);
-    arm(next == time_point::max() ? now + period_ : next);
+    if (now >= upstream_deadline_) {  // the engine fell silent
+      upstream_.close(ignored);
+      upstream_deadline_ = time_point::max();
+    }
+    if (now >= client_deadline_) {  // the client stopped reading
+      client_.close(ignored);
+      client_deadline_ = time_point::max();
+    }
+    // Never sleep past `period`: a deadline stored after this wake-up (now + a timeout >= period) is then
+    // checked in time, however far the other deadline is. And keep watching after a close: the operation
+    // it was meant for may have completed just before, and the relay may go on to another one.
+    arm(std::min(std::min(upstream_deadline_, client_deadline_), now + period_));
   }
 
   io::steady_timer timer_;

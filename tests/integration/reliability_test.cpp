@@ -455,4 +455,20 @@ TEST_CASE("timeouts while relaying: a silent engine and a client that stops read
                                [](const auto& e) { return metric_sum(e, "mock_requests_aborted_total") == 1; });
     CHECK(metric_sum(e, "mock_requests_aborted_total") == 1);
   }
+  SECTION("a client that reads for a while and then stalls is dropped in time, however far the read deadline is") {
+    // The relay waits on the engine most of the time, whose deadline (the default 600 s) is far away; the
+    // write deadline set when the client stalls must still be enforced within about one write timeout.
+    mock_engine engine(1);
+    dplb_proxy proxy(engine.urls(), {"--health-check-interval-ms", "0", "--client-write-timeout-ms", "300"});
+    http_connection client(proxy.port());
+    client.write_raw("GET /mock/stream?events=100000&interval_ms=5&bytes=65536 HTTP/1.1\r\nHost: x\r\n\r\n");
+    CHECK(client.read_for(1200ms) > 0);  // several watchdog periods of a healthy stream
+    const auto stalled_at = steady::now();
+    const auto gone = await_metrics(proxy.port(), [](const auto& m) {
+      return metric_sum(m, "dplb_requests_total{", {"code=\"499\""}) == 1;
+    }, std::chrono::duration_cast<std::chrono::milliseconds>(15s * DPLB_TIMING_SLACK));
+    CHECK(metric_sum(gone, "dplb_requests_total{", {"code=\"499\""}) == 1);
+    CHECK(steady::now() - stalled_at < 10s * DPLB_TIMING_SLACK);  // socket buffers filling, then 300 ms
+    CHECK(client.is_open());  // dplb dropped the client; the client never closed
+  }
 }

@@ -136,6 +136,29 @@ std::string http_connection::read_until_close(std::chrono::milliseconds deadline
   return all;
 }
 
+std::size_t http_connection::read_for(std::chrono::milliseconds duration) {
+  std::size_t total = 0;
+  bool reading = true;
+  io_.restart();
+  asio::co_spawn(io_, [&]() -> asio::awaitable<void> {
+    char chunk[64 * 1024];
+    for (;;) {
+      auto [ec, n] = co_await socket_.async_read_some(asio::buffer(chunk), as_result);
+      total += n;
+      if (ec) break;
+    }
+    reading = false;
+  }, asio::detached);
+  io_.run_for(duration);
+  if (reading) {
+    boost::system::error_code ignored;
+    socket_.cancel(ignored);  // stop reading; the connection stays open
+    io_.restart();
+    io_.run_for(std::chrono::seconds(1));
+  }
+  return total;
+}
+
 http_response http_get(std::uint16_t port, const std::string& target, std::chrono::milliseconds deadline) {
   http_connection c(port);
   return c.send({bhttp::verb::get, target, 11}, deadline);

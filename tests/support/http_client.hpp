@@ -45,6 +45,9 @@ class http_connection {
   // closes or the deadline passes.
   void write_raw(std::string_view bytes);
   std::string read_until_close(std::chrono::milliseconds deadline);
+  // Reads whatever arrives for `duration`, then stops reading and leaves the connection open (a client
+  // that stalls). Returns the number of bytes read.
+  std::size_t read_for(std::chrono::milliseconds duration);
 
   // Closes the socket now (the client "goes away").
   void close();
