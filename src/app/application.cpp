@@ -111,7 +111,9 @@ struct application::impl {
                    upstream::health_policy{settings.unhealthy_threshold, settings.healthy_threshold,
                                            settings.ejection_threshold, settings.ejection_base,
                                            settings.ejection_max, settings.max_ejected_percent}}),
-        stats(backends, balancer, settings.stats_interval, settings.health_check_timeout),
+        // A rank that does not answer must not hold the others' snapshot back by much more than an interval.
+        stats(backends, balancer, settings.stats_interval,
+              std::min(settings.health_check_timeout, std::max(settings.stats_interval, std::chrono::milliseconds(50)))),
         shared{settings, backends, balancer, metrics, health},
         signals(signal_io, SIGINT, SIGTERM) {
     const upstream::pool_limits limits{settings.upstream_connect_timeout, settings.upstream_idle_timeout,

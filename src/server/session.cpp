@@ -568,8 +568,8 @@ class session {
       client_ok = co_await send({relay, got}, parser->is_done());
     }
     if (client_ok && upstream_ok && !body_ended) {
-      // Only possible for a body that ended exactly at a read that delivered nothing new (e.g. the
-      // engine's last chunk arrived alone): the end still has to be told.
+      // A safety net: the loop above sends the end itself (a read that completes the body is always sent
+      // with `last`, even when it delivered no data), so a client is never left without the body's end.
       client_ok = co_await send({}, true);
     }
 

@@ -85,10 +85,12 @@ asio::awaitable<void> engine_stats_poller::poll_loop() {
     for (std::size_t r = 0; r < backends_.size(); ++r) {
       const auto page = co_await fetch(backends_[r], "/metrics", "dplb-engine-stats", timeout_, 16u << 20);
       const auto load = page && page->status == 200 ? parse_engine_load(page->body) : std::nullopt;
-      if (load) snapshot[r] = *load;
-      else if (!std::exchange(warned[r], char{1})) {
+      if (load) {
+        snapshot[r] = *load;
+        if (std::exchange(warned[r], char{0})) spdlog::info("engine stats: rank {} ({}) answers again", r, backends_[r].url);
+      } else if (!std::exchange(warned[r], char{1})) {
         spdlog::warn("engine stats: no vllm:num_requests_waiting/running from rank {} ({}); keeping its last "
-                     "numbers (warned once)", r, backends_[r].url);
+                     "numbers until it answers again", r, backends_[r].url);
       }
       if (stopped_.load(std::memory_order_relaxed)) co_return;
     }
