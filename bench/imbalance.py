@@ -26,67 +26,16 @@ import argparse
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
+from benchlib import Process, log, metric_sum, scrape
+
 RANKS = 4
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
-class Process:
-    """A child whose stdout goes to a log file; stopped by its own pid."""
-
-    def __init__(self, args, log_path):
-        self.log_path = log_path
-        self.log_file = open(log_path, "w")
-        self.proc = subprocess.Popen(args, stdout=self.log_file, stderr=subprocess.STDOUT)
-
-    def await_line(self, pattern, timeout=10.0):
-        """The first match of `pattern` in the log, waiting (bounded) for the line to appear."""
-        deadline = time.monotonic() + timeout
-        regex = re.compile(pattern)
-        while time.monotonic() < deadline:
-            match = regex.search(Path(self.log_path).read_text())
-            if match:
-                return match
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.02)
-        raise RuntimeError(f"timed out waiting for /{pattern}/ in {self.log_path}:\n"
-                           + Path(self.log_path).read_text())
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log_file.close()
-
-
-def scrape(url):
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        return answer.read().decode()
-
-
-def metric_sum(text, name):
-    """Sum of every sample of a metric (all label sets) in Prometheus text."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def run_one(opts, workdir, policy, label, bench_args, start_after=0):
@@ -98,7 +47,7 @@ def run_one(opts, workdir, policy, label, bench_args, start_after=0):
     proxy = None
     try:
         mock.await_line(r"mock-engine ready")
-        text = Path(mock.log_path).read_text()
+        text = mock.log_text()
         ports = [int(p) for p in re.findall(r"rank \d+ listening on [\d.]+:(\d+)", text)]
         admin = int(re.search(r"admin listening on [\d.]+:(\d+)", text).group(1))
         args = [opts.dplb, "--listen", "127.0.0.1:0", "--threads", str(opts.dplb_threads), "--policy", policy,

@@ -22,46 +22,17 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import resource
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from benchlib import Process, log, metric_sum, scrape
 
 # dplb's own descriptors besides the connections: stdio, the listening socket, epoll, eventfd, timers,
 # health checks in flight. Generous on purpose: a count that would not fit is lowered, not failed.
 RESERVED_FDS = 64
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
-def start(args, log_path, pattern):
-    log_file = open(log_path, "w")
-    proc = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and proc.poll() is None:
-        match = re.search(pattern, Path(log_path).read_text())
-        if match:
-            return proc, match
-        time.sleep(0.02)
-    stop(proc)
-    raise RuntimeError(f"{args[0]} did not start:\n" + Path(log_path).read_text())
-
-
-def stop(proc):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def rss_kib(pid):
@@ -72,10 +43,7 @@ def rss_kib(pid):
 
 
 def metric(port, name):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-        text = answer.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
+    return metric_sum(scrape(f"http://127.0.0.1:{port}/metrics"), name)
 
 
 async def await_metric(port, name, wanted, timeout):
@@ -186,30 +154,32 @@ def main():
     rows = []
     mock_proc = None
     try:
-        mock_proc, _ = start([str(mock), "--ranks", "1", "--port", "0", "--threads", "2", "--itl-ms", str(opts.itl_ms)],
-                             workdir / "mock.log", r"mock-engine ready")
-        engine_port = re.search(r"rank 0 listening on [\d.]+:(\d+)", (workdir / "mock.log").read_text()).group(1)
+        mock_proc = Process([str(mock), "--ranks", "1", "--port", "0", "--threads", "2", "--itl-ms", str(opts.itl_ms)],
+                            workdir / "mock.log")
+        mock_proc.await_line(r"mock-engine ready")
+        engine_port = mock_proc.await_line(r"rank 0 listening on [\d.]+:(\d+)").group(1)
         for kind in opts.kinds.split():
             for asked in [int(c) for c in opts.counts.split()]:
                 count = fitting(asked, kind, hard)
                 # A fresh dplb per point, so that what one point allocated cannot flatter the next.
-                proc, match = start([str(dplb), "--listen", "127.0.0.1:0", "--backend", f"http://127.0.0.1:{engine_port}",
-                                     "--threads", "1", "--max-client-connections", "100000",
-                                     "--client-idle-timeout-ms", "600000", "--log-level", "info"],
-                                    workdir / f"dplb-{kind}-{count}.log", r"listening on 127\.0\.0\.1:(\d+)")
+                proc = Process([str(dplb), "--listen", "127.0.0.1:0", "--backend", f"http://127.0.0.1:{engine_port}",
+                                "--threads", "1", "--max-client-connections", "100000",
+                                "--client-idle-timeout-ms", "600000", "--log-level", "info"],
+                               workdir / f"dplb-{kind}-{count}.log")
                 try:
+                    port = int(proc.await_line(r"listening on 127\.0\.0\.1:(\d+)").group(1))
                     time.sleep(0.3)  # let start-up allocations (first health check) settle before the baseline
                     log(f"{kind}: {count} connections" + (f" (asked {asked}; fd limit {hard})" if count != asked else ""))
-                    row = asyncio.run(measure(opts, kind, count, proc.pid, int(match.group(1))))
+                    row = asyncio.run(measure(opts, kind, count, proc.pid, port))
                     row["asked"] = asked
                     rows.append(row)
                 finally:
-                    stop(proc)
+                    proc.stop()
                 if proc.returncode != 0:
-                    raise RuntimeError(f"dplb exited {proc.returncode}:\n" + (workdir / f"dplb-{kind}-{count}.log").read_text())
+                    raise RuntimeError(f"dplb exited {proc.returncode}:\n" + proc.log_text())
     finally:
         if mock_proc:
-            stop(mock_proc)
+            mock_proc.stop()
         for f in workdir.iterdir():
             f.unlink()
         workdir.rmdir()
