@@ -57,6 +57,21 @@ class text_writer {
     out_.append(text, static_cast<std::size_t>(n));
   }
 
+  // A whole series (its HELP and TYPE lines, then its one sample), naming it once.
+  void vllm_series(std::string_view name, std::string_view type, std::string_view help, std::int64_t value,
+                   std::string_view extra_label = {}) {
+    family(name, type, help);
+    vllm_sample(name, value, extra_label);
+  }
+  void mock_series(std::string_view name, std::string_view type, std::string_view help, std::int64_t value) {
+    family(name, type, help);
+    mock_sample(name, value);
+  }
+  void mock_seconds_counter(std::string_view name, std::string_view help, std::int64_t nanoseconds) {
+    family(name, "counter", help);
+    mock_seconds(name, nanoseconds);
+  }
+
   std::string take() { return std::move(out_); }
 
  private:
@@ -77,56 +92,50 @@ std::int64_t load(const std::atomic<std::int64_t>& gauge) { return gauge.load(st
 
 std::string render_metrics(const engine_metrics& m, std::string_view engine, std::string_view model_name) {
   text_writer w(engine, model_name);
-  w.family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.");
-  w.vllm_sample("vllm:num_requests_running", load(m.requests_running));
+  w.vllm_series("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+                load(m.requests_running));
   // Without --simulate every admitted request runs at once, and this stays 0.
-  w.family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.");
-  w.vllm_sample("vllm:num_requests_waiting", load(m.requests_waiting));
-  w.family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.");
-  w.vllm_sample("vllm:kv_cache_usage_perc", 0);
-  w.family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.");
-  w.vllm_sample("vllm:prompt_tokens_total", load(m.prompt_tokens));
-  w.family("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.");
-  w.vllm_sample("vllm:generation_tokens_total", load(m.generation_tokens));
-  w.family("vllm:request_success_total", "counter", "Count of successfully processed requests.");
-  w.vllm_sample("vllm:request_success_total", load(m.requests_succeeded), "finished_reason=\"length\"");
+  w.vllm_series("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+                load(m.requests_waiting));
+  w.vllm_series("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", 0);
+  w.vllm_series("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", load(m.prompt_tokens));
+  w.vllm_series("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+                load(m.generation_tokens));
+  w.vllm_series("vllm:request_success_total", "counter", "Count of successfully processed requests.",
+                load(m.requests_succeeded), "finished_reason=\"length\"");
 
-  w.family("mock_requests_received_total", "counter",
-           "Requests whose head reached this rank (any path but /metrics), dropped and reset ones included.");
-  w.mock_sample("mock_requests_received_total", load(m.requests_received));
-  w.family("mock_requests_aborted_total", "counter",
-           "Generation and /mock/stream requests whose client went away before the end.");
-  w.mock_sample("mock_requests_aborted_total", load(m.requests_aborted));
-  w.family("mock_requests_dropped_total", "counter", "Requests closed unanswered by --close-on-request.");
-  w.mock_sample("mock_requests_dropped_total", load(m.requests_dropped));
-  w.family("mock_requests_reset_total", "counter",
-           "Requests whose connection was reset (RST) by the reset_on_request or reset_after_events fault.");
-  w.mock_sample("mock_requests_reset_total", load(m.requests_reset));
-  w.family("mock_health_checks_total", "counter", "GET and HEAD /health requests received.");
-  w.mock_sample("mock_health_checks_total", load(m.health_checks));
-  w.family("mock_metrics_scrapes_total", "counter",
-           "GET /metrics requests received on the rank's own port (a balancer reading engine stats).");
-  w.mock_sample("mock_metrics_scrapes_total", load(m.metrics_scrapes));
-  w.family("mock_connections_accepted_total", "counter", "Connections accepted.");
-  w.mock_sample("mock_connections_accepted_total", load(m.connections_accepted));
-  w.family("mock_connections_open", "gauge", "Connections open now.");
-  w.mock_sample("mock_connections_open", load(m.connections_open));
-  w.family("mock_connections_closed_by_fault_total", "counter",
-           "Open connections closed by the \"listening\": false fault.");
-  w.mock_sample("mock_connections_closed_by_fault_total", load(m.connections_closed_by_fault));
+  w.mock_series("mock_requests_received_total", "counter",
+                "Requests whose head reached this rank (any path but /metrics), dropped and reset ones included.",
+                load(m.requests_received));
+  w.mock_series("mock_requests_aborted_total", "counter",
+                "Generation and /mock/stream requests whose client went away before the end.",
+                load(m.requests_aborted));
+  w.mock_series("mock_requests_dropped_total", "counter", "Requests closed unanswered by --close-on-request.",
+                load(m.requests_dropped));
+  w.mock_series("mock_requests_reset_total", "counter",
+                "Requests whose connection was reset (RST) by the reset_on_request or reset_after_events fault.",
+                load(m.requests_reset));
+  w.mock_series("mock_health_checks_total", "counter", "GET and HEAD /health requests received.",
+                load(m.health_checks));
+  w.mock_series("mock_metrics_scrapes_total", "counter",
+                "GET /metrics requests received on the rank's own port (a balancer reading engine stats).",
+                load(m.metrics_scrapes));
+  w.mock_series("mock_connections_accepted_total", "counter", "Connections accepted.", load(m.connections_accepted));
+  w.mock_series("mock_connections_open", "gauge", "Connections open now.", load(m.connections_open));
+  w.mock_series("mock_connections_closed_by_fault_total", "counter",
+                "Open connections closed by the \"listening\": false fault.", load(m.connections_closed_by_fault));
   if (m.simulated) {
-    w.family("mock_steps_total", "counter", "Simulated engine steps run, dummy steps included.");
-    w.mock_sample("mock_steps_total", load(m.sim_steps));
-    w.family("mock_padded_tokens_total", "counter",
-             "Sum over steps of the CUDA-graph-padded batch this rank ran (under lockstep, the group's).");
-    w.mock_sample("mock_padded_tokens_total", load(m.sim_padded_tokens));
-    w.family("mock_real_tokens_total", "counter", "Sum over steps of the requests this rank scheduled.");
-    w.mock_sample("mock_real_tokens_total", load(m.sim_real_tokens));
-    w.family("mock_step_seconds_total", "counter", "Simulated seconds spent in steps.");
-    w.mock_seconds("mock_step_seconds_total", load(m.sim_step_ns));
-    w.family("mock_step_lag_seconds_total", "counter",
-             "Wall seconds between each step's due end and its handling, summed: the event loop's delay.");
-    w.mock_seconds("mock_step_lag_seconds_total", load(m.sim_lag_ns));
+    w.mock_series("mock_steps_total", "counter", "Simulated engine steps run, dummy steps included.",
+                  load(m.sim_steps));
+    w.mock_series("mock_padded_tokens_total", "counter",
+                  "Sum over steps of the CUDA-graph-padded batch this rank ran (under lockstep, the group's).",
+                  load(m.sim_padded_tokens));
+    w.mock_series("mock_real_tokens_total", "counter", "Sum over steps of the requests this rank scheduled.",
+                  load(m.sim_real_tokens));
+    w.mock_seconds_counter("mock_step_seconds_total", "Simulated seconds spent in steps.", load(m.sim_step_ns));
+    w.mock_seconds_counter("mock_step_lag_seconds_total",
+                           "Wall seconds between each step's due end and its handling, summed: the event loop's delay.",
+                           load(m.sim_lag_ns));
   }
   return w.take();
 }
