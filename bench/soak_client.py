@@ -489,16 +489,19 @@ class Soak:
             if self.args.log_faults:
                 log(f"fault off rank {rank}: {off} after {end - start:.2f} s")
 
+    async def faults_stopped_within(self, seconds):
+        """Waits up to `seconds`; True as soon as the faults are told to stop."""
+        try:
+            await asyncio.wait_for(self.stop_faults.wait(), seconds)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
     async def reset_faults(self):
         """One short reset fault at a time, on a rank that is not killed."""
         a = self.args
         delay = a.reset_first_s
-        while not self.stop_faults.is_set():
-            try:
-                await asyncio.wait_for(self.stop_faults.wait(), delay)
-                return
-            except asyncio.TimeoutError:
-                pass
+        while not await self.faults_stopped_within(delay):
             delay = self.rng.uniform(*a.reset_gap_s)
             candidates = [r for r in a.fault_ranks if r not in self.killed] or a.fault_ranks
             rank = self.rng.choice(candidates)
@@ -519,12 +522,7 @@ class Soak:
         """A rank stops listening (open connections closed), then comes back a few seconds later."""
         a = self.args
         delay = a.kill_first_s
-        while not self.stop_faults.is_set():
-            try:
-                await asyncio.wait_for(self.stop_faults.wait(), delay)
-                return
-            except asyncio.TimeoutError:
-                pass
+        while not await self.faults_stopped_within(delay):
             delay = a.kill_every_s
             candidates = [r for r in a.fault_ranks if r not in self.reset_faulted] or a.fault_ranks
             rank = self.rng.choice(candidates)
