@@ -536,9 +536,9 @@ class session {
       }
       shared_.metrics.request_finished(rank, status, clock_type::now() - picked_at);
     };
-    if (!has_body || parser->is_done()) engine_finished();
     if (!has_body || parser->is_done()) {
-      // No body to relay (HEAD, 204, 304, Content-Length: 0): the head alone, and done.
+      // No body to relay (HEAD, 204, 304, Content-Length: 0): accounted for now, then the head alone.
+      engine_finished();
       client_ok = co_await send({}, true);
     } else if (connection->buffer.size() == 0) {
       // Nothing of the body is here yet (a stream waiting for its first token): the head goes now so the
