@@ -1,9 +1,38 @@
 #include "dplb/upstream/connection_pool.hpp"
 
+#include <boost/asio/buffer.hpp>
+#include <utility>
+
 
 namespace dplb::upstream {
 
 namespace asio = boost::asio;
+
+upstream_connection::~upstream_connection() {
+  if (watch) watch->idle = nullptr;  // a watch completing after this must not touch the connection
+}
+
+namespace {
+
+// One-byte MSG_PEEK receive on an idle connection: it costs nothing while the engine is silent, and
+// completes when the engine closes the connection or sends bytes nobody asked for.
+void watch_while_idle(upstream_connection& connection) {
+  if (!connection.watch) connection.watch = std::make_shared<upstream_connection::idle_watch>();
+  auto& watch = connection.watch;
+  watch->idle = &connection;
+  connection.stream.socket().async_receive(
+      asio::buffer(&watch->probe, 1), io::socket::message_peek,
+      [watch](const boost::system::error_code& ec, std::size_t) {
+        // Aborted or cleared: taken for a request (take_idle cancels the watch) or destroyed.
+        if (ec == asio::error::operation_aborted || !watch->idle) return;
+        auto* connection = std::exchange(watch->idle, nullptr);
+        connection->broken = true;
+        boost::system::error_code ignored;
+        connection->stream.socket().close(ignored);  // the engine sees the close now, not at the sweep
+      });
+}
+
+}  // namespace
 
 connection_pool::connection_pool(io::executor executor, const std::vector<backend>& backends,
                                  pool_limits limits)
@@ -18,7 +47,11 @@ connection_ptr connection_pool::take_idle(std::size_t rank) {
     idle.pop_back();
     // LIFO: the freshest connection is the least likely to have been closed by the engine. An old
     // one is dropped here rather than raced against the engine's own keep-alive timeout.
-    if (now - c->idle_since < limits_.idle_timeout) return c;
+    if (c->broken || now - c->idle_since >= limits_.idle_timeout) continue;
+    c->watch->idle = nullptr;  // the cancelled watch's handler, still to run, leaves the connection alone
+    boost::system::error_code ignored;
+    c->stream.socket().cancel(ignored);
+    return c;
   }
   return nullptr;
 }
@@ -44,6 +77,7 @@ void connection_pool::give_back(std::size_t rank, connection_ptr connection) {
   connection->stream.expires_never();
   connection->idle_since = std::chrono::steady_clock::now();
   connection->reused = true;
+  watch_while_idle(*connection);
   idle.push_back(std::move(connection));
 }
 
@@ -53,6 +87,7 @@ void connection_pool::drop_expired(std::size_t rank, std::chrono::steady_clock::
   std::size_t keep_from = 0;
   while (keep_from < idle.size() && now - idle[keep_from]->idle_since >= limits_.idle_timeout) ++keep_from;
   idle.erase(idle.begin(), idle.begin() + static_cast<std::ptrdiff_t>(keep_from));
+  std::erase_if(idle, [](const connection_ptr& c) { return c->broken; });
 }
 
 io::task<void> connection_pool::sweep_loop() {
