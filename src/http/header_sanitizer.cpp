@@ -42,7 +42,12 @@ void strip_hop_by_hop(bhttp::fields& fields) {
   for (auto it = fields.find(bhttp::field::connection); it != fields.end() && it->name() == bhttp::field::connection; ++it) {
     for_each_list_item(it->value(), [&](std::string_view item) { named.emplace_back(item); });
   }
-  for (const auto& name : named) fields.erase(name);
+  for (const auto& name : named) {
+    // A message's length is never the sender's to name away: dropping Content-Length here would leave
+    // the other side without framing (Transfer-Encoding is removed below and re-applied by the caller).
+    if (iequals(name, "content-length")) continue;
+    fields.erase(name);
+  }
   for (auto f : {bhttp::field::connection, bhttp::field::keep_alive, bhttp::field::proxy_connection,
                  bhttp::field::te, bhttp::field::transfer_encoding, bhttp::field::upgrade,
                  bhttp::field::proxy_authorization, bhttp::field::proxy_authenticate}) {

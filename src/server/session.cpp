@@ -5,7 +5,6 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
-#include <boost/url/parse.hpp>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 
 #include "dplb/http/error_response.hpp"
 #include "dplb/http/header_sanitizer.hpp"
+#include "dplb/server/admission.hpp"
 #include "dplb/http/wire_format.hpp"
 #include "dplb/metrics/usage_scanner.hpp"
 
@@ -36,15 +36,6 @@ using io::as_result;
 // burst that arrived together leaves in one write, while 10,000 streaming sessions cost 160 MiB at most.
 constexpr std::size_t relay_buffer_size = 16 * 1024;
 
-using client_request = bhttp::request<bhttp::string_body>;
-
-bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return (x | 0x20) == (y | 0x20);
-         });
-}
-
-std::string_view path_of(std::string_view target) { return target.substr(0, target.find('?')); }
 
 // The engine closed (or reset) a connection without answering: the classic keep-alive race when the
 // connection came from the pool.
@@ -56,6 +47,28 @@ bool is_closed_connection(const boost::system::error_code& ec) {
 bool response_has_body(unsigned status, bool head_request) {
   return !head_request && !(status >= 100 && status < 200) && status != 204 && status != 304;
 }
+
+// The Connection header of a response dplb writes as HTTP/1.1: an HTTP/1.0 client closes unless it is
+// told the connection stays open, an HTTP/1.1 client keeps it open unless it is told it closes.
+void set_connection_header(bhttp::response_header<>& head, bool keep_alive, unsigned client_version) {
+  if (!keep_alive) {
+    head.set(bhttp::field::connection, "close");
+  } else if (client_version < 11) {
+    head.set(bhttp::field::connection, "keep-alive");
+  } else {
+    head.erase(bhttp::field::connection);
+  }
+}
+
+// A pooled engine connection that closes without a byte of answer this soon after the request went out
+// is the keep-alive race: the engine closed it while idle, before the request arrived, so the request is
+// re-sent. A close later than this came from an engine that had the request and may have worked on it
+// (a reset minutes into a generation): re-sending would run the generation again behind the client's
+// back. A loopback or LAN round trip is far below this bound, even on a loaded machine.
+constexpr auto keepalive_race_window = std::chrono::seconds(1);
+
+// Interim (1xx) responses skipped before the final one; an engine that sends more is broken.
+constexpr int max_interim_responses = 16;
 
 // Shared between a proxied request and the coroutine that watches its client for a disconnect.
 struct client_watch {
@@ -182,7 +195,7 @@ class session {
  private:
   // Reads and answers one request. Returns whether the connection stays open for another.
   io::task<bool> serve_one_request() {
-    bhttp::request_parser<bhttp::string_body> parser;
+    request_parser parser;
     parser.header_limit(static_cast<std::uint32_t>(settings_.max_header_bytes));
     parser.body_limit(settings_.max_request_body_bytes);
 
@@ -199,23 +212,10 @@ class session {
     if (ec) co_return co_await refuse_unreadable_request(ec, true);
 
     auto& request = parser.get();
-    if (auto problem = http::check_request_framing(request)) {
-      // The body's end cannot be known: answer and close, never guess.
-      co_return co_await reject(problem->status, problem->message, false);
-    }
-    if (request.version() < 11 && request.count(bhttp::field::transfer_encoding) > 0) {
-      co_return co_await reject(400, "Transfer-Encoding is not allowed in an HTTP/1.0 request", false);
-    }
-    if (request.method() == bhttp::verb::connect || request.method() == bhttp::verb::trace) {
-      // dplb is no forward proxy (CONNECT), and TRACE only reflects headers back (cross-site tracing).
-      co_return co_await reject(405, "method not allowed through dplb", false);
-    }
-    if (!to_origin_form(request)) {
-      co_return co_await reject(400, "request target must be a path (origin-form) or an absolute http URL", false);
-    }
-    if (iequals(request[bhttp::field::expect], "100-continue")) {
-      // dplb reads the whole body before choosing a rank (so a request can be re-sent), so it answers
-      // the client's Expect itself; without this, curl and others stall a second before sending.
+    client_version_ = request.version();
+    const auto decision = admit(request.base());
+    if (decision.refused()) co_return co_await reject(decision.refusal_status, decision.refusal_message, false);
+    if (decision.send_continue) {
       static constexpr std::string_view continue_line = "HTTP/1.1 100 Continue\r\n\r\n";
       client_.expires_after(settings_.client_write_timeout);
       auto [wec, wn] = co_await asio::async_write(client_, asio::buffer(continue_line), as_result);
@@ -226,8 +226,11 @@ class session {
     if (body_ec) co_return co_await refuse_unreadable_request(body_ec, true);
 
     const bool keep_alive = request.keep_alive() && !shared_.draining.load(std::memory_order_relaxed);
-    const auto path = path_of(request.target());
-    if (path == "/metrics" || path == "/health") co_return co_await serve_own_path(request, path, keep_alive);
+    switch (decision.route) {
+      case request_route::metrics: co_return co_await serve_own_path(request, "/metrics", keep_alive);
+      case request_route::health: co_return co_await serve_own_path(request, "/health", keep_alive);
+      case request_route::proxy: break;
+    }
     co_return co_await proxy(request, keep_alive);
   }
 
@@ -247,25 +250,6 @@ class session {
       buffer_.commit(n);
       if (ec) co_return ec == asio::error::eof && buffer_.size() == 0 ? bhttp::error::end_of_stream : ec;
     }
-  }
-
-  // An absolute-form target (GET http://host/path) is rewritten to its path: the authority in it is never
-  // where the request goes (only configured backends are), and dplb's own paths are recognised in it.
-  static bool to_origin_form(client_request& request) {
-    const auto target = request.target();
-    if (!target.empty() && target.front() == '/') return true;
-    if (target == "*") return request.method() == bhttp::verb::options;
-    auto url = boost::urls::parse_absolute_uri(target);
-    if (!url || (url->scheme_id() != boost::urls::scheme::http && url->scheme_id() != boost::urls::scheme::https)) {
-      return false;
-    }
-    std::string origin(url->encoded_path().empty() ? "/" : std::string_view(url->encoded_path()));
-    if (url->has_query()) {
-      origin += '?';
-      origin += url->encoded_query();
-    }
-    request.target(origin);
-    return true;
   }
 
   io::task<bool> refuse_unreadable_request(const boost::system::error_code& ec, bool got_some) {
@@ -304,7 +288,7 @@ class session {
 
   io::task<bool> send_local(bhttp::response<bhttp::string_body>& response, bool keep_alive,
                                    bool head_request) {
-    response.keep_alive(keep_alive);
+    set_connection_header(response, keep_alive, client_version_);
     response.prepare_payload();
     if (head_request) response.body().clear();  // Content-Length still tells the size of a GET
     client_.expires_after(settings_.client_write_timeout);
@@ -387,8 +371,9 @@ class session {
   // Picks a rank, sends it the request and relays the response. Returns whether the client
   // connection may carry another request.
   io::task<bool> proxy(client_request& request, bool client_keep_alive) {
-    const bool client_understands_chunked = request.version() >= 11;  // before the head is rewritten
-    if (!prepare_upstream_request(request)) {
+    const unsigned client_version = request.version();  // before the head is rewritten
+    const bool client_understands_chunked = client_version >= 11;
+    if (!prepare_upstream_request(request, client_address_)) {
       co_return co_await reject(431, "X-Forwarded-For or Via is too long to append to", false);
     }
     auto slot = co_await acquire_slot();
@@ -461,7 +446,8 @@ class session {
     } else {
       shared_.health.record(rank, upstream::request_outcome::success);
     }
-    const bool upstream_keep_alive = upstream_head.keep_alive();
+    // The parser's view, not the fields': it is false for a body that ends when the engine closes.
+    const bool upstream_keep_alive = parser->keep_alive();
     const bool has_body = response_has_body(status, head_request);
     // Rewritten in place, without copying a field: the parser keeps its own record of the engine's
     // framing and keep-alive, so the fields are free to become the client's head.
@@ -470,18 +456,22 @@ class session {
     http::strip_hop_by_hop(out);
     bool keep_client = client_keep_alive;
     bool chunked_out = false;
-    if (has_body && !parser->content_length()) {
-      // Chunked, or delimited by the engine closing: relay as chunked to an HTTP/1.1 client; an
-      // HTTP/1.0 client gets the body delimited by dplb closing the connection.
-      if (client_understands_chunked) {
+    if (has_body) {
+      // The body's framing is dplb's, from the parser's view of the engine's message: a header the
+      // engine sent can neither remove it nor contradict it.
+      out.erase(bhttp::field::content_length);
+      if (const auto length = parser->content_length()) {
+        out.content_length(*length);
+      } else if (client_understands_chunked) {
+        // Chunked, or delimited by the engine closing: relayed chunked to an HTTP/1.1 client...
         out.chunked(true);
         chunked_out = true;
       } else {
-        keep_client = false;
+        keep_client = false;  // ...and delimited by dplb closing the connection for an HTTP/1.0 one
       }
     }
     out.set("x-dplb-rank", std::to_string(rank));
-    out.keep_alive(keep_client);
+    set_connection_header(out, keep_client, client_version);
 
     // What goes to the client is laid out by hand (http/wire_format.hpp): the head, then the body bytes
     // exactly as the engine's framing delivered them, re-framed as chunks when relayed chunked. Each
@@ -595,21 +585,14 @@ class session {
                    shared_.backends[rank].url);
       co_return false;
     }
-    // (A watchdog that fired at the very moment the last read completed has closed the socket: not reusable.)
-    if (upstream_keep_alive && parser->is_done() && connection->stream.socket().is_open()) {
+    // Only a connection whose response ended cleanly, that the engine keeps alive, and that holds no byte
+    // beyond that response goes back: anything else would hand its leftovers to the next client as an
+    // answer. (A watchdog that fired as the last read completed has closed the socket: not reusable.)
+    if (upstream_keep_alive && parser->is_done() && connection->buffer.size() == 0 &&
+        connection->stream.socket().is_open()) {
       worker_.pool.give_back(rank, std::move(connection));
     }
     co_return keep_client;
-  }
-
-  bool prepare_upstream_request(client_request& request) {
-    http::strip_hop_by_hop(request);
-    request.erase(bhttp::field::expect);
-    if (!http::add_forwarding_headers(request, client_address_)) return false;
-    request.version(11);
-    request.keep_alive(true);
-    request.prepare_payload();  // the body was read whole: a chunked request goes on with a Content-Length
-    return true;
   }
 
   struct head_attempt {
@@ -643,26 +626,25 @@ class session {
       }
       watch.upstream = connection.get();
       if (watch.client_gone) co_return head_attempt{asio::error::operation_aborted, "client", {}, false};
-      parser.emplace();
-      parser->header_limit(static_cast<std::uint32_t>(settings_.max_header_bytes));
-      parser->body_limit(boost::none);  // responses stream through; nothing is collected
-      if (head_request) parser->skip(true);
 
       connection->stream.expires_after(settings_.upstream_read_timeout);
       upstream_framing_.clear();
       http::append_request_head(upstream_framing_, request.base());
       const std::array<asio::const_buffer, 2> pieces{asio::buffer(upstream_framing_), asio::buffer(request.body())};
       auto [write_ec, written] = co_await asio::async_write(connection->stream, pieces, as_result);
+      const auto sent_at = clock_type::now();
       boost::system::error_code ec = write_ec;
+      bool answered = false;  // some byte of a response (interim or final) arrived
       if (!ec) {
         connection->stream.expires_after(head_timeout);
-        auto [read_ec, read] = co_await bhttp::async_read_header(connection->stream, connection->buffer, *parser, as_result);
-        ec = read_ec;
+        ec = co_await read_final_head(*connection, parser, head_request, answered);
       }
       if (!ec) co_return head_attempt{};
       if (watch.client_gone) co_return head_attempt{ec, "client", {}, false};
-      const bool nothing_received = !parser->got_some();
-      if (connection->reused && nothing_received && is_closed_connection(ec) && attempt < 2) {
+      // Closed without a byte of answer right after the request went out: the engine never took it.
+      const bool refused =
+          !answered && is_closed_connection(ec) && clock_type::now() - sent_at < keepalive_race_window;
+      if (connection->reused && refused && attempt == 0) {
         shared_.metrics.keepalive_retry(rank);
         continue;
       }
@@ -670,7 +652,7 @@ class session {
         // The engine has the request and may be working on it: sending it elsewhere would double the work.
         co_return head_attempt{ec, "timeout", upstream::request_outcome::timeout, false};
       }
-      if (nothing_received && is_closed_connection(ec)) {
+      if (refused) {
         // Reset or closed on a fresh connection before any answer: the engine refused it.
         co_return head_attempt{ec, "reset", upstream::request_outcome::reset, true};
       }
@@ -678,21 +660,48 @@ class session {
     }
   }
 
+  // Reads the engine's final response head into a fresh parser. Interim responses (100 Continue, 102, 103
+  // Early Hints) are read and dropped: dplb answered the client's Expect itself, and clients such as
+  // Python's http.client take a 103 for the final response. A 101 is refused: dplb strips Upgrade, so
+  // the engine was never asked to switch protocols, and the connection is not reusable after one.
+  io::task<boost::system::error_code> read_final_head(
+      upstream::upstream_connection& connection, std::optional<bhttp::response_parser<bhttp::buffer_body>>& parser,
+      bool head_request, bool& answered) {
+    for (int interim = 0;; ++interim) {
+      parser.emplace();
+      parser->header_limit(static_cast<std::uint32_t>(settings_.max_header_bytes));
+      parser->body_limit(boost::none);  // responses stream through; nothing is collected
+      if (head_request) parser->skip(true);
+      auto [ec, read] = co_await bhttp::async_read_header(connection.stream, connection.buffer, *parser, as_result);
+      answered = answered || parser->got_some();
+      if (ec) co_return ec;
+      const unsigned status = parser->get().result_int();
+      if (status >= 200) co_return boost::system::error_code{};
+      if (status == 101 || interim == max_interim_responses) co_return bhttp::error::bad_status;
+    }
+  }
+
+  // The client's answer when the request got no response from an engine. A request that reached no engine
+  // (every connection attempt failed, the last one on this rank) gets 503 with Retry-After, as from
+  // HAProxy or Envoy: nothing was sent anywhere, and trying again later is safe. An engine that took the
+  // request and said nothing in time gives 504; one that failed while answering, 502.
   io::task<bool> fail_before_response(std::size_t rank, clock_type::time_point picked_at,
-                                             const boost::system::error_code& ec, std::string_view kind,
-                                             bool client_keep_alive) {
-    const unsigned status = ec == beast::error::timeout ? 504 : 502;
+                                      const boost::system::error_code& ec, std::string_view kind,
+                                      bool client_keep_alive) {
+    const bool not_delivered = kind == "connect";
+    const unsigned status = not_delivered ? 503 : ec == beast::error::timeout ? 504 : 502;
     shared_.metrics.request_finished(rank, status, clock_type::now() - picked_at);
     const auto& backend = shared_.backends[rank];
-    std::string message = status == 504 && kind == "connect"
-                              ? "could not connect to backend rank " + std::to_string(rank) + " (" + backend.url +
-                                    ") within --upstream-connect-timeout-ms"
-                          : status == 504 ? "backend rank " + std::to_string(rank) + " (" + backend.url +
-                                                ") sent no response head in time (--upstream-first-byte-timeout-ms)"
-                                          : "dplb could not get a response from backend rank " + std::to_string(rank) +
-                                              " (" + backend.url + "): " + std::string(kind) + ": " + ec.message();
+    const auto where = "backend rank " + std::to_string(rank) + " (" + backend.url + ")";
+    std::string message =
+        not_delivered
+            ? "no backend rank could take the request; the last tried, " + where +
+                  (ec == beast::error::timeout ? ", did not accept a connection within --upstream-connect-timeout-ms"
+                                               : ", refused the connection: " + ec.message())
+        : status == 504 ? where + " sent no response head in time (--upstream-first-byte-timeout-ms)"
+                        : "dplb could not get a response from " + where + ": " + std::string(kind) + ": " + ec.message();
     spdlog::warn("{}", message);
-    co_return co_await send_error(status, message, client_keep_alive);
+    co_return co_await send_error(status, message, client_keep_alive, not_delivered);
   }
 
   char* relay_buffer() {
@@ -706,6 +715,7 @@ class session {
   io::tcp_stream client_;
   beast::flat_buffer buffer_;
   std::string client_address_;
+  unsigned client_version_ = 11;  // of the request being served: how its responses say keep-alive
   std::unique_ptr<char[]> relay_buffer_;
   std::string upstream_framing_;  // the request head for the engine, reused by every request
   std::string client_framing_;    // response head and chunk framing for the client, reused likewise

@@ -1,25 +1,24 @@
 // libFuzzer target for what dplb does with the bytes a client sends, up to the request it sends an engine:
-// Beast's request parser with dplb's limits, fed as a socket would (in pieces, the parser asking for
-// more), then the steps of src/server/session.cpp: check_request_framing on the head, the body read,
-// and the upstream request built by strip_hop_by_hop, add_forwarding_headers and prepare_payload.
-// Pipelined requests in one input are handled one after the other, as on a keep-alive connection.
+// dplb's request parser with dplb's limits, fed as a socket would (in pieces, the parser asking for
+// more), then the production code the session runs: admit() on the head, the body read, and
+// prepare_upstream_request() (src/server/admission.cpp). Pipelined requests in one input are handled one
+// after the other, as on a keep-alive connection.
 //
 // Invariants (a violation prints what and traps):
 //  - framing: when check_request_framing accepts, there is at most one Content-Length and it is plain
 //    digits, Transfer-Encoding is absent or exactly one "chunked", and Beast frames the body the same way
 //    (the length dplb validated is the length Beast reads);
-//  - hop-by-hop: after strip_hop_by_hop no Connection, Keep-Alive, Proxy-Connection, TE,
+//  - hop-by-hop: in the engine's request no Connection, Keep-Alive, Proxy-Connection, TE,
 //    Transfer-Encoding, Upgrade, Proxy-Authorization, Proxy-Authenticate header remains, nor any header
-//    the client named in Connection, and every other header is still there;
+//    the client named in Connection (except Content-Length), and every other header is still there;
 //  - forwarding: one X-Forwarded-For ending in the client address and keeping what was there, one Via
 //    ending in "1.1 dplb", one X-Forwarded-Proto "http";
+//  - trailers: a chunked body's trailer fields never join the head;
 //  - the upstream request, serialized and parsed again, is exactly one request (no bytes left over for a
 //    second one: no smuggling towards the engine) with the same method, target, headers and body;
 //  - split invariance: the whole input fed at once and fed in pieces forward and refuse the same
 //    requests (only the error that ends a connection may differ, see same_outcome()).
 //
-// Session steps are mirrored here, not called (they are private to the connection coroutine); keep
-// upstream_request() in step with session::prepare_upstream_request() and exchange_head().
 // DPLB_FUZZ_VERBOSE=1 prints what became of each request of an input; DPLB_FUZZ_HEADER_LIMIT=N parses
 // with another --max-header-bytes.
 
@@ -38,12 +37,13 @@
 #include <vector>
 
 #include "dplb/http/header_sanitizer.hpp"
+#include "dplb/server/admission.hpp"
 
 namespace {
 
 namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
-using request = bhttp::request<bhttp::string_body>;
+using request = dplb::server::client_request;
 
 // dplb's default --max-header-bytes; DPLB_FUZZ_HEADER_LIMIT=N replays an input with another limit (F4).
 const std::uint32_t header_limit = [] {
@@ -93,8 +93,9 @@ bool is_hop_by_hop(std::string_view name, const std::vector<std::string>& named_
   for (auto h : always) {
     if (iequals(name, h)) return true;
   }
+  // A Content-Length named in Connection stays: framing is never the sender's to name away.
   for (const auto& n : named_in_connection) {
-    if (iequals(name, n)) return true;
+    if (iequals(name, n) && !iequals(name, "content-length")) return true;
   }
   return false;
 }
@@ -112,7 +113,7 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 }
 
 // Framing as accepted by check_request_framing must be framing Beast reads the same way.
-void check_accepted_framing(const bhttp::request_parser<bhttp::string_body>& parser) {
+void check_accepted_framing(const dplb::server::request_parser& parser) {
   const auto& fields = parser.get().base();
   const auto lengths = values_of(fields, "content-length");
   const auto codings = values_of(fields, "transfer-encoding");
@@ -137,29 +138,18 @@ void check_accepted_framing(const bhttp::request_parser<bhttp::string_body>& par
   }
 }
 
-// session::prepare_upstream_request then the Host of exchange_head, with the invariants of each step.
+// prepare_upstream_request() then the Host the session sets for the rank picked, with the invariants of
+// the result.
 bool upstream_request(request& req) {
   const auto before = req.base();
   std::vector<std::string> named_in_connection;
   for (const auto& v : values_of(before, "connection")) {
     for (auto& item : list_items(v)) named_in_connection.push_back(std::move(item));
   }
+  const auto forwarded_before = values_of(before, "x-forwarded-for");
+  const auto via_before = values_of(before, "via");
 
-  dplb::http::strip_hop_by_hop(req);
-  std::size_t kept = 0;
-  for (const auto& f : before) kept += is_hop_by_hop(f.name_string(), named_in_connection) ? 0 : 1;
-  std::size_t remaining = 0;
-  for (const auto& f : req.base()) {
-    FUZZ_CHECK(!is_hop_by_hop(f.name_string(), named_in_connection));
-    ++remaining;
-  }
-  FUZZ_CHECK(remaining == kept);  // nothing else was removed
-
-  req.erase(bhttp::field::expect);
-
-  const auto forwarded_before = values_of(req.base(), "x-forwarded-for");
-  const auto via_before = values_of(req.base(), "via");
-  if (!dplb::http::add_forwarding_headers(req, client_address)) {
+  if (!dplb::server::prepare_upstream_request(req, client_address)) {
     // Refused with 431 (F3): only when a joined list would really be too long.
     std::size_t longest = 0;
     for (const auto& v : forwarded_before) longest += v.size() + 2;
@@ -168,6 +158,19 @@ bool upstream_request(request& req) {
     FUZZ_CHECK(std::max(longest + client_address.size(), longest_via + 8) > dplb::http::max_forwarding_header_bytes);
     return false;
   }
+  // Every header the client sent is still there, unchanged, unless it is hop-by-hop, Expect, or one that
+  // dplb rewrites (the forwarding headers and the framing).
+  const auto rewritten = [](std::string_view name) {
+    return iequals(name, "expect") || iequals(name, "x-forwarded-for") || iequals(name, "via") ||
+           iequals(name, "x-forwarded-proto") || iequals(name, "content-length");
+  };
+  for (const auto& f : req.base()) FUZZ_CHECK(!is_hop_by_hop(f.name_string(), named_in_connection));
+  for (const auto& f : before) {
+    if (is_hop_by_hop(f.name_string(), named_in_connection) || rewritten(f.name_string())) continue;
+    FUZZ_CHECK(values_of(req.base(), f.name_string()) == values_of(before, f.name_string()));
+  }
+  FUZZ_CHECK(req.count(bhttp::field::expect) == 0);
+  FUZZ_CHECK(values_of(req.base(), "content-length") == std::vector<std::string>{std::to_string(req.body().size())});
   const auto forwarded = values_of(req.base(), "x-forwarded-for");
   const auto via = values_of(req.base(), "via");
   const auto proto = values_of(req.base(), "x-forwarded-proto");
@@ -190,10 +193,8 @@ bool upstream_request(request& req) {
   check_appended(forwarded_before, forwarded.front(), client_address);
   check_appended(via_before, via.front(), "1.1 dplb");
 
-  req.version(11);
-  req.keep_alive(true);
-  req.prepare_payload();
-  req.set(bhttp::field::host, upstream_authority);  // session::exchange_head, for the rank picked
+  FUZZ_CHECK(req.version() == 11);
+  req.set(bhttp::field::host, upstream_authority);  // the session's exchange, for the rank picked
   return true;
 }
 
@@ -273,7 +274,7 @@ std::vector<std::string> serve_connection(std::string_view input, std::vector<st
   std::vector<std::string> transcript;
   wire_reader reader(input, std::move(cuts));
   while (!reader.exhausted() && transcript.size() < max_requests_per_input) {
-    bhttp::request_parser<bhttp::string_body> parser;
+    dplb::server::request_parser parser;
     parser.header_limit(header_limit);
     parser.body_limit(body_limit);
     parser.eager(false);  // as async_read_header: stop after the head
@@ -282,13 +283,17 @@ std::vector<std::string> serve_connection(std::string_view input, std::vector<st
       transcript.push_back("head error: " + ec.message());
       break;
     }
-    if (auto problem = dplb::http::check_request_framing(parser.get())) {
-      FUZZ_CHECK(problem->status == 400 || problem->status == 501);
-      FUZZ_CHECK(!problem->message.empty());
-      transcript.push_back("refused " + std::to_string(problem->status));
+    const auto decision = dplb::server::admit(parser.get().base());
+    if (decision.refused()) {
+      const auto status = decision.refusal_status;
+      FUZZ_CHECK(status == 400 || status == 405 || status == 501);
+      FUZZ_CHECK(!decision.refusal_message.empty());
+      transcript.push_back("refused " + std::to_string(status));
       break;  // dplb answers and closes
     }
     check_accepted_framing(parser);
+    FUZZ_CHECK(!parser.get().target().empty() && (parser.get().target().front() == '/' || parser.get().target() == "*"));
+    const auto head_fields = parser.get().base();
 
     parser.eager(true);
     if (auto ec = reader.pump(parser, [&] { return parser.is_done(); })) {
@@ -299,15 +304,11 @@ std::vector<std::string> serve_connection(std::string_view input, std::vector<st
     if (const auto length = req.find(bhttp::field::content_length); length != req.end()) {
       FUZZ_CHECK(req.body().size() == std::stoull(std::string(length->value())));
     }
-    // session::serve_one_request refuses these before forwarding (F1 and the HTTP/1.0 note).
-    if (req.method() == bhttp::verb::trace || req.method() == bhttp::verb::connect) {
-      transcript.push_back("refused 405");
-      break;
-    }
-    if (req.version() < 11 && req.count(bhttp::field::transfer_encoding) > 0) {
-      transcript.push_back("refused 400");
-      break;
-    }
+    // No trailer field joined the head while the body was read.
+    FUZZ_CHECK(std::equal(req.base().begin(), req.base().end(), head_fields.begin(), head_fields.end(),
+                          [](const auto& a, const auto& b) {
+                            return a.name_string() == b.name_string() && a.value() == b.value();
+                          }));
     if (!upstream_request(req)) {
       transcript.push_back("refused 431");
       break;

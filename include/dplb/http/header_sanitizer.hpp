@@ -10,7 +10,8 @@ namespace dplb::http {
 
 // Removes the hop-by-hop headers: Connection and every header it names, Keep-Alive, Proxy-Connection,
 // TE, Transfer-Encoding, Upgrade, Proxy-Authorization and Proxy-Authenticate (meant for a proxy, never
-// for the engine). Framing (Content-Length / chunked) is re-applied by the caller.
+// for the engine). Framing (Content-Length / chunked) is re-applied by the caller; a Content-Length that
+// Connection names is kept, since framing comes from the parser's view of the message.
 void strip_hop_by_hop(boost::beast::http::fields& fields);
 
 // Why a request's framing is refused, or nullopt when it is unambiguous.

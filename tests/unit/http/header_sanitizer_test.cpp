@@ -27,6 +27,19 @@ TEST_CASE("hop-by-hop headers and those named in Connection are stripped, nothin
   CHECK(left == std::vector<std::string>{"Content-Type", "X-Kept"});
 }
 
+TEST_CASE("a Content-Length named in Connection stays: framing is never named away", "[http]") {
+  bhttp::fields f;
+  f.insert(bhttp::field::connection, "Content-Length, Transfer-Encoding, X-Other");
+  f.insert(bhttp::field::content_length, "5");
+  f.insert(bhttp::field::transfer_encoding, "chunked");
+  f.insert("X-Other", "1");
+  strip_hop_by_hop(f);
+  std::vector<std::string> left;
+  for (const auto& h : f) left.emplace_back(h.name_string());
+  CHECK(left == std::vector<std::string>{"Content-Length"});
+  CHECK(f[bhttp::field::content_length] == "5");
+}
+
 TEST_CASE("ambiguous framings are refused; plain ones pass", "[http]") {
   const auto framing = [](std::initializer_list<std::pair<const char*, const char*>> headers) {
     bhttp::fields f;
