@@ -54,11 +54,7 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& backend_urls, const
                        .Help("Requests waiting in dplb for a rank slot (--max-inflight-per-rank)")
                        .Register(*registry_)
                        .Add({})),
-      queue_wait_(prometheus::BuildHistogram()
-                      .Name("dplb_queue_wait_seconds")
-                      .Help("Time requests waited in dplb's queue, whether they then got a slot or not")
-                      .Register(*registry_)
-                      .Add({}, latency_buckets())) {
+      queue_wait_(latency_buckets()) {
   auto& inflight = prometheus::BuildGauge()
                        .Name("dplb_rank_inflight")
                        .Help("Requests dplb has sent to the rank and not yet finished")
@@ -67,14 +63,6 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& backend_urls, const
                       .Name("dplb_rank_healthy")
                       .Help("1 while the rank passes its active health checks (GET /health), 0 while it is down")
                       .Register(*registry_);
-  auto& duration = prometheus::BuildHistogram()
-                       .Name("dplb_request_duration_seconds")
-                       .Help("From the pick of a rank to the end of the relayed response")
-                       .Register(*registry_);
-  auto& ttfb = prometheus::BuildHistogram()
-                   .Name("dplb_time_to_first_byte_seconds")
-                   .Help("From the pick of a rank to the arrival of the engine's response head")
-                   .Register(*registry_);
   auto& prompt = prometheus::BuildCounter()
                      .Name("dplb_prompt_tokens_total")
                      .Help("Prompt tokens reported in the usage of responses relayed from the rank")
@@ -118,8 +106,8 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& backend_urls, const
     ranks_.push_back(rank_handles{
         &inflight.Add({{"rank", label}, {"url", backend_urls[r]}}),
         &healthy.Add({{"rank", label}}),
-        &duration.Add({{"rank", label}}, latency_buckets()),
-        &ttfb.Add({{"rank", label}}, latency_buckets()),
+        std::make_unique<atomic_histogram>(latency_buckets()),
+        std::make_unique<atomic_histogram>(latency_buckets()),
         &prompt.Add({{"rank", label}}),
         &completion.Add({{"rank", label}}),
         &connects.Add({{"rank", label}}),
@@ -153,11 +141,11 @@ prometheus::Counter& proxy_metrics::status_counter(std::size_t rank, unsigned st
 
 void proxy_metrics::request_finished(std::size_t rank, unsigned status, std::chrono::duration<double> duration) {
   status_counter(rank, status).Increment();
-  ranks_[rank].duration->Observe(duration.count());
+  ranks_[rank].duration->observe(duration.count());
 }
 
 void proxy_metrics::first_byte(std::size_t rank, std::chrono::duration<double> since_pick) {
-  ranks_[rank].ttfb->Observe(since_pick.count());
+  ranks_[rank].ttfb->observe(since_pick.count());
 }
 
 void proxy_metrics::tokens(std::size_t rank, std::uint64_t prompt, std::uint64_t completion) {
@@ -166,7 +154,14 @@ void proxy_metrics::tokens(std::size_t rank, std::uint64_t prompt, std::uint64_t
 }
 
 void proxy_metrics::rejected(unsigned status) {
-  rejected_family_.Add({{"code", std::to_string(status)}}).Increment();
+  if (status >= 600) status = 599;
+  auto& slot = rejected_by_status_[status];
+  auto* counter = slot.load(std::memory_order_acquire);
+  if (!counter) {  // as in status_counter(): a race only costs a second lookup of the same counter
+    counter = &rejected_family_.Add({{"code", std::to_string(status)}});
+    slot.store(counter, std::memory_order_release);
+  }
+  counter->Increment();
 }
 
 void proxy_metrics::upstream_connected(std::size_t rank) { ranks_[rank].connects->Increment(); }
@@ -186,7 +181,7 @@ void proxy_metrics::rank_state(std::size_t rank, bool healthy, bool ejected) {
 
 void proxy_metrics::ejected(std::size_t rank) { ranks_[rank].ejections->Increment(); }
 
-void proxy_metrics::queued(std::chrono::duration<double> waited) { queue_wait_.Observe(waited.count()); }
+void proxy_metrics::queued(std::chrono::duration<double> waited) { queue_wait_.observe(waited.count()); }
 
 void proxy_metrics::client_connection_opened() {
   client_connections_.Increment();
@@ -200,7 +195,36 @@ std::string proxy_metrics::render() {
   }
   skew_.Set(balancer_.inflight_skew());
   queue_depth_.Set(static_cast<double>(balancer_.waiting()));
-  return prometheus::TextSerializer().Serialize(registry_->Collect());
+  auto families = registry_->Collect();
+  for (auto& family : histogram_families()) families.push_back(std::move(family));
+  return prometheus::TextSerializer().Serialize(families);
+}
+
+std::vector<prometheus::MetricFamily> proxy_metrics::histogram_families() const {
+  const auto family = [](std::string name, std::string help) {
+    prometheus::MetricFamily f;
+    f.name = std::move(name);
+    f.help = std::move(help);
+    f.type = prometheus::MetricType::Histogram;
+    return f;
+  };
+  const auto sample = [](std::vector<prometheus::ClientMetric::Label> labels, const atomic_histogram& h) {
+    prometheus::ClientMetric m;
+    m.label = std::move(labels);
+    m.histogram = h.snapshot();
+    return m;
+  };
+  auto duration = family("dplb_request_duration_seconds", "From the pick of a rank to the end of the relayed response");
+  auto ttfb = family("dplb_time_to_first_byte_seconds",
+                     "From the pick of a rank to the arrival of the engine's response head");
+  for (std::size_t r = 0; r < ranks_.size(); ++r) {
+    duration.metric.push_back(sample({{"rank", rank_labels_[r]}}, *ranks_[r].duration));
+    ttfb.metric.push_back(sample({{"rank", rank_labels_[r]}}, *ranks_[r].ttfb));
+  }
+  auto queue_wait = family("dplb_queue_wait_seconds",
+                           "Time requests waited in dplb's queue, whether they then got a slot or not");
+  queue_wait.metric.push_back(sample({}, queue_wait_));
+  return {std::move(duration), std::move(ttfb), std::move(queue_wait)};
 }
 
 }  // namespace dplb::metrics

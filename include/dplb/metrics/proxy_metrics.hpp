@@ -1,6 +1,8 @@
 #pragma once
 // dplb's Prometheus metrics. Every family is registered once at start-up and the per-rank handles are
-// kept (prometheus-cpp's Family::Add takes a lock and hashes labels: too slow for the request path).
+// kept (prometheus-cpp's Family::Add takes a lock and hashes labels: too slow for the request path). The
+// histograms recorded per request are dplb's own lock-free ones (atomic_histogram.hpp), added to the
+// registry's families at each scrape.
 // The in-flight gauges are not updated per request: they are read from the balancer's atomics when
 // /metrics is scraped, so they can never drift from the counts that drive the balancing.
 //
@@ -19,7 +21,10 @@
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
+#include <prometheus/metric_family.h>
 #include <prometheus/registry.h>
+
+#include "dplb/metrics/atomic_histogram.hpp"
 
 namespace dplb::balancer {
 class balancer;
@@ -71,8 +76,8 @@ class proxy_metrics {
   struct rank_handles {
     prometheus::Gauge* inflight;
     prometheus::Gauge* healthy;
-    prometheus::Histogram* duration;
-    prometheus::Histogram* ttfb;
+    std::unique_ptr<atomic_histogram> duration;  // each on its own allocation: no line shared between ranks
+    std::unique_ptr<atomic_histogram> ttfb;
     prometheus::Counter* prompt_tokens;
     prometheus::Counter* completion_tokens;
     prometheus::Counter* connects;
@@ -84,6 +89,8 @@ class proxy_metrics {
   };
 
   prometheus::Counter& status_counter(std::size_t rank, unsigned status);
+  // The lock-free histograms as Prometheus families, for the scrape.
+  std::vector<prometheus::MetricFamily> histogram_families() const;
 
   const balancer::balancer& balancer_;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -94,7 +101,8 @@ class proxy_metrics {
   prometheus::Counter& client_connections_total_;
   prometheus::Counter& retries_;
   prometheus::Gauge& queue_depth_;
-  prometheus::Histogram& queue_wait_;
+  atomic_histogram queue_wait_;
+  std::array<std::atomic<prometheus::Counter*>, 600> rejected_by_status_{};  // lazily filled
   std::vector<rank_handles> ranks_;
   std::vector<std::string> rank_labels_;
 };
