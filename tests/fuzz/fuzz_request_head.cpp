@@ -170,7 +170,10 @@ bool upstream_request(request& req) {
     FUZZ_CHECK(values_of(req.base(), f.name_string()) == values_of(before, f.name_string()));
   }
   FUZZ_CHECK(req.count(bhttp::field::expect) == 0);
-  FUZZ_CHECK(values_of(req.base(), "content-length") == std::vector<std::string>{std::to_string(req.body().size())});
+  // Framed by Content-Length, which an empty body may go without (Beast leaves it off a bodiless GET).
+  const auto lengths = values_of(req.base(), "content-length");
+  FUZZ_CHECK(lengths == std::vector<std::string>{std::to_string(req.body().size())} ||
+             (lengths.empty() && req.body().empty()));
   const auto forwarded = values_of(req.base(), "x-forwarded-for");
   const auto via = values_of(req.base(), "via");
   const auto proto = values_of(req.base(), "x-forwarded-proto");

@@ -95,7 +95,7 @@ TEST_CASE("in-flight returns to 0 when the client closes mid-stream, and the eng
   CHECK(metric_sum(engine_metrics, "mock_requests_aborted_total") == 1);
 }
 
-TEST_CASE("in-flight returns to 0 when the engine dies mid-stream; the client sees a truncated stream", "[accounting]") {
+TEST_CASE("in-flight returns to 0 when the engine dies mid-stream, and the client sees a truncated stream", "[accounting]") {
   auto engine = std::make_unique<mock_engine>(1, std::vector<std::string>{"--itl-ms", "50"});
   dplb_proxy proxy(engine->urls());
   http_connection client(proxy.port());
@@ -115,7 +115,7 @@ TEST_CASE("in-flight returns to 0 when the engine dies mid-stream; the client se
   CHECK(metric_sum(m, "dplb_upstream_errors_total{", {"kind=\"midstream\""}) == 1);
 }
 
-TEST_CASE("an engine that is down gets a 502 in OpenAI's error shape and frees the slot", "[accounting]") {
+TEST_CASE("an engine that is down gets a 503 in OpenAI's error shape with Retry-After and frees the slot", "[accounting]") {
   std::vector<std::string> urls;
   {
     mock_engine engine(1);
@@ -123,11 +123,13 @@ TEST_CASE("an engine that is down gets a 502 in OpenAI's error shape and frees t
   }  // stopped: its port now refuses connections
   dplb_proxy proxy(urls);
   auto r = http_post_json(proxy.port(), "/v1/completions", R"({"prompt":"x","max_tokens":1})");
-  CHECK(r.status == 502);
+  CHECK(r.status == 503);
+  CHECK(r.headers.find(bhttp::field::retry_after) != r.headers.end());
   auto body = json::parse(r.body);
-  CHECK(body["error"]["code"] == 502);
+  CHECK(body["error"]["code"] == 503);
   CHECK(body["error"]["message"].get<std::string>().find(urls[0]) != std::string::npos);
   auto m = scrape_metrics(proxy.port());
   CHECK(inflight_total(m) == 0);
-  CHECK(metric_sum(m, "dplb_requests_total{", {"code=\"502\""}) == 1);
+  CHECK(metric_sum(m, "dplb_requests_total{", {"code=\"503\""}) == 1);
+  CHECK(metric_sum(m, "dplb_requests_total{", {"code=\"502\""}) == 0);
 }

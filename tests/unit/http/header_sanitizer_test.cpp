@@ -40,7 +40,7 @@ TEST_CASE("a Content-Length named in Connection stays: framing is never named aw
   CHECK(f[bhttp::field::content_length] == "5");
 }
 
-TEST_CASE("ambiguous framings are refused; plain ones pass", "[http]") {
+TEST_CASE("ambiguous framings are refused, plain ones pass", "[http]") {
   const auto framing = [](std::initializer_list<std::pair<const char*, const char*>> headers) {
     bhttp::fields f;
     for (auto [n, v] : headers) f.insert(n, v);
