@@ -31,7 +31,11 @@ bool to_origin_form(client_request::header_type& head) {
   if (!url || (url->scheme_id() != boost::urls::scheme::http && url->scheme_id() != boost::urls::scheme::https)) {
     return false;
   }
-  std::string origin(url->encoded_path().empty() ? "/" : std::string_view(url->encoded_path()));
+  // An http URL has an authority and an absolute path (RFC 9110 4.2.1). Without this check "http:x" or
+  // "http://h:.1/x" (read by Boost.URL 1.81 as the path ".1/x") would become a target without its '/'.
+  const std::string_view path = url->encoded_path();
+  if (!url->has_authority() || (!path.empty() && path.front() != '/')) return false;
+  std::string origin(path.empty() ? "/" : path);
   if (url->has_query()) {
     origin += '?';
     origin += url->encoded_query();

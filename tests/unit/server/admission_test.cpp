@@ -47,6 +47,8 @@ TEST_CASE("admission refuses what could be read two ways, or is not for an engin
   CHECK(status("GET / HTTP/1.0\r\nHost: a\r\nHost: a\r\n\r\n") == 400);
   CHECK(status("TRACE / HTTP/1.1\r\nHost: x\r\n\r\n") == 405);
   CHECK(status("GET ftp://x/ HTTP/1.1\r\nHost: x\r\n\r\n") == 400);
+  CHECK(status("GET http:metrics HTTP/1.1\r\nHost: x\r\n\r\n") == 400);                 // no authority
+  CHECK(status("GET http://engine:.000/metrics HTTP/1.1\r\nHost: x\r\n\r\n") == 400);   // found by fuzzing
   CHECK(status("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\na") == 400);
   CHECK(admit_wire("GET / HTTP/1.1\r\nHost: x\r\n\r\n").refusal_message.empty());
   CHECK(admit_wire("GET / HTTP/1.1\r\n\r\n").refusal_message.find("Host") != std::string_view::npos);
