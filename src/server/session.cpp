@@ -14,11 +14,13 @@
 #include <optional>
 #include <utility>
 
+#include "client_watch.hpp"
 #include "dplb/http/error_response.hpp"
 #include "dplb/http/header_sanitizer.hpp"
 #include "dplb/server/admission.hpp"
-#include "dplb/http/wire_format.hpp"
-#include "dplb/metrics/usage_scanner.hpp"
+#include "request_accounting.hpp"
+#include "response_relay.hpp"
+#include "upstream_exchange.hpp"
 
 namespace dplb::server {
 
@@ -36,127 +38,6 @@ using io::as_result;
 // burst that arrived together leaves in one write, while 10,000 streaming sessions cost 160 MiB at most.
 constexpr std::size_t relay_buffer_size = 16 * 1024;
 
-
-// The engine closed (or reset) a connection without answering: the classic keep-alive race when the
-// connection came from the pool.
-bool is_closed_connection(const boost::system::error_code& ec) {
-  return ec == bhttp::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset ||
-         ec == asio::error::broken_pipe || ec == asio::error::connection_aborted;
-}
-
-bool response_has_body(unsigned status, bool head_request) {
-  return !head_request && !(status >= 100 && status < 200) && status != 204 && status != 304;
-}
-
-// The Connection header of a response dplb writes as HTTP/1.1: an HTTP/1.0 client closes unless it is
-// told the connection stays open, an HTTP/1.1 client keeps it open unless it is told it closes.
-void set_connection_header(bhttp::response_header<>& head, bool keep_alive, unsigned client_version) {
-  if (!keep_alive) {
-    head.set(bhttp::field::connection, "close");
-  } else if (client_version < 11) {
-    head.set(bhttp::field::connection, "keep-alive");
-  } else {
-    head.erase(bhttp::field::connection);
-  }
-}
-
-// A pooled engine connection that closes without a byte of answer this soon after the request went out
-// is the keep-alive race: the engine closed it while idle, before the request arrived, so the request is
-// re-sent. A close later than this came from an engine that had the request and may have worked on it
-// (a reset minutes into a generation): re-sending would run the generation again behind the client's
-// back. A loopback or LAN round trip is far below this bound, even on a loaded machine.
-constexpr auto keepalive_race_window = std::chrono::seconds(1);
-
-// Interim (1xx) responses skipped before the final one; an engine that sends more is broken.
-constexpr int max_interim_responses = 16;
-
-// Shared between a proxied request and the coroutine that watches its client for a disconnect.
-struct client_watch {
-  bool done = false;                                  // the request is over; the watcher must not touch anything
-  bool client_gone = false;                           // the client closed or reset its connection
-  upstream::upstream_connection* upstream = nullptr;  // closed by the watcher when the client goes
-  char probe = 0;  // where the watch's MSG_PEEK copies a byte (never read; nothing is consumed)
-};
-
-// Watches the client's socket while its request is proxied. Bytes arriving there are a pipelined next
-// request (left in the socket for the session to read); end-of-file or an error is the client leaving,
-// and the engine connection is closed at once so the engine aborts the request and frees its KV cache.
-//
-// The watch is a one-byte MSG_PEEK receive with a plain completion handler: Asio arms an async_wait with
-// an epoll_ctl call every time, while a receive on a socket already registered for input costs no system
-// call until the socket becomes readable; and a handler costs less than a coroutine per request.
-void watch_client(io::socket& socket, std::shared_ptr<client_watch> watch) {
-  auto* probe = &watch->probe;
-  socket.async_receive(asio::buffer(probe, 1), io::socket::message_peek,
-                       [watch = std::move(watch)](const boost::system::error_code& ec, std::size_t n) {
-                         // `done` first: the session and its sockets may be gone.
-                         if (watch->done || ec == asio::error::operation_aborted) return;
-                         if (!ec && n > 0) return;  // a pipelined request: not a disconnect
-                         watch->client_gone = true;  // end of file or an error: the client left
-                         if (watch->upstream) {
-                           boost::system::error_code ignored;
-                           watch->upstream->stream.socket().close(ignored);
-                         }
-                       });
-}
-
-// The relay's deadlines, without a timer operation per read and per write. A stream is relayed with one
-// read and one write per event, and beast::tcp_stream arms and cancels a timer around each of them (a
-// timer-queue insertion and removal and a wrapped handler, every time). Here an operation only stores
-// its deadline; one timer per relay wakes at the earliest deadline (or every `period` while none is set)
-// and closes the socket whose deadline has passed, so that its pending operation fails, as it would
-// with tcp_stream's own timeout. `period` is the shorter of the two timeouts, so no deadline is noticed
-// more than one period late.
-class relay_watchdog : public std::enable_shared_from_this<relay_watchdog> {
- public:
-  using time_point = clock_type::time_point;
-
-  relay_watchdog(const io::executor& executor, io::socket& upstream, io::socket& client,
-                 std::chrono::milliseconds period)
-      : timer_(executor), upstream_(upstream), client_(client), period_(period) {}
-
-  void start() { arm(clock_type::now() + period_); }
-  void stop() {
-    stopped_ = true;
-    timer_.cancel();
-  }
-
-  void reading(std::chrono::milliseconds timeout) { upstream_deadline_ = clock_type::now() + timeout; }
-  void writing(std::chrono::milliseconds timeout) { client_deadline_ = clock_type::now() + timeout; }
-  void idle() { upstream_deadline_ = client_deadline_ = time_point::max(); }
-
- private:
-  void arm(time_point at) {
-    timer_.expires_at(at);
-    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) { self->expired(ec); });
-  }
-
-  void expired(const boost::system::error_code& ec) {
-    if (ec || stopped_) return;  // stopped: the sockets may be gone
-    const auto now = clock_type::now();
-    boost::system::error_code ignored;
-    if (now >= upstream_deadline_) {  // the engine fell silent
-      upstream_.close(ignored);
-      upstream_deadline_ = time_point::max();
-    }
-    if (now >= client_deadline_) {  // the client stopped reading
-      client_.close(ignored);
-      client_deadline_ = time_point::max();
-    }
-    // Never sleep past `period`: a deadline stored after this wake-up (now + a timeout >= period) is then
-    // checked in time, however far the other deadline is. And keep watching after a close: the operation
-    // it was meant for may have completed just before, and the relay may go on to another one.
-    arm(std::min(std::min(upstream_deadline_, client_deadline_), now + period_));
-  }
-
-  io::steady_timer timer_;
-  io::socket& upstream_;
-  io::socket& client_;
-  std::chrono::milliseconds period_;
-  time_point upstream_deadline_ = time_point::max();
-  time_point client_deadline_ = time_point::max();
-  bool stopped_ = false;
-};
 
 class session {
  public:
@@ -372,7 +253,6 @@ class session {
   // connection may carry another request.
   io::task<bool> proxy(client_request& request, bool client_keep_alive) {
     const unsigned client_version = request.version();  // before the head is rewritten
-    const bool client_understands_chunked = client_version >= 11;
     if (!prepare_upstream_request(request, client_address_)) {
       co_return co_await reject(431, "X-Forwarded-For or Via is too long to append to", false);
     }
@@ -388,7 +268,6 @@ class session {
                             : "no backend rank is usable; check the engines and their /health";
       co_return co_await send_error(status, why, client_keep_alive, true);
     }
-    auto picked_at = clock_type::now();
     const bool head_request = request.method() == bhttp::verb::head;
 
     // While dplb waits for the engine and relays its answer, a watcher notices the client leaving and
@@ -406,293 +285,72 @@ class session {
       }
     } stop_watch{*watch, client_.socket()};
 
-    upstream::connection_ptr connection;
-    std::optional<bhttp::response_parser<bhttp::buffer_body>> parser;
+    request_accounting accounting(shared_, std::move(lease));
+    upstream_exchange exchange(worker_, *watch, upstream_framing_);
     std::vector<bool> tried(shared_.backends.size(), false);
     for (std::size_t retries = 0;; ++retries) {
-      const auto attempt = co_await exchange_head(lease.rank(), request, head_request, *watch, connection, parser);
+      const auto attempt = co_await exchange.send(accounting.rank(), request, head_request);
       if (!attempt.ec) break;
       if (watch->client_gone) {
-        shared_.metrics.request_finished(lease.rank(), 499, clock_type::now() - picked_at);
+        accounting.finish(499);
         co_return false;
       }
-      shared_.metrics.upstream_error(lease.rank(), attempt.kind);
-      shared_.health.record(lease.rank(), attempt.outcome);
+      accounting.attempt_failed(attempt.kind, attempt.health);
       if (attempt.retry_elsewhere && retries < settings_.max_retries) {
         // Nothing reached the engine's application and nothing reached the client: try another rank.
-        tried[lease.rank()] = true;
+        tried[accounting.rank()] = true;
         if (auto next = shared_.balancer.acquire(tried)) {
-          spdlog::debug("rank {} failed ({}); retrying on rank {}", lease.rank(), attempt.ec.message(), next.rank());
-          shared_.metrics.retried();
-          lease = std::move(next);
-          picked_at = clock_type::now();
+          spdlog::debug("rank {} failed ({}); retrying on rank {}", accounting.rank(), attempt.ec.message(),
+                        next.rank());
+          accounting.move_to(std::move(next));
           continue;
         }
       }
-      const auto failed_rank = lease.rank();
-      lease.release();  // before the answer: a client that saw the 502 also sees the slot free
-      co_return co_await fail_before_response(failed_rank, picked_at, attempt.ec, attempt.kind, client_keep_alive);
-    }
-    const std::size_t rank = lease.rank();
-    shared_.metrics.first_byte(rank, clock_type::now() - picked_at);
-
-    // The response head for the client: the engine's, minus hop-by-hop headers, with dplb's own framing.
-    auto& upstream_head = parser->get();
-    const unsigned status = upstream_head.result_int();
-    if (status >= 500) {
-      // Relayed as it is (the engine's message is the useful one), but it counts against the rank.
-      shared_.metrics.upstream_error(rank, "server_error");
-      shared_.health.record(rank, upstream::request_outcome::server_error);
-    } else {
-      shared_.health.record(rank, upstream::request_outcome::success);
-    }
-    // The parser's view, not the fields': it is false for a body that ends when the engine closes.
-    const bool upstream_keep_alive = parser->keep_alive();
-    const bool has_body = response_has_body(status, head_request);
-    // Rewritten in place, without copying a field: the parser keeps its own record of the engine's
-    // framing and keep-alive, so the fields are free to become the client's head.
-    auto& out = upstream_head;
-    out.version(11);
-    http::strip_hop_by_hop(out);
-    bool keep_client = client_keep_alive;
-    bool chunked_out = false;
-    if (has_body) {
-      // The body's framing is dplb's, from the parser's view of the engine's message: a header the
-      // engine sent can neither remove it nor contradict it.
-      out.erase(bhttp::field::content_length);
-      if (const auto length = parser->content_length()) {
-        out.content_length(*length);
-      } else if (client_understands_chunked) {
-        // Chunked, or delimited by the engine closing: relayed chunked to an HTTP/1.1 client...
-        out.chunked(true);
-        chunked_out = true;
-      } else {
-        keep_client = false;  // ...and delimited by dplb closing the connection for an HTTP/1.0 one
-      }
-    }
-    out.set("x-dplb-rank", std::to_string(rank));
-    set_connection_header(out, keep_client, client_version);
-
-    // What goes to the client is laid out by hand (http/wire_format.hpp): the head, then the body bytes
-    // exactly as the engine's framing delivered them, re-framed as chunks when relayed chunked. Each
-    // write gathers the head (the first time), the chunk framing and the data into one system call.
-    std::string& framing = client_framing_;
-    framing.clear();
-    http::append_response_head(framing, out.base());
-    bool head_sent = false;
-    bool body_ended = false;  // the terminating chunk (if any) has been sent
-    // Sends body bytes (none for the head alone), with the head before them the first time; `last`
-    // ends the body (the terminating chunk when chunked).
-    // The relay's reads and writes go straight to the sockets, their deadlines kept by one watchdog.
-    const auto watchdog = std::make_shared<relay_watchdog>(
-        client_.get_executor(), connection->stream.socket(), client_.socket(),
-        std::min(settings_.upstream_read_timeout, settings_.client_write_timeout));
-    watchdog->start();
-    struct stop_watchdog_on_exit {
-      relay_watchdog& w;
-      ~stop_watchdog_on_exit() { w.stop(); }
-    } stop_watchdog{*watchdog};
-    const auto send = [&](std::string_view data, bool last) -> io::task<bool> {
-      if (head_sent) framing.clear();
-      std::string_view tail;
-      if (chunked_out) {
-        if (!data.empty()) http::append_chunk_header(framing, data.size());
-        static constexpr std::string_view end_and_last = "\r\n0\r\n\r\n";
-        tail = data.empty() ? (last ? http::last_chunk : std::string_view{}) : (last ? end_and_last : http::chunk_end);
-      }
-      const std::array<asio::const_buffer, 3> pieces{asio::buffer(framing), asio::buffer(data), asio::buffer(tail)};
-      watchdog->writing(settings_.client_write_timeout);
-      auto [ec, n] = co_await asio::async_write(client_.socket(), pieces, as_result);
-      watchdog->idle();
-      head_sent = true;
-      body_ended = last;
-      co_return !ec;
-    };
-
-    metrics::usage_scanner usage;
-    const bool count_usage = status == 200;
-    bool upstream_ok = true;
-    bool client_ok = true;
-
-    // Once the engine has sent everything, the request is accounted for at once: its slot is given back
-    // (from then on it costs the engine nothing) and it is counted, so a client that has seen the end of
-    // its response also sees the metrics that include it.
-    bool accounted = false;
-    const auto engine_finished = [&] {
-      if (std::exchange(accounted, true)) return;
-      lease.release();
-      if (count_usage && (usage.prompt_tokens() || usage.completion_tokens())) {
-        shared_.metrics.tokens(rank, usage.prompt_tokens().value_or(0), usage.completion_tokens().value_or(0));
-      }
-      shared_.metrics.request_finished(rank, status, clock_type::now() - picked_at);
-    };
-    if (!has_body || parser->is_done()) {
-      // No body to relay (HEAD, 204, 304, Content-Length: 0): accounted for now, then the head alone.
-      engine_finished();
-      client_ok = co_await send({}, true);
-    } else if (connection->buffer.size() == 0) {
-      // Nothing of the body is here yet (a stream waiting for its first token): the head goes now so the
-      // client sees the status at once. Otherwise it leaves together with the first body bytes.
-      client_ok = co_await send({}, false);
-    }
-    char* relay = relay_buffer();
-    while (client_ok && has_body && !parser->is_done()) {
-      parser->get().body().data = relay;
-      parser->get().body().size = relay_buffer_size;
-      watchdog->reading(settings_.upstream_read_timeout);
-      auto [read_ec, read] =
-          co_await bhttp::async_read_some(connection->stream.socket(), connection->buffer, *parser, as_result);
-      watchdog->idle();
-      if (read_ec && read_ec != bhttp::error::need_buffer) {
-        upstream_ok = false;
-        break;
-      }
-      const std::size_t got = relay_buffer_size - parser->get().body().size;
-      if (count_usage) usage.feed({relay, got});
-      if (parser->is_done()) engine_finished();
-      if (got == 0 && !parser->is_done()) continue;  // a chunk header without data yet
-      client_ok = co_await send({relay, got}, parser->is_done());
-    }
-    if (client_ok && upstream_ok && !body_ended) {
-      // A safety net: the loop above sends the end itself (a read that completes the body is always sent
-      // with `last`, even when it delivered no data), so a client is never left without the body's end.
-      client_ok = co_await send({}, true);
+      co_return co_await fail_before_response(accounting, attempt.ec, attempt.kind, client_keep_alive);
     }
 
-    const auto duration = clock_type::now() - picked_at;
-    if (watch->client_gone || !client_ok) {
+    const std::size_t rank = accounting.rank();
+    accounting.answered(exchange.response().get().result_int());
+    response_relay relay(client_.socket(), exchange, settings_, client_framing_, relay_buffer());
+    const bool keep_client = relay.prepare_head(rank, head_request, client_version, client_keep_alive);
+    const auto relayed = co_await relay.run(accounting);
+    if (watch->client_gone || relayed == response_relay::result::client_failed) {
       // The client went away: dropping the engine connection is how vLLM learns to abort the request.
       // (If the engine had already finished, the request was counted with its status.)
-      if (!accounted) shared_.metrics.request_finished(rank, 499, duration);
+      accounting.finish(499);
       co_return false;
     }
-    if (!upstream_ok && !head_sent) {
-      // The engine failed before anything reached the client (the head was held back to leave with the
-      // first body bytes): the client can still get a proper error.
-      shared_.metrics.upstream_error(rank, "midstream");
-      shared_.health.record(rank, upstream::request_outcome::reset);
-      lease.release();
-      co_return co_await fail_before_response(rank, picked_at, asio::error::connection_reset, "midstream",
-                                              client_keep_alive);
-    }
-    if (!upstream_ok) {
+    if (relayed == response_relay::result::engine_failed) {
+      accounting.attempt_failed("midstream", upstream::request_outcome::reset);
+      if (!relay.head_sent()) {
+        // Nothing reached the client yet (the head was held back to leave with the first body bytes): the
+        // client can still get a proper error.
+        co_return co_await fail_before_response(accounting, asio::error::connection_reset, "midstream",
+                                                client_keep_alive);
+      }
       // Part of the response is already out: closing without the terminating chunk (or short of the
       // Content-Length) is the only way left to tell the client the response is incomplete.
-      shared_.metrics.upstream_error(rank, "midstream");
-      shared_.health.record(rank, upstream::request_outcome::reset);
-      shared_.metrics.request_finished(rank, status, duration);
+      accounting.finish(accounting.status());
       spdlog::warn("rank {} ({}) failed mid-response; the client sees a truncated response", rank,
                    shared_.backends[rank].url);
       co_return false;
     }
-    // Only a connection whose response ended cleanly, that the engine keeps alive, and that holds no byte
-    // beyond that response goes back: anything else would hand its leftovers to the next client as an
-    // answer. (A watchdog that fired as the last read completed has closed the socket: not reusable.)
-    if (upstream_keep_alive && parser->is_done() && connection->buffer.size() == 0 &&
-        connection->stream.socket().is_open()) {
-      worker_.pool.give_back(rank, std::move(connection));
-    }
+    exchange.give_back_if_clean(rank);
     co_return keep_client;
-  }
-
-  struct head_attempt {
-    boost::system::error_code ec;                  // empty: the response head is in the parser
-    std::string_view kind;                         // for dplb_upstream_errors_total
-    upstream::request_outcome outcome = upstream::request_outcome::success;
-    bool retry_elsewhere = false;                  // safe to send to another rank
-  };
-
-  // Sends the request to the rank and reads the response head. A pooled connection that turns out
-  // closed before any response byte is the keep-alive race (the engine closed it while idle): the
-  // request is re-sent on a fresh connection to the same rank, invisibly.
-  io::task<head_attempt> exchange_head(std::size_t rank, client_request& request, bool head_request,
-                                              client_watch& watch, upstream::connection_ptr& connection,
-                                              std::optional<bhttp::response_parser<bhttp::buffer_body>>& parser) {
-    request.set(bhttp::field::host, shared_.backends[rank].authority);
-    const auto head_timeout = settings_.upstream_first_byte_timeout.count() > 0 ? settings_.upstream_first_byte_timeout
-                                                                                : settings_.upstream_read_timeout;
-    for (int attempt = 0;; ++attempt) {
-      watch.upstream = nullptr;  // the watcher must never see a connection that is about to be destroyed
-      // A re-send always takes a fresh connection: the engine may have dropped every pooled one (restart).
-      connection = attempt == 0 ? worker_.pool.take_idle(rank) : nullptr;
-      if (!connection) {
-        auto connected = co_await worker_.pool.connect(rank);
-        if (!connected.connection) {
-          // Nothing was sent: always safe to try another rank.
-          co_return head_attempt{connected.error, "connect", upstream::request_outcome::connect_failure, true};
-        }
-        connection = std::move(connected.connection);
-        shared_.metrics.upstream_connected(rank);
-      }
-      watch.upstream = connection.get();
-      if (watch.client_gone) co_return head_attempt{asio::error::operation_aborted, "client", {}, false};
-
-      connection->stream.expires_after(settings_.upstream_read_timeout);
-      upstream_framing_.clear();
-      http::append_request_head(upstream_framing_, request.base());
-      const std::array<asio::const_buffer, 2> pieces{asio::buffer(upstream_framing_), asio::buffer(request.body())};
-      auto [write_ec, written] = co_await asio::async_write(connection->stream, pieces, as_result);
-      const auto sent_at = clock_type::now();
-      boost::system::error_code ec = write_ec;
-      bool answered = false;  // some byte of a response (interim or final) arrived
-      if (!ec) {
-        connection->stream.expires_after(head_timeout);
-        ec = co_await read_final_head(*connection, parser, head_request, answered);
-      }
-      if (!ec) co_return head_attempt{};
-      if (watch.client_gone) co_return head_attempt{ec, "client", {}, false};
-      // Closed without a byte of answer right after the request went out: the engine never took it.
-      const bool refused =
-          !answered && is_closed_connection(ec) && clock_type::now() - sent_at < keepalive_race_window;
-      if (connection->reused && refused && attempt == 0) {
-        shared_.metrics.keepalive_retry(rank);
-        continue;
-      }
-      if (ec == beast::error::timeout) {
-        // The engine has the request and may be working on it: sending it elsewhere would double the work.
-        co_return head_attempt{ec, "timeout", upstream::request_outcome::timeout, false};
-      }
-      if (refused) {
-        // Reset or closed on a fresh connection before any answer: the engine refused it.
-        co_return head_attempt{ec, "reset", upstream::request_outcome::reset, true};
-      }
-      co_return head_attempt{ec, "protocol", upstream::request_outcome::reset, false};
-    }
-  }
-
-  // Reads the engine's final response head into a fresh parser. Interim responses (100 Continue, 102, 103
-  // Early Hints) are read and dropped: dplb answered the client's Expect itself, and clients such as
-  // Python's http.client take a 103 for the final response. A 101 is refused: dplb strips Upgrade, so
-  // the engine was never asked to switch protocols, and the connection is not reusable after one.
-  io::task<boost::system::error_code> read_final_head(
-      upstream::upstream_connection& connection, std::optional<bhttp::response_parser<bhttp::buffer_body>>& parser,
-      bool head_request, bool& answered) {
-    for (int interim = 0;; ++interim) {
-      parser.emplace();
-      parser->header_limit(static_cast<std::uint32_t>(settings_.max_header_bytes));
-      parser->body_limit(boost::none);  // responses stream through; nothing is collected
-      if (head_request) parser->skip(true);
-      auto [ec, read] = co_await bhttp::async_read_header(connection.stream, connection.buffer, *parser, as_result);
-      answered = answered || parser->got_some();
-      if (ec) co_return ec;
-      const unsigned status = parser->get().result_int();
-      if (status >= 200) co_return boost::system::error_code{};
-      if (status == 101 || interim == max_interim_responses) co_return bhttp::error::bad_status;
-    }
   }
 
   // The client's answer when the request got no response from an engine. A request that reached no engine
   // (every connection attempt failed, the last one on this rank) gets 503 with Retry-After, as from
   // HAProxy or Envoy: nothing was sent anywhere, and trying again later is safe. An engine that took the
-  // request and said nothing in time gives 504; one that failed while answering, 502.
-  io::task<bool> fail_before_response(std::size_t rank, clock_type::time_point picked_at,
-                                      const boost::system::error_code& ec, std::string_view kind,
-                                      bool client_keep_alive) {
+  // request and said nothing in time gives 504; one that failed while answering, 502. The slot is free
+  // before the answer leaves: a client that saw the error also sees the slot free.
+  io::task<bool> fail_before_response(request_accounting& accounting, const boost::system::error_code& ec,
+                                      std::string_view kind, bool client_keep_alive) {
     const bool not_delivered = kind == "connect";
     const unsigned status = not_delivered ? 503 : ec == beast::error::timeout ? 504 : 502;
-    shared_.metrics.request_finished(rank, status, clock_type::now() - picked_at);
-    const auto& backend = shared_.backends[rank];
-    const auto where = "backend rank " + std::to_string(rank) + " (" + backend.url + ")";
+    accounting.finish(status);
+    const auto rank = accounting.rank();
+    const auto where = "backend rank " + std::to_string(rank) + " (" + shared_.backends[rank].url + ")";
     std::string message =
         not_delivered
             ? "no backend rank could take the request; the last tried, " + where +
@@ -704,9 +362,9 @@ class session {
     co_return co_await send_error(status, message, client_keep_alive, not_delivered);
   }
 
-  char* relay_buffer() {
+  std::span<char> relay_buffer() {
     if (!relay_buffer_) relay_buffer_ = std::make_unique<char[]>(relay_buffer_size);
-    return relay_buffer_.get();
+    return {relay_buffer_.get(), relay_buffer_size};
   }
 
   worker_state& worker_;

@@ -1,0 +1,92 @@
+#pragma once
+// Private to the session: what a proxied request counts, and when. The request holds a slot on its rank
+// (the lease) from the pick until the engine has finished with it; its outcome is counted once, under its
+// final status; each failed attempt counts against its rank's errors and health. One object per request
+// with an explicit state, instead of flags that every exit path had to keep in agreement.
+
+#include <chrono>
+#include <string_view>
+#include <utility>
+
+#include "dplb/balancer/balancer.hpp"
+#include "dplb/metrics/proxy_metrics.hpp"
+#include "dplb/metrics/usage_scanner.hpp"
+#include "dplb/server/proxy_context.hpp"
+#include "dplb/upstream/health_monitor.hpp"
+
+namespace dplb::server {
+
+class request_accounting {
+ public:
+  using clock_type = std::chrono::steady_clock;
+
+  enum class state {
+    waiting,    // a rank is picked; no final response head from it yet
+    answered,   // the engine's final head arrived: its status is known, its body is on the way
+    finished,   // counted under its final status; the slot is free
+  };
+
+  request_accounting(shared_state& shared, balancer::rank_lease lease)
+      : shared_(shared), lease_(std::move(lease)), rank_(lease_.rank()), picked_at_(clock_type::now()) {}
+
+  std::size_t rank() const noexcept { return rank_; }
+  state current() const noexcept { return state_; }
+  unsigned status() const noexcept { return status_; }
+
+  // The request goes on to another rank after its rank failed before answering.
+  void move_to(balancer::rank_lease next) {
+    lease_ = std::move(next);
+    rank_ = lease_.rank();
+    picked_at_ = clock_type::now();
+    shared_.metrics.retried();
+  }
+
+  // An attempt on the rank failed (`kind`: one of metrics::upstream_error_kinds).
+  void attempt_failed(std::string_view kind, upstream::request_outcome outcome) {
+    shared_.metrics.upstream_error(rank_, kind);
+    shared_.health.record(rank_, outcome);
+  }
+
+  // The engine's final response head: its time to first byte, and its verdict on the rank's health. A 5xx
+  // is relayed as it is (the engine's message is the useful one), but counts against the rank.
+  void answered(unsigned status) {
+    state_ = state::answered;
+    status_ = status;
+    shared_.metrics.first_byte(rank_, clock_type::now() - picked_at_);
+    if (status >= 500) {
+      attempt_failed("server_error", upstream::request_outcome::server_error);
+    } else {
+      shared_.health.record(rank_, upstream::request_outcome::success);
+    }
+  }
+
+  // The engine has sent its whole response. The slot is given back at once (from now on the request costs
+  // the engine nothing) and the request is counted, with the tokens its usage reported, before the client
+  // has the last bytes: a client that has seen the end of its response also sees the metrics with it.
+  void engine_finished(const metrics::usage_scanner& usage) {
+    if (state_ == state::finished) return;
+    const bool counts_tokens = status_ == 200 && (usage.prompt_tokens() || usage.completion_tokens());
+    if (counts_tokens) {
+      shared_.metrics.tokens(rank_, usage.prompt_tokens().value_or(0), usage.completion_tokens().value_or(0));
+    }
+    finish(status_);
+  }
+
+  // Ends the request under `status`, unless it was counted already: the answer dplb gave on the rank's
+  // behalf (502, 503, 504), the engine's own status for a response cut short, 499 for a client that left.
+  void finish(unsigned status) {
+    if (std::exchange(state_, state::finished) == state::finished) return;
+    lease_.release();
+    shared_.metrics.request_finished(rank_, status, clock_type::now() - picked_at_);
+  }
+
+ private:
+  shared_state& shared_;
+  balancer::rank_lease lease_;
+  std::size_t rank_;
+  clock_type::time_point picked_at_;
+  state state_ = state::waiting;
+  unsigned status_ = 0;
+};
+
+}  // namespace dplb::server

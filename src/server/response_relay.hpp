@@ -1,0 +1,173 @@
+#pragma once
+// Private to the session: the engine's response relayed to the client as it arrives. The head is the
+// engine's, rewritten in place (hop-by-hop headers stripped, dplb's own framing, Connection and
+// x-dplb-rank); the body follows read by read, exactly as the engine's framing delivered it, re-framed as
+// chunks when the client gets it chunked. Each write gathers the head (the first time), the chunk framing
+// and the data into one system call; nothing is collected. One watchdog keeps both sides' deadlines.
+
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/http/read.hpp>
+
+#include <algorithm>
+#include <array>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "dplb/config/settings.hpp"
+#include "dplb/http/header_sanitizer.hpp"
+#include "dplb/http/wire_format.hpp"
+#include "dplb/metrics/usage_scanner.hpp"
+#include "relay_watchdog.hpp"
+#include "request_accounting.hpp"
+#include "upstream_exchange.hpp"
+
+namespace dplb::server {
+
+inline bool response_has_body(unsigned status, bool head_request) {
+  return !head_request && !(status >= 100 && status < 200) && status != 204 && status != 304;
+}
+
+// The Connection header of a response dplb writes as HTTP/1.1: an HTTP/1.0 client closes unless it is
+// told the connection stays open, an HTTP/1.1 client keeps it open unless it is told it closes.
+inline void set_connection_header(boost::beast::http::response_header<>& head, bool keep_alive,
+                                  unsigned client_version) {
+  namespace bhttp = boost::beast::http;
+  if (!keep_alive) {
+    head.set(bhttp::field::connection, "close");
+  } else if (client_version < 11) {
+    head.set(bhttp::field::connection, "keep-alive");
+  } else {
+    head.erase(bhttp::field::connection);
+  }
+}
+
+class response_relay {
+ public:
+  enum class result {
+    complete,        // the whole response reached the client
+    engine_failed,   // the engine closed, reset or fell silent before the end of its response
+    client_failed,   // the client stopped reading or went away
+  };
+
+  // `framing`: the session's buffer for the head and chunk framing; `buffer`: its relay buffer.
+  response_relay(io::socket& client, upstream_exchange& exchange, const config::settings& settings,
+                 std::string& framing, std::span<char> buffer)
+      : client_(client), exchange_(exchange), settings_(settings), framing_(framing), buffer_(buffer) {}
+
+  // Rewrites the engine's head, in place, into the client's. Returns whether the client connection stays
+  // open after this response.
+  bool prepare_head(std::size_t rank, bool head_request, unsigned client_version, bool client_keep_alive) {
+    namespace bhttp = boost::beast::http;
+    auto& parser = exchange_.response();
+    // The parser keeps its own record of the engine's framing and keep-alive, so the fields are free to
+    // become the client's head without a copy.
+    auto& out = parser.get();
+    has_body_ = response_has_body(out.result_int(), head_request);
+    out.version(11);
+    http::strip_hop_by_hop(out);
+    bool keep_client = client_keep_alive;
+    if (has_body_) {
+      // The body's framing is dplb's, from the parser's view of the engine's message: a header the engine
+      // sent can neither remove it nor contradict it.
+      out.erase(bhttp::field::content_length);
+      if (const auto length = parser.content_length()) {
+        out.content_length(*length);
+      } else if (client_version >= 11) {
+        // Chunked, or delimited by the engine closing: relayed chunked to an HTTP/1.1 client...
+        out.chunked(true);
+        chunked_ = true;
+      } else {
+        keep_client = false;  // ...and delimited by dplb closing the connection for an HTTP/1.0 one
+      }
+    }
+    out.set("x-dplb-rank", std::to_string(rank));
+    set_connection_header(out, keep_client, client_version);
+    framing_.clear();
+    http::append_response_head(framing_, out.base());
+    return keep_client;
+  }
+
+  // Relays the head and the body. The moment the engine has sent everything, the request is accounted
+  // for (accounting.engine_finished), before the last bytes go to the client.
+  io::task<result> run(request_accounting& accounting) {
+    namespace bhttp = boost::beast::http;
+    auto& parser = exchange_.response();
+    auto& connection = exchange_.connection();
+    watchdog_ = std::make_shared<relay_watchdog>(client_.get_executor(), connection.stream.socket(), client_,
+                                                 std::min(settings_.upstream_read_timeout, settings_.client_write_timeout));
+    watchdog_->start();
+    struct stop_watchdog_on_exit {
+      relay_watchdog& w;
+      ~stop_watchdog_on_exit() { w.stop(); }
+    } stop_watchdog{*watchdog_};
+
+    metrics::usage_scanner usage;
+    const bool count_usage = accounting.status() == 200;
+    if (!has_body_ || parser.is_done()) {
+      // No body to relay (HEAD, 204, 304, Content-Length: 0): accounted for now, then the head alone.
+      accounting.engine_finished(usage);
+      co_return co_await send({}, true) ? result::complete : result::client_failed;
+    }
+    if (connection.buffer.size() == 0) {
+      // Nothing of the body is here yet (a stream waiting for its first token): the head goes now so the
+      // client sees the status at once. Otherwise it leaves together with the first body bytes.
+      if (!co_await send({}, false)) co_return result::client_failed;
+    }
+    while (!parser.is_done()) {
+      parser.get().body().data = buffer_.data();
+      parser.get().body().size = buffer_.size();
+      watchdog_->reading(settings_.upstream_read_timeout);
+      auto [read_ec, read] = co_await bhttp::async_read_some(connection.stream.socket(), connection.buffer, parser,
+                                                             io::as_result);
+      watchdog_->idle();
+      if (read_ec && read_ec != bhttp::error::need_buffer) co_return result::engine_failed;
+      const std::size_t got = buffer_.size() - parser.get().body().size;
+      if (count_usage) usage.feed({buffer_.data(), got});
+      if (parser.is_done()) accounting.engine_finished(usage);
+      if (got == 0 && !parser.is_done()) continue;  // a chunk header without data yet
+      // A read that completes the body is always sent with `last`, even when it delivered no data, so the
+      // client never misses the body's end.
+      if (!co_await send({buffer_.data(), got}, parser.is_done())) co_return result::client_failed;
+    }
+    co_return result::complete;
+  }
+
+  // Whether any byte of the response reached the client (after a failure: can it still get an error?).
+  bool head_sent() const noexcept { return progress_ != progress::nothing_sent; }
+
+ private:
+  enum class progress { nothing_sent, head_sent, body_ended };
+
+  // Sends body bytes (none for the head alone), with the head before them the first time; `last` ends the
+  // body (with the terminating chunk when chunked).
+  io::task<bool> send(std::string_view data, bool last) {
+    if (progress_ != progress::nothing_sent) framing_.clear();
+    std::string_view tail;
+    if (chunked_) {
+      if (!data.empty()) http::append_chunk_header(framing_, data.size());
+      static constexpr std::string_view end_and_last = "\r\n0\r\n\r\n";
+      tail = data.empty() ? (last ? http::last_chunk : std::string_view{}) : (last ? end_and_last : http::chunk_end);
+    }
+    const std::array<boost::asio::const_buffer, 3> pieces{boost::asio::buffer(framing_), boost::asio::buffer(data),
+                                                          boost::asio::buffer(tail)};
+    watchdog_->writing(settings_.client_write_timeout);
+    auto [ec, n] = co_await boost::asio::async_write(client_, pieces, io::as_result);
+    watchdog_->idle();
+    progress_ = last ? progress::body_ended : progress::head_sent;
+    co_return !ec;
+  }
+
+  io::socket& client_;
+  upstream_exchange& exchange_;
+  const config::settings& settings_;
+  std::string& framing_;
+  std::span<char> buffer_;
+  std::shared_ptr<relay_watchdog> watchdog_;
+  bool has_body_ = false;
+  bool chunked_ = false;
+  progress progress_ = progress::nothing_sent;
+};
+
+}  // namespace dplb::server
