@@ -14,11 +14,13 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 #include "dplb/config/settings.hpp"
 #include "dplb/http/header_sanitizer.hpp"
 #include "dplb/http/wire_format.hpp"
 #include "dplb/metrics/usage_scanner.hpp"
+#include "buffered_parse.hpp"
 #include "relay_watchdog.hpp"
 #include "request_accounting.hpp"
 #include "upstream_exchange.hpp"
@@ -118,11 +120,17 @@ class response_relay {
     while (!parser.is_done()) {
       parser.get().body().data = buffer_.data();
       parser.get().body().size = buffer_.size();
-      watchdog_->reading(settings_.upstream_read_timeout);
-      auto [read_ec, read] = co_await bhttp::async_read_some(connection.stream.socket(), connection.buffer, parser,
-                                                             io::as_result);
-      watchdog_->idle();
-      if (read_ec && read_ec != bhttp::error::need_buffer) co_return result::engine_failed;
+      // Bytes already read from the engine (a small response arrives whole with its head) are parsed
+      // without I/O; the engine is read only when they are used up, or are a fragment (a chunk header
+      // cut short) that cannot be parsed alone.
+      auto ec = parse_buffered(parser, connection.buffer, [&] { return parser.is_done(); });
+      if (ec == bhttp::error::need_more && parser.get().body().size == buffer_.size()) {
+        watchdog_->reading(settings_.upstream_read_timeout);
+        std::tie(ec, std::ignore) = co_await bhttp::async_read_some(connection.stream.socket(), connection.buffer,
+                                                                    parser, io::as_result);
+        watchdog_->idle();
+      }
+      if (ec && ec != bhttp::error::need_buffer && ec != bhttp::error::need_more) co_return result::engine_failed;
       const std::size_t got = buffer_.size() - parser.get().body().size;
       if (count_usage) usage.feed({buffer_.data(), got});
       if (parser.is_done()) accounting.engine_finished(usage);

@@ -12,8 +12,10 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <utility>
 
+#include "buffered_parse.hpp"
 #include "client_watch.hpp"
 #include "dplb/http/error_response.hpp"
 #include "dplb/http/header_sanitizer.hpp"
@@ -88,9 +90,11 @@ class session {
       co_return co_await reject(400, "obsolete line folding in a header is not accepted (RFC 9112 5.2)", false);
     }
     if (head_ec) co_return co_await refuse_unreadable_request(head_ec, buffer_.size() > 0);
-    // The whole head is in the buffer now: this parses it without any I/O.
-    auto [ec, unused] = co_await bhttp::async_read_header(client_, buffer_, parser, as_result);
-    if (ec) co_return co_await refuse_unreadable_request(ec, true);
+    // The whole head is in the buffer now: it is parsed without any I/O.
+    if (auto ec = parse_buffered(parser, buffer_, [&] { return parser.is_header_done(); })) {
+      co_return co_await refuse_unreadable_request(ec == bhttp::error::need_more ? bhttp::error::partial_message : ec,
+                                                   true);
+    }
 
     auto& request = parser.get();
     client_version_ = request.version();
@@ -102,8 +106,13 @@ class session {
       auto [wec, wn] = co_await asio::async_write(client_, asio::buffer(continue_line), as_result);
       if (wec) co_return false;
     }
-    client_.expires_after(settings_.request_read_timeout);
-    auto [body_ec, body_bytes] = co_await bhttp::async_read(client_, buffer_, parser, as_result);
+    // The body, or what of it arrived with the head, is parsed without I/O; only the rest is read.
+    parser.eager(true);
+    auto body_ec = parse_buffered(parser, buffer_, [&] { return parser.is_done(); });
+    if (body_ec == bhttp::error::need_more) {
+      client_.expires_after(settings_.request_read_timeout);
+      std::tie(body_ec, std::ignore) = co_await bhttp::async_read(client_, buffer_, parser, as_result);
+    }
     if (body_ec) co_return co_await refuse_unreadable_request(body_ec, true);
 
     const bool keep_alive = request.keep_alive() && !shared_.draining.load(std::memory_order_relaxed);
