@@ -36,23 +36,71 @@ void for_each_list_item(std::string_view list, Fn&& fn) {
 
 }  // namespace
 
+namespace {
+
+bool always_hop_by_hop(bhttp::field name) {
+  switch (name) {
+    case bhttp::field::connection:
+    case bhttp::field::keep_alive:
+    case bhttp::field::proxy_connection:
+    case bhttp::field::te:
+    case bhttp::field::transfer_encoding:
+    case bhttp::field::upgrade:
+    case bhttp::field::proxy_authorization:
+    case bhttp::field::proxy_authenticate:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 void strip_hop_by_hop(bhttp::fields& fields) {
-  // Names listed in Connection are hop-by-hop too; collect them first, the erase invalidates views.
-  std::vector<std::string> named;
-  for (auto it = fields.find(bhttp::field::connection); it != fields.end() && it->name() == bhttp::field::connection; ++it) {
-    for_each_list_item(it->value(), [&](std::string_view item) { named.emplace_back(item); });
+  // The names listed in Connection are hop-by-hop too (Connection itself is seldom sent by clients that
+  // keep alive, so the common case reads nothing here). One pass over the fields then erases every
+  // hop-by-hop one by iterator, instead of a lookup by name per hop-by-hop header.
+  std::string_view connection_values[8];
+  std::size_t connection_lines = 0;
+  bool more_connection_lines = false;
+  for (auto it = fields.find(bhttp::field::connection); it != fields.end() && it->name() == bhttp::field::connection;
+       ++it) {
+    if (connection_lines == std::size(connection_values)) {
+      more_connection_lines = true;
+      break;
+    }
+    connection_values[connection_lines++] = it->value();
   }
-  for (const auto& name : named) {
+  std::vector<std::string> many_named;  // only for a head with more Connection lines than fit above
+  if (more_connection_lines) {
+    for (auto it = fields.find(bhttp::field::connection); it != fields.end() && it->name() == bhttp::field::connection;
+         ++it) {
+      for_each_list_item(it->value(), [&](std::string_view item) { many_named.emplace_back(item); });
+    }
+  }
+  const auto named_in_connection = [&](std::string_view name) {
     // A message's length is never the sender's to name away: dropping Content-Length here would leave
-    // the other side without framing (Transfer-Encoding is removed below and re-applied by the caller).
-    if (iequals(name, "content-length")) continue;
-    fields.erase(name);
+    // the other side without framing (Transfer-Encoding is always removed, and re-applied by the caller).
+    if (iequals(name, "content-length")) return false;
+    if (more_connection_lines) {
+      return std::any_of(many_named.begin(), many_named.end(), [&](const std::string& n) { return iequals(n, name); });
+    }
+    bool found = false;
+    for (std::size_t i = 0; i < connection_lines && !found; ++i) {
+      for_each_list_item(connection_values[i], [&](std::string_view item) { found = found || iequals(item, name); });
+    }
+    return found;
+  };
+  for (auto it = fields.begin(); it != fields.end();) {
+    // The erases below happen after every Connection value was read: a value erased early would dangle.
+    const bool hop = always_hop_by_hop(it->name()) || (connection_lines > 0 && named_in_connection(it->name_string()));
+    if (hop && it->name() != bhttp::field::connection) {
+      it = fields.erase(it);
+    } else {
+      ++it;
+    }
   }
-  for (auto f : {bhttp::field::connection, bhttp::field::keep_alive, bhttp::field::proxy_connection,
-                 bhttp::field::te, bhttp::field::transfer_encoding, bhttp::field::upgrade,
-                 bhttp::field::proxy_authorization, bhttp::field::proxy_authenticate}) {
-    fields.erase(f);
-  }
+  fields.erase(bhttp::field::connection);
 }
 
 head_scan find_head_end(std::string_view bytes, std::size_t from) noexcept {
@@ -115,6 +163,11 @@ namespace {
 // Joins every line of a list header (a client may send several) and appends one item, so that no hop
 // recorded by an earlier proxy is lost.
 bool append_list_item(bhttp::fields& fields, std::string_view name, std::string_view item) {
+  if (fields.find(name) == fields.end()) {  // the usual case: dplb is the first hop
+    if (item.size() > max_forwarding_header_bytes) return false;
+    fields.insert(name, item);
+    return true;
+  }
   std::string combined;
   for (auto it = fields.find(name); it != fields.end() && iequals(it->name_string(), name); ++it) {
     const auto value = trim(it->value());
