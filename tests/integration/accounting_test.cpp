@@ -95,7 +95,7 @@ TEST_CASE("in-flight returns to 0 when the client closes mid-stream, and the eng
   CHECK(metric_sum(engine_metrics, "mock_requests_aborted_total") == 1);
 }
 
-TEST_CASE("in-flight returns to 0 when the engine dies mid-stream; the client sees a truncated stream", "[accounting]") {
+TEST_CASE("in-flight returns to 0 when the engine dies mid-stream, and the client sees a truncated stream", "[accounting]") {
   auto engine = std::make_unique<mock_engine>(1, std::vector<std::string>{"--itl-ms", "50"});
   dplb_proxy proxy(engine->urls());
   http_connection client(proxy.port());

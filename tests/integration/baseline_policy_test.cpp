@@ -24,7 +24,7 @@ double engine_gauge(const mock_engine& engine, std::size_t rank, const std::stri
 
 }  // namespace
 
-TEST_CASE("engine-stats follows the load the engines report; dplb's own policies never poll them", "[baseline]") {
+TEST_CASE("engine-stats follows the load the engines report, and dplb's own policies never poll them", "[baseline]") {
   const auto policy = GENERATE(as<std::string>{}, "engine-stats", "least-inflight");
   INFO("--policy " << policy);
   mock_engine engine(2, {"--itl-ms", "50"});

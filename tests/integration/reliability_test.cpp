@@ -124,7 +124,7 @@ TEST_CASE("a refused connection is retried on another rank, invisibly", "[reliab
   CHECK(metric_sum(m, "dplb_rank_inflight{") == 0);
 }
 
-TEST_CASE("a reset before any answer is retried elsewhere; a reset mid-stream is never retried", "[reliability][retry]") {
+TEST_CASE("a reset before any answer is retried elsewhere, and a reset mid-stream is never retried", "[reliability][retry]") {
   mock_engine engine(2);
   dplb_proxy proxy(engine.urls(), {"--health-check-interval-ms", "0", "--ejection-threshold", "0",
                                    "--policy", "round-robin"});

@@ -99,7 +99,7 @@ TEST_CASE("round-robin ignores load and keeps strict rotation", "[balancer]") {
   CHECK(order == std::vector<std::size_t>{1, 2, 0, 1, 2, 0});
 }
 
-TEST_CASE("unusable ranks get no requests; none usable gives an empty lease", "[balancer]") {
+TEST_CASE("unusable ranks get no requests, and none usable gives an empty lease", "[balancer]") {
   const auto policy_name = GENERATE(as<std::string>{}, "round-robin", "least-inflight");
   balancer b(4, make_policy(policy_name));
   b.set_usable(1, false);

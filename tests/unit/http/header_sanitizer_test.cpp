@@ -27,7 +27,7 @@ TEST_CASE("hop-by-hop headers and those named in Connection are stripped, nothin
   CHECK(left == std::vector<std::string>{"Content-Type", "X-Kept"});
 }
 
-TEST_CASE("ambiguous framings are refused; plain ones pass", "[http]") {
+TEST_CASE("ambiguous framings are refused, and plain ones pass", "[http]") {
   const auto framing = [](std::initializer_list<std::pair<const char*, const char*>> headers) {
     bhttp::fields f;
     for (auto [n, v] : headers) f.insert(n, v);

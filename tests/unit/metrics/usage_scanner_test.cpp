@@ -68,7 +68,7 @@ TEST_CASE("with usage on every chunk the last value wins", "[usage]") {
   CHECK(s.completion_tokens() == 5u);
 }
 
-TEST_CASE("a response without usage reports none; null usage is ignored", "[usage]") {
+TEST_CASE("a response without usage reports none, and null usage is ignored", "[usage]") {
   usage_scanner s;
   s.feed(R"(data: {"choices":[{"delta":{"content":"hi"}}],"usage":null})");
   CHECK_FALSE(s.prompt_tokens());

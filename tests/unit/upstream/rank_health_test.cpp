@@ -69,7 +69,7 @@ TEST_CASE("an ejection history is forgiven after a clean maximum back-off", "[he
   CHECK(h.ejected_until() == t0 + 1500ms);  // back to the base duration
 }
 
-TEST_CASE("ejection threshold 0 disables passive ejection; failures while ejected do not extend it", "[health]") {
+TEST_CASE("ejection threshold 0 disables passive ejection, and failures while ejected do not extend it", "[health]") {
   rank_health off({.ejection_threshold = 0});
   for (int i = 0; i < 100; ++i) CHECK_FALSE(off.record(request_outcome::server_error, t0));
   CHECK(off.usable());
