@@ -7,6 +7,7 @@
 #include "http_client.hpp"
 #include "loadgen.hpp"
 #include "processes.hpp"
+#include "timing_slack.hpp"
 
 using namespace dplb::test;
 using namespace std::chrono_literals;
@@ -37,7 +38,7 @@ TEST_CASE("a burst is spread exactly over 4 ranks", "[burst]") {
   const std::size_t burst = GENERATE(256u, 250u);
   // A second to the first token: the whole burst is in flight at once, as at a benchmark's start.
   // (Longer under sanitizers: dplb must have placed every request before the first one finishes.)
-  const auto ttft_ms = std::to_string(static_cast<int>(1000 * DPLB_TIMING_SLACK));
+  const auto ttft_ms = std::to_string(static_cast<int>(1000 * timing_slack()));
   mock_engine engine(4, {"--ttft-ms", ttft_ms, "--itl-ms", "5"});
   dplb_proxy proxy(engine.urls(), {"--policy", policy, "--threads", threads});
 

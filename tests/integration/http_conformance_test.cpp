@@ -19,6 +19,7 @@
 #include "http_client.hpp"
 #include "processes.hpp"
 #include "raw_engine.hpp"
+#include "timing_slack.hpp"
 
 using namespace dplb::test;
 using json = nlohmann::json;
@@ -27,7 +28,9 @@ using namespace std::chrono_literals;
 namespace {
 
 // Long enough for any answer on a busy machine, short enough that a client left hanging fails fast.
-const auto answer_deadline = std::chrono::milliseconds(static_cast<long>(3000 * DPLB_TIMING_SLACK));
+std::chrono::milliseconds answer_deadline() {
+  return std::chrono::milliseconds(static_cast<long>(3000 * timing_slack()));
+}
 
 // One worker thread, so that every request meets the same upstream connection pool; no health checks,
 // so that every request the raw engine sees was proxied.
@@ -143,7 +146,7 @@ TEST_CASE("conformance: interim responses from the engine are dropped, the clien
   http_connection client(proxy.port());
 
   client.write_raw(get("/r1"));
-  const auto first = client.read_responses(1, answer_deadline);
+  const auto first = client.read_responses(1, answer_deadline());
   INFO("first answer: " << describe(first));
   CHECK_FALSE(has_interim_bytes(first.bytes));
   CHECK(first.responses.size() == 1);
@@ -151,7 +154,7 @@ TEST_CASE("conformance: interim responses from the engine are dropped, the clien
   CHECK(sole_final(first).body == "r1");
 
   client.write_raw(get("/r2"));
-  const auto second = client.read_responses(1, answer_deadline);
+  const auto second = client.read_responses(1, answer_deadline());
   INFO("second answer: " << describe(second));
   CHECK(sole_final(second).status == 200);
   CHECK(sole_final(second).body == "r2");
@@ -168,14 +171,14 @@ TEST_CASE("conformance: a 101 nobody asked for is a 502, and its engine connecti
   {
     http_connection client(proxy.port());
     client.write_raw(get("/upgrade"));
-    const auto reply = client.read_responses(1, answer_deadline);
+    const auto reply = client.read_responses(1, answer_deadline());
     INFO("answer: " << describe(reply));
     CHECK(sole_final(reply).status == 502);
     CHECK(is_openai_error(sole_final(reply).body, 502));
   }
   http_connection next_client(proxy.port());
   next_client.write_raw(get("/r2"));
-  const auto next = next_client.read_responses(1, answer_deadline);
+  const auto next = next_client.read_responses(1, answer_deadline());
   INFO("next answer: " << describe(next));
   CHECK(sole_final(next).body == "r2");
   const auto upgraded = request_for(engine, "/upgrade");
@@ -194,12 +197,12 @@ TEST_CASE("conformance: bytes after a response's end make its engine connection 
     dplb_proxy proxy({engine.url()}, proxy_options());
     http_connection client(proxy.port());
     client.write_raw(get("/r1"));
-    const auto first = client.read_responses(1, answer_deadline);
+    const auto first = client.read_responses(1, answer_deadline());
     INFO("first answer: " << describe(first));
     CHECK(sole_final(first).status == 200);
     CHECK(sole_final(first).body == "r1");
     client.write_raw(get("/r2"));
-    const auto second = client.read_responses(1, answer_deadline);
+    const auto second = client.read_responses(1, answer_deadline());
     INFO("second answer: " << describe(second));
     CHECK(sole_final(second).status == 200);
     CHECK(sole_final(second).body == "r2");
@@ -220,14 +223,14 @@ TEST_CASE("conformance: bytes after a response's end make its engine connection 
     dplb_proxy proxy({engine.url()}, proxy_options());
     http_connection client(proxy.port());
     client.write_raw(get("/r1"));
-    const auto first = client.read_responses(1, answer_deadline);
+    const auto first = client.read_responses(1, answer_deadline());
     INFO("first answer: " << describe(first));
     CHECK(sole_final(first).body == "r1");
     const auto dirty = request_for(engine, "/r1");
     REQUIRE(dirty);
-    CHECK(engine.await_peer_close(dirty->connection, answer_deadline));
+    CHECK(engine.await_peer_close(dirty->connection, answer_deadline()));
     client.write_raw(get("/r2"));
-    const auto second = client.read_responses(1, answer_deadline);
+    const auto second = client.read_responses(1, answer_deadline());
     INFO("second answer: " << describe(second));
     CHECK(sole_final(second).status == 200);
     CHECK(sole_final(second).body == "r2");
@@ -242,14 +245,14 @@ TEST_CASE("conformance: a body delimited by the engine closing reaches the clien
   http_connection client(proxy.port());
   SECTION("HTTP/1.1 client: re-framed chunked, and the client connection stays usable") {
     client.write_raw(get("/hello"));
-    const auto first = client.read_responses(1, answer_deadline);
+    const auto first = client.read_responses(1, answer_deadline());
     INFO("first answer: " << describe(first));
     CHECK(sole_final(first).status == 200);
     CHECK(sole_final(first).chunked);
     CHECK(sole_final(first).body == "hello");
     CHECK_FALSE(first.closed);
     client.write_raw(get("/world"));
-    const auto second = client.read_responses(1, answer_deadline);
+    const auto second = client.read_responses(1, answer_deadline());
     INFO("second answer: " << describe(second));
     CHECK(sole_final(second).body == "world");
     CHECK(keepalive_retries(proxy.port()) == 0);
@@ -257,7 +260,7 @@ TEST_CASE("conformance: a body delimited by the engine closing reaches the clien
   }
   SECTION("HTTP/1.0 client: delimited by dplb closing the connection") {
     client.write_raw("GET /hello HTTP/1.0\r\n\r\n");
-    const auto reply = client.read_responses(1, answer_deadline);
+    const auto reply = client.read_responses(1, answer_deadline());
     INFO("answer: " << describe(reply));
     CHECK(sole_final(reply).status == 200);
     CHECK(sole_final(reply).close_delimited);
@@ -281,14 +284,14 @@ TEST_CASE("conformance: framing comes from the parser, never from a header the e
   dplb_proxy proxy({engine.url()}, proxy_options());
   http_connection client(proxy.port());
   client.write_raw(get("/hello"));
-  const auto first = client.read_responses(1, answer_deadline);
+  const auto first = client.read_responses(1, answer_deadline());
   INFO("first answer: " << describe(first));
   CHECK(sole_final(first).status == 200);
   CHECK(sole_final(first).body == "hello");
   CHECK_FALSE(sole_final(first).close_delimited);
   CHECK_FALSE(first.closed);
   client.write_raw(get("/r2"));
-  const auto second = client.read_responses(1, answer_deadline);
+  const auto second = client.read_responses(1, answer_deadline());
   INFO("second answer: " << describe(second));
   CHECK(sole_final(second).body == "r2");
 }
@@ -312,12 +315,12 @@ TEST_CASE("conformance: responses without a body leave client and engine connect
   dplb_proxy proxy({engine.url()}, proxy_options());
   http_connection client(proxy.port());
   client.write_raw(request_bytes);
-  const auto first = client.read_responses(1, answer_deadline, {answers_head});
+  const auto first = client.read_responses(1, answer_deadline(), {answers_head});
   INFO("first answer: " << describe(first));
   CHECK(sole_final(first).status == status);
   CHECK(sole_final(first).body.empty());
   client.write_raw(get("/r2"));
-  const auto second = client.read_responses(1, answer_deadline);
+  const auto second = client.read_responses(1, answer_deadline());
   INFO("second answer: " << describe(second));
   CHECK(sole_final(second).status == 200);
   CHECK(sole_final(second).body == "r2");
@@ -333,7 +336,7 @@ TEST_CASE("conformance: pipelined client requests are answered in order", "[conf
   dplb_proxy proxy({engine.url()}, proxy_options());
   http_connection client(proxy.port());
   client.write_raw(get("/p1") + get("/p2"));
-  const auto reply = client.read_responses(2, answer_deadline);
+  const auto reply = client.read_responses(2, answer_deadline());
   INFO("answers: " << describe(reply));
   const auto finals = reply.final_responses();
   REQUIRE(finals.size() == 2);
@@ -347,7 +350,7 @@ TEST_CASE("conformance: HTTP/1.0 clients get HTTP/1.0 semantics", "[conformance]
   http_connection client(proxy.port());
   SECTION("Expect: 100-continue gets no 100 Continue, only the final response") {
     client.write_raw("POST /expect HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello");
-    const auto reply = client.read_responses(1, answer_deadline);
+    const auto reply = client.read_responses(1, answer_deadline());
     INFO("answer: " << describe(reply));
     CHECK(reply.bytes.find("100 Continue") == std::string::npos);
     CHECK_FALSE(has_interim_bytes(reply.bytes));
@@ -356,23 +359,23 @@ TEST_CASE("conformance: HTTP/1.0 clients get HTTP/1.0 semantics", "[conformance]
   }
   SECTION("without keep-alive, dplb closes after the response") {
     client.write_raw("GET /r1 HTTP/1.0\r\n\r\n");
-    const auto reply = client.read_responses(1, answer_deadline);
+    const auto reply = client.read_responses(1, answer_deadline());
     INFO("answer: " << describe(reply));
     CHECK(sole_final(reply).body == "r1");
-    const auto rest = reply.closed ? reply : client.read_to_close(answer_deadline);
+    const auto rest = reply.closed ? reply : client.read_to_close(answer_deadline());
     INFO("after the answer: " << describe(rest));
     CHECK(rest.closed);
   }
   SECTION("with Connection: keep-alive, the response says keep-alive and the connection serves another") {
     client.write_raw("GET /r1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
-    const auto first = client.read_responses(1, answer_deadline);
+    const auto first = client.read_responses(1, answer_deadline());
     INFO("first answer: " << describe(first));
     CHECK(sole_final(first).body == "r1");
     const auto connection = sole_final(first).header("connection").value_or("");
     CHECK(connection.find("keep-alive") != std::string::npos);
     CHECK_FALSE(first.closed);
     client.write_raw("GET /r2 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
-    const auto second = client.read_responses(1, answer_deadline);
+    const auto second = client.read_responses(1, answer_deadline());
     INFO("second answer: " << describe(second));
     CHECK(sole_final(second).body == "r2");
   }
@@ -383,7 +386,7 @@ TEST_CASE("conformance: Expect: 100-continue on HTTP/1.1 is answered by dplb and
   dplb_proxy proxy({engine.url()}, proxy_options());
   http_connection client(proxy.port());
   client.write_raw("POST /expect HTTP/1.1\r\nHost: dplb\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello");
-  const auto reply = client.read_responses(1, answer_deadline);
+  const auto reply = client.read_responses(1, answer_deadline());
   INFO("answer: " << describe(reply));
   REQUIRE(reply.responses.size() == 2);
   CHECK(reply.responses[0].raw == "HTTP/1.1 100 Continue\r\n\r\n");
@@ -401,7 +404,7 @@ TEST_CASE("conformance: Host is required once on HTTP/1.1 and optional on HTTP/1
   http_connection client(proxy.port());
   SECTION("HTTP/1.1 without Host is a 400 that no engine sees") {
     client.write_raw("GET /r1 HTTP/1.1\r\n\r\n");
-    const auto reply = client.read_responses(1, answer_deadline);
+    const auto reply = client.read_responses(1, answer_deadline());
     INFO("answer: " << describe(reply));
     CHECK(sole_final(reply).status == 400);
     CHECK(is_openai_error(sole_final(reply).body, 400));
@@ -409,7 +412,7 @@ TEST_CASE("conformance: Host is required once on HTTP/1.1 and optional on HTTP/1
   }
   SECTION("two Host headers are a 400 that no engine sees") {
     client.write_raw("GET /r1 HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n\r\n");
-    const auto reply = client.read_responses(1, answer_deadline);
+    const auto reply = client.read_responses(1, answer_deadline());
     INFO("answer: " << describe(reply));
     CHECK(sole_final(reply).status == 400);
     CHECK(is_openai_error(sole_final(reply).body, 400));
@@ -417,7 +420,7 @@ TEST_CASE("conformance: Host is required once on HTTP/1.1 and optional on HTTP/1
   }
   SECTION("HTTP/1.0 without Host is proxied") {
     client.write_raw("GET /r1 HTTP/1.0\r\n\r\n");
-    const auto reply = client.read_responses(1, answer_deadline);
+    const auto reply = client.read_responses(1, answer_deadline());
     INFO("answer: " << describe(reply));
     CHECK(sole_final(reply).status == 200);
     CHECK(sole_final(reply).body == "r1");
@@ -440,7 +443,7 @@ TEST_CASE("conformance: a bare CR or a NUL in an engine's header value is a 502,
   {
     http_connection client(proxy.port());
     client.write_raw(get("/bad"));
-    const auto reply = client.read_responses(1, answer_deadline);
+    const auto reply = client.read_responses(1, answer_deadline());
     INFO("answer: " << describe(reply));
     CHECK(sole_final(reply).status == 502);
     CHECK(is_openai_error(sole_final(reply).body, 502));
@@ -448,7 +451,7 @@ TEST_CASE("conformance: a bare CR or a NUL in an engine's header value is a 502,
   }
   http_connection next_client(proxy.port());
   next_client.write_raw(get("/r2"));
-  const auto next = next_client.read_responses(1, answer_deadline);
+  const auto next = next_client.read_responses(1, answer_deadline());
   INFO("next answer: " << describe(next));
   CHECK(sole_final(next).body == "r2");
   const auto bad = request_for(engine, "/bad");
@@ -464,7 +467,7 @@ TEST_CASE("conformance: a chunked request's trailers never reach the engine", "[
   http_connection client(proxy.port());
   client.write_raw("POST /trailer HTTP/1.1\r\nHost: dplb\r\nTransfer-Encoding: chunked\r\n\r\n"
                    "5\r\nhello\r\n0\r\nX-Trailer: evil\r\n\r\n");
-  const auto reply = client.read_responses(1, answer_deadline);
+  const auto reply = client.read_responses(1, answer_deadline());
   INFO("answer: " << describe(reply));
   CHECK(sole_final(reply).status == 200);
   const auto forwarded = request_for(engine, "/trailer");
@@ -489,11 +492,11 @@ TEST_CASE("conformance: a request is re-sent on a fresh connection only in the k
     dplb_proxy proxy({engine.url()}, proxy_options());
     http_connection client(proxy.port());
     client.write_raw(get("/r1"));
-    const auto first = client.read_responses(1, answer_deadline);
+    const auto first = client.read_responses(1, answer_deadline());
     INFO("first answer: " << describe(first));
     CHECK(sole_final(first).body == "r1");
     client.write_raw(get("/r2"));
-    const auto second = client.read_responses(1, answer_deadline);
+    const auto second = client.read_responses(1, answer_deadline());
     INFO("second answer: " << describe(second));
     CHECK(sole_final(second).status == 200);
     CHECK(sole_final(second).body == "r2");
@@ -508,11 +511,11 @@ TEST_CASE("conformance: a request is re-sent on a fresh connection only in the k
     dplb_proxy proxy({engine.url()}, proxy_options());
     http_connection client(proxy.port());
     client.write_raw(get("/r1"));
-    const auto first = client.read_responses(1, answer_deadline);
+    const auto first = client.read_responses(1, answer_deadline());
     INFO("first answer: " << describe(first));
     CHECK(sole_final(first).body == "r1");
     client.write_raw(get("/r2"));
-    const auto second = client.read_responses(1, answer_deadline + 1500ms);
+    const auto second = client.read_responses(1, answer_deadline() + 1500ms);
     INFO("second answer: " << describe(second));
     CHECK(sole_final(second).status == 502);
     CHECK(is_openai_error(sole_final(second).body, 502));
@@ -529,7 +532,7 @@ TEST_CASE("conformance: every rank refusing connections is a 503 with Retry-Afte
   const std::string body = R"({"prompt":"x","max_tokens":1})";
   client.write_raw("POST /v1/completions HTTP/1.1\r\nHost: dplb\r\nContent-Type: application/json\r\nContent-Length: " +
                    std::to_string(body.size()) + "\r\n\r\n" + body);
-  const auto reply = client.read_responses(1, answer_deadline);
+  const auto reply = client.read_responses(1, answer_deadline());
   INFO("answer: " << describe(reply));
   CHECK(sole_final(reply).status == 503);
   CHECK(sole_final(reply).header("retry-after"));
@@ -562,7 +565,7 @@ TEST_CASE("conformance: an engine mixing odd but valid answers on one connection
   http_connection client(proxy.port());
   for (int id = 0; id < 10; ++id) {
     client.write_raw(get("/mix/" + std::to_string(id)));
-    const auto reply = client.read_responses(1, answer_deadline);
+    const auto reply = client.read_responses(1, answer_deadline());
     INFO("request " << id << " got: " << describe(reply));
     CHECK(sole_final(reply).status == 200);
     CHECK(sole_final(reply).body == "id-" + std::to_string(id));

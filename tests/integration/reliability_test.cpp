@@ -14,6 +14,7 @@
 #include "await.hpp"
 #include "http_client.hpp"
 #include "processes.hpp"
+#include "timing_slack.hpp"
 
 using namespace dplb::test;
 using json = nlohmann::json;
@@ -101,7 +102,7 @@ TEST_CASE("consecutive 5xx eject a rank for a back-off that doubles", "[reliabil
   auto [second_back, second_wait] = readmitted(5s);
   REQUIRE(second_back);
   CHECK(second_wait >= 700ms);  // 800 ms, measured from a little after it began
-  CHECK(first_wait <= 600ms * DPLB_TIMING_SLACK);
+  CHECK(first_wait <= 600ms * timing_slack());
 }
 
 TEST_CASE("a refused connection is retried on another rank, invisibly", "[reliability][retry]") {
@@ -182,7 +183,7 @@ TEST_CASE("when the client goes away the engine sees the close within 100 ms", "
   const auto noticed = std::chrono::duration<double, std::milli>(steady::now() - closed_at).count();
   REQUIRE(metric_sum(m, "mock_requests_aborted_total") == 1);
   WARN("engine saw the client's close after at most " << noticed << " ms (streaming: " << streaming << ")");
-  CHECK(noticed < 100 * DPLB_TIMING_SLACK);
+  CHECK(noticed < 100 * timing_slack());
   auto pm = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_rank_inflight{") == 0; });
   CHECK(metric_sum(pm, "dplb_rank_inflight{") == 0);
   CHECK(metric_sum(pm, "dplb_requests_total{", {"code=\"499\""}) == 1);
@@ -239,7 +240,7 @@ TEST_CASE("timeouts: slow request head, idle keep-alive, slow first byte", "[rel
     const auto took = steady::now() - t0;
     CHECK(reply.empty());
     CHECK(took >= 250ms);
-    CHECK(took < 1500ms * DPLB_TIMING_SLACK);
+    CHECK(took < 1500ms * timing_slack());
     // The close the client saw and the count are two events: await the count.
     const auto slow_heads = [](const auto& m) { return metric_sum(m, "dplb_rejected_requests_total{", {"code=\"408\""}); };
     CHECK(slow_heads(await_metrics(proxy.port(), [&](const auto& m) { return slow_heads(m) >= 1; })) == 1);
@@ -437,7 +438,7 @@ TEST_CASE("timeouts while relaying: a silent engine and a client that stops read
     CHECK_FALSE(r.complete);  // no terminating chunk: the client knows the response is incomplete
     CHECK(r.body.find("data: ") != std::string::npos);  // the first token did arrive
     CHECK(took >= 180ms);
-    CHECK(took < 1500ms * DPLB_TIMING_SLACK);  // long before the engine's next token
+    CHECK(took < 1500ms * timing_slack());  // long before the engine's next token
     const auto m = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_rank_inflight{") == 0; });
     CHECK(metric_sum(m, "dplb_rank_inflight{") == 0);
     CHECK(metric_sum(m, "dplb_upstream_errors_total{", {"kind=\"midstream\""}) == 1);
@@ -450,7 +451,7 @@ TEST_CASE("timeouts while relaying: a silent engine and a client that stops read
     client.write_raw("GET /mock/stream?events=8192&interval_ms=0&bytes=8192 HTTP/1.1\r\nHost: x\r\n\r\n");
     const auto gone = await_metrics(proxy.port(), [](const auto& m) {
       return metric_sum(m, "dplb_requests_total{", {"code=\"499\""}) == 1 && metric_sum(m, "dplb_rank_inflight{") == 0;
-    }, std::chrono::duration_cast<std::chrono::milliseconds>(5s * DPLB_TIMING_SLACK));
+    }, std::chrono::duration_cast<std::chrono::milliseconds>(5s * timing_slack()));
     CHECK(metric_sum(gone, "dplb_requests_total{", {"code=\"499\""}) == 1);
     CHECK(metric_sum(gone, "dplb_rank_inflight{") == 0);
     const auto e = await_until([&] { return engine.metrics(0); },
@@ -468,9 +469,9 @@ TEST_CASE("timeouts while relaying: a silent engine and a client that stops read
     const auto stalled_at = steady::now();
     const auto gone = await_metrics(proxy.port(), [](const auto& m) {
       return metric_sum(m, "dplb_requests_total{", {"code=\"499\""}) == 1;
-    }, std::chrono::duration_cast<std::chrono::milliseconds>(15s * DPLB_TIMING_SLACK));
+    }, std::chrono::duration_cast<std::chrono::milliseconds>(15s * timing_slack()));
     CHECK(metric_sum(gone, "dplb_requests_total{", {"code=\"499\""}) == 1);
-    CHECK(steady::now() - stalled_at < 10s * DPLB_TIMING_SLACK);  // socket buffers filling, then 300 ms
+    CHECK(steady::now() - stalled_at < 10s * timing_slack());  // socket buffers filling, then 300 ms
     CHECK(client.is_open());  // dplb dropped the client; the client never closed
   }
 }

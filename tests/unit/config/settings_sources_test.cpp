@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -424,4 +425,10 @@ TEST_CASE("the shipped example config file is valid and complete", "[config]") {
     CHECK(doc.contains(config_key(c.flag)));
   }
   CHECK(doc.size() == every_option().size());
+  // docs/configuration.md shows this file whole and calls it complete: the two must not drift apart.
+  const auto text_of = [](const std::filesystem::path& path) {
+    std::ifstream file(path);
+    return std::string(std::istreambuf_iterator<char>(file), {});
+  };
+  CHECK_THAT(text_of(source_root() / "docs" / "configuration.md"), Catch::Contains(text_of(example)));
 }

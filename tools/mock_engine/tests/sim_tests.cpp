@@ -298,7 +298,7 @@ TEST_CASE("without lockstep each rank steps on its own clock", "[sim]") {
   CHECK(f.schedulers[1]->steps() == 3);
 }
 
-// The claim dplb exists for (VLLM_FACTS.md, "Why imbalance costs throughput"): 256 requests over 4
+// The claim dplb exists for (README.md, "Why it matters"): 256 requests over 4
 // lockstep ranks, 128 output tokens each. Spread 64/64/64/64, every step is 64 a rank; spread
 // 65/64/64/63, every rank pads to 72 every step: 12.5% more padded work and a longer makespan.
 TEST_CASE("a 65/64/64/63 burst costs 12.5% more padded work than 64/64/64/64", "[sim]") {
