@@ -100,20 +100,34 @@ void balancer::serve_waiters_locked() {
   }
 }
 
+// No freed slot may leave a waiter behind. A waiter is enqueued under pick_mutex_ after its pick, in
+// the same critical section, found no rank with room; so with queueing on, every step that can give a
+// waiter room (a release, a rank becoming usable) changes the state and serves the queue in one
+// critical section under that same mutex. The mutex orders the two: if the enqueue comes first, the
+// freeing step finds the waiter and serves it; if the freeing step comes first, the enqueuer's pick sees
+// the room and takes it instead of queueing. Hence the invariant, at every unlock: the queue is empty or
+// no rank has room. (Checking a waiter count outside the lock after a relaxed decrement, as a cheaper
+// release would, misses the enqueuer that has picked but not yet published itself.)
+// Without queueing nothing ever waits, and a release stays one lock-free decrement.
 void balancer::release(std::size_t rank) noexcept {
-  ranks_[rank].inflight.fetch_sub(1, std::memory_order_relaxed);
-  if (waiting_.load(std::memory_order_relaxed) > 0) {
-    std::lock_guard lock(pick_mutex_);
-    serve_waiters_locked();
+  if (!queueing()) {
+    ranks_[rank].inflight.fetch_sub(1, std::memory_order_relaxed);
+    return;
   }
+  std::lock_guard lock(pick_mutex_);
+  ranks_[rank].inflight.fetch_sub(1, std::memory_order_relaxed);
+  serve_waiters_locked();
 }
 
 void balancer::set_usable(std::size_t rank, bool usable) {
-  ranks_.at(rank).usable.store(usable, std::memory_order_relaxed);
-  if (usable && waiting_.load(std::memory_order_relaxed) > 0) {
-    std::lock_guard lock(pick_mutex_);
-    serve_waiters_locked();
+  if (!usable || !queueing()) {
+    // Taking a rank out gives no waiter room; and without queueing there are no waiters.
+    ranks_.at(rank).usable.store(usable, std::memory_order_relaxed);
+    return;
   }
+  std::lock_guard lock(pick_mutex_);
+  ranks_.at(rank).usable.store(true, std::memory_order_relaxed);
+  serve_waiters_locked();
 }
 
 bool balancer::usable(std::size_t rank) const noexcept {

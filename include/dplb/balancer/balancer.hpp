@@ -4,7 +4,9 @@
 //
 // Threading contract: every member may be called from any thread. acquire() holds a mutex for the
 // policy's choice and the increment together (a pick and its count are one step, so two threads can
-// never both see a rank as least loaded). Releases and reads are lock-free atomics.
+// never both see a rank as least loaded). Reads are lock-free atomics, and so are releases without
+// queueing; with queueing a release takes the mutex, so that a freed slot can never miss a waiter
+// (see balancer::release).
 
 #include <atomic>
 #include <cstddef>
@@ -114,7 +116,7 @@ class balancer {
   std::unique_ptr<policy> policy_;
   queue_limits limits_;
   std::deque<waiter> queue_;               // guarded by pick_mutex_
-  std::atomic<std::size_t> waiting_{0};    // queue_.size(), readable without the lock
+  std::atomic<std::size_t> waiting_{0};    // queue_.size() for metrics; never decides anything
   std::uint64_t next_waiter_id_ = 1;       // guarded by pick_mutex_
   std::vector<rank_state> ranks_;  // sized once; never resized (atomics are not movable)
   std::vector<rank_view> view_;    // scratch for choose(); guarded by pick_mutex_
