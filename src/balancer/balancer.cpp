@@ -89,15 +89,21 @@ bool balancer::cancel_wait(std::uint64_t waiter_id) {
   return true;
 }
 
-void balancer::serve_waiters_locked() {
+void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
   while (!queue_.empty()) {
     const auto chosen = pick_locked(nullptr);
     if (!chosen) break;
-    auto w = std::move(queue_.front());
+    ready.push_back(delivery{std::move(queue_.front().deliver), rank_lease(this, *chosen)});
     queue_.pop_front();
     waiting_.store(queue_.size(), std::memory_order_relaxed);
-    w.deliver(rank_lease(this, *chosen));
   }
+}
+
+// After the lock is released: a delivery that drops its lease releases it, which takes the lock again
+// (and may serve the next waiter, delivering from inside this call). The slots were assigned in FIFO
+// order under the lock; only the hand-over happens here.
+void balancer::deliver(std::vector<delivery>& ready) noexcept {
+  for (auto& d : ready) d.deliver(std::move(d.lease));
 }
 
 // No freed slot may leave a waiter behind. A waiter is enqueued under pick_mutex_ after its pick, in
@@ -114,9 +120,13 @@ void balancer::release(std::size_t rank) noexcept {
     ranks_[rank].inflight.fetch_sub(1, std::memory_order_relaxed);
     return;
   }
-  std::lock_guard lock(pick_mutex_);
-  ranks_[rank].inflight.fetch_sub(1, std::memory_order_relaxed);
-  serve_waiters_locked();
+  std::vector<delivery> ready;  // declared first: any lease left in it is released after the unlock
+  {
+    std::lock_guard lock(pick_mutex_);
+    ranks_[rank].inflight.fetch_sub(1, std::memory_order_relaxed);
+    serve_waiters_locked(ready);
+  }
+  deliver(ready);
 }
 
 void balancer::set_usable(std::size_t rank, bool usable) {
@@ -125,9 +135,13 @@ void balancer::set_usable(std::size_t rank, bool usable) {
     ranks_.at(rank).usable.store(usable, std::memory_order_relaxed);
     return;
   }
-  std::lock_guard lock(pick_mutex_);
-  ranks_.at(rank).usable.store(true, std::memory_order_relaxed);
-  serve_waiters_locked();
+  std::vector<delivery> ready;
+  {
+    std::lock_guard lock(pick_mutex_);
+    ranks_.at(rank).usable.store(true, std::memory_order_relaxed);
+    serve_waiters_locked(ready);
+  }
+  deliver(ready);
 }
 
 bool balancer::usable(std::size_t rank) const noexcept {

@@ -56,8 +56,9 @@ struct queue_limits {
   std::size_t max_waiting = 1024;           // beyond: refused at once
 };
 
-// A request waiting for a slot. `deliver` is called (under the balancer's lock, from whichever thread
-// freed the slot) with the lease; it must only hand it over (e.g. post it to the waiter's executor).
+// A request waiting for a slot. `deliver` is called with the lease from whichever thread freed the slot,
+// after the balancer's lock is released (so it may drop the lease, or call into the balancer); it
+// should only hand the lease over (e.g. post it to the waiter's executor), since it delays that thread.
 struct waiter {
   std::uint64_t id = 0;
   std::function<void(rank_lease)> deliver;
@@ -104,7 +105,13 @@ class balancer {
   friend class rank_lease;
   void release(std::size_t rank) noexcept;
   std::optional<std::size_t> pick_locked(const std::vector<bool>* excluded);
-  void serve_waiters_locked();
+  // A waiter's slot, assigned under the lock, handed over after it.
+  struct delivery {
+    std::function<void(rank_lease)> deliver;
+    rank_lease lease;
+  };
+  void serve_waiters_locked(std::vector<delivery>& ready);
+  static void deliver(std::vector<delivery>& ready) noexcept;
 
   struct rank_state {
     std::atomic<std::uint32_t> inflight{0};

@@ -1,10 +1,12 @@
 // The queue (--max-inflight-per-rank) under concurrency: every freed slot reaches a waiter whatever the
-// interleaving.
+// interleaving, and a delivery may do anything with its lease, including dropping it.
 
 #include <catch2/catch.hpp>
 
 #include <atomic>
 #include <chrono>
+#include <future>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -101,4 +103,33 @@ TEST_CASE("a slot freed while another thread enqueues always reaches the waiter"
   WARN(completed << " rounds, " << queued_rounds << " enqueued, " << stranded << " stranded");
   CHECK(completed > 1000);  // enough rounds to mean something, even on a loaded machine
   CHECK(stranded == 0);
+}
+
+TEST_CASE("a delivery that drops its lease does not deadlock the balancer", "[balancer][queue]") {
+  // A delivery that fails (its waiter gone, a post that throws) drops the lease it was given, which
+  // releases the slot and serves the next waiter from inside the delivery. Run on its own thread, with
+  // the balancer shared, so that a deadlock fails the test instead of hanging it (the stuck thread then
+  // keeps the balancer alive and is left behind).
+  auto b = std::make_shared<balancer>(1, make_policy("least-inflight"), queue_limits{1, 16});
+  auto holder = std::make_shared<rank_lease>(b->acquire());
+  REQUIRE(*holder);
+  auto deliveries = std::make_shared<std::atomic<int>>(0);
+  std::uint64_t ids[2] = {};
+  bool queued = false;
+  for (auto& id : ids) {
+    CHECK_FALSE(b->acquire_or_wait([deliveries](rank_lease) { ++*deliveries; }, id, queued));
+    REQUIRE(queued);
+  }
+  std::promise<void> released;
+  auto done = released.get_future();
+  std::thread([b, holder, released = std::move(released)]() mutable {
+    holder->release();
+    released.set_value();
+  }).detach();
+  REQUIRE(done.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  // The first waiter got the slot and dropped it, which served the second, which dropped it too.
+  CHECK(deliveries->load() == 2);
+  CHECK(b->waiting() == 0);
+  CHECK(b->inflight(0) == 0);
+  CHECK(b->acquire());
 }
