@@ -72,7 +72,7 @@ rank_lease balancer::acquire_or_wait(std::function<void(rank_lease)> deliver, st
   }
   const bool any = std::any_of(ranks_.begin(), ranks_.end(),
                                [](const rank_state& r) { return r.usable.load(std::memory_order_relaxed); });
-  if (!queueing() || !any || queue_.size() >= limits_.max_waiting) return {};
+  if (!queueing() || closed_ || !any || queue_.size() >= limits_.max_waiting) return {};
   waiter_id = next_waiter_id_++;
   queue_.push_back(waiter{waiter_id, std::move(deliver)});
   waiting_.store(queue_.size(), std::memory_order_relaxed);
@@ -87,6 +87,14 @@ bool balancer::cancel_wait(std::uint64_t waiter_id) {
   queue_.erase(it);
   waiting_.store(queue_.size(), std::memory_order_relaxed);
   return true;
+}
+
+void balancer::close() {
+  std::deque<waiter> dropped;  // destroyed after the unlock: a waiter's closure may own anything
+  std::lock_guard lock(pick_mutex_);
+  closed_ = true;
+  dropped.swap(queue_);
+  waiting_.store(0, std::memory_order_relaxed);
 }
 
 void balancer::serve_waiters_locked(std::vector<delivery>& ready) {

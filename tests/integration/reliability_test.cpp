@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -421,6 +422,25 @@ TEST_CASE("a request that waits longer than --queue-timeout-ms gets 503", "[reli
   auto m = scrape_metrics(proxy.port());
   CHECK(metric_sum(m, "dplb_rejected_requests_total{", {"code=\"503\""}) == 1);
   CHECK(metric_sum(m, "dplb_rank_inflight{") == 0);
+}
+
+TEST_CASE("a drain that times out with requests still queued exits cleanly", "[reliability][queue][shutdown]") {
+  // Requests still queued when the drain times out are torn down with their worker threads, while other
+  // workers' sessions still hold slots: no freed slot may then be handed to a worker that is gone.
+  mock_engine engine(1, {"--itl-ms", "50"});
+  dplb_proxy proxy(engine.urls(), {"--health-check-interval-ms", "0", "--max-inflight-per-rank", "1",
+                                   "--threads", "2", "--drain-timeout-ms", "200"});
+  std::vector<std::unique_ptr<http_connection>> clients;
+  for (int i = 0; i < 6; ++i) {
+    clients.push_back(std::make_unique<http_connection>(proxy.port()));
+    clients.back()->write_raw(wire(completion(200, true)));  // ten seconds of tokens: never done in time
+  }
+  auto m = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_queue_depth") == 5; });
+  REQUIRE(metric_sum(m, "dplb_queue_depth") == 5);
+  REQUIRE(::kill(proxy.process().pid(), SIGTERM) == 0);
+  const auto status = proxy.process().stop(SIGTERM, 5s);
+  INFO("exit status " << (status ? std::to_string(*status) : "none: still running after 5 s"));
+  CHECK(status == 0);
 }
 
 TEST_CASE("timeouts while relaying: a silent engine and a client that stops reading", "[reliability][timeouts]") {

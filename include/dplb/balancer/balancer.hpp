@@ -100,6 +100,10 @@ class balancer {
   // Removes a waiter that gave up; false when it was already served (its lease is on the way).
   bool cancel_wait(std::uint64_t waiter_id);
   std::size_t waiting() const noexcept { return waiting_.load(std::memory_order_relaxed); }
+  // For shutdown, once the threads that serve the waiters have stopped: drops every waiter without
+  // delivering to it (destroying its `deliver`) and queues none from then on, so that no release after
+  // this calls a `deliver`, whose executor may be destroyed by then.
+  void close();
 
  private:
   friend class rank_lease;
@@ -125,6 +129,7 @@ class balancer {
   std::deque<waiter> queue_;               // guarded by pick_mutex_
   std::atomic<std::size_t> waiting_{0};    // queue_.size() for metrics; never decides anything
   std::uint64_t next_waiter_id_ = 1;       // guarded by pick_mutex_
+  bool closed_ = false;                    // guarded by pick_mutex_
   std::vector<rank_state> ranks_;  // sized once; never resized (atomics are not movable)
   std::vector<rank_view> view_;    // scratch for choose(); guarded by pick_mutex_
 };

@@ -1,6 +1,9 @@
-// The queue (--max-inflight-per-rank) under concurrency: every freed slot reaches a waiter whatever the
-// interleaving, and a delivery may do anything with its lease, including dropping it.
+// The queue (--max-inflight-per-rank) under concurrency and at shutdown: every freed slot reaches a
+// waiter whatever the interleaving, a delivery may do anything with its lease, including dropping it,
+// and once closed the queue delivers to nobody.
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -132,4 +135,40 @@ TEST_CASE("a delivery that drops its lease does not deadlock the balancer", "[ba
   CHECK(b->waiting() == 0);
   CHECK(b->inflight(0) == 0);
   CHECK(b->acquire());
+}
+
+TEST_CASE("once closed, the queue drops its waiters and no release delivers to them", "[balancer][queue]") {
+  // Shutdown after a drain timeout: each waiter's delivery posts to its worker's io_context, and the
+  // workers are destroyed while leases are still being released.
+  balancer b(1, make_policy("least-inflight"), queue_limits{1, 16});
+  auto holder = b.acquire();
+  REQUIRE(holder);
+  auto io = std::make_unique<boost::asio::io_context>();
+  auto owned = std::make_shared<int>(0);  // stands for the session state a waiter's delivery keeps alive
+  int delivered = 0;
+  std::uint64_t id = 0;
+  bool queued = false;
+  for (int i = 0; i < 2; ++i) {
+    CHECK_FALSE(b.acquire_or_wait(
+        [executor = io->get_executor(), owned, &delivered](rank_lease lease) {
+          ++delivered;
+          boost::asio::post(executor, [lease = std::move(lease)] {});
+        },
+        id, queued));
+    REQUIRE(queued);
+  }
+  CHECK(owned.use_count() == 3);
+  b.close();
+  CHECK(b.waiting() == 0);
+  CHECK(owned.use_count() == 1);  // the deliveries are destroyed, not merely skipped
+  io.reset();                     // the worker goes first ...
+  holder.release();               // ... and a lease it did not own is released after it
+  CHECK(delivered == 0);
+  CHECK(b.inflight(0) == 0);
+  // A free slot is still taken at once, but nothing queues any more.
+  auto busy = b.acquire_or_wait([&](rank_lease) { ++delivered; }, id, queued);
+  CHECK(busy);
+  CHECK_FALSE(b.acquire_or_wait([&](rank_lease) { ++delivered; }, id, queued));
+  CHECK_FALSE(queued);
+  CHECK(delivered == 0);
 }
