@@ -117,7 +117,9 @@ class balancer {
   void serve_waiters_locked(std::vector<delivery>& ready);
   static void deliver(std::vector<delivery>& ready) noexcept;
 
-  struct rank_state {
+  // A cache line per rank: each rank's count is written by every request on it, and ranks side by side
+  // on one line would make the threads serving different ranks invalidate each other's reads.
+  struct alignas(64) rank_state {
     std::atomic<std::uint32_t> inflight{0};
     std::atomic<std::uint64_t> picks{0};
     std::atomic<bool> usable{true};
