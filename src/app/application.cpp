@@ -245,6 +245,12 @@ int application::run() {
     });
   }
   for (auto& w : s.workers) w->thread.join();
+  // After a drain timeout, sessions are still queued for a slot and others still hold one. Destroying the
+  // workers (below, with impl) destroys those sessions, and every lease among them is released then: a
+  // release that served a queued waiter would post its lease to that waiter's worker, whose io_context
+  // may already be destroyed (workers go one by one). Closing the queue first makes every later release
+  // a plain decrement; nothing can queue again, since every worker thread has stopped.
+  s.balancer.close();
   spdlog::info("dplb stopped");
   return 0;
 }

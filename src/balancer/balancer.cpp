@@ -72,7 +72,7 @@ rank_lease balancer::acquire_or_wait(std::function<void(rank_lease)> deliver, st
   }
   const bool any = std::any_of(ranks_.begin(), ranks_.end(),
                                [](const rank_state& r) { return r.usable.load(std::memory_order_relaxed); });
-  if (!queueing() || !any || queue_.size() >= limits_.max_waiting) return {};
+  if (!queueing() || closed_ || !any || queue_.size() >= limits_.max_waiting) return {};
   waiter_id = next_waiter_id_++;
   queue_.push_back(waiter{waiter_id, std::move(deliver)});
   waiting_.store(queue_.size(), std::memory_order_relaxed);
@@ -89,31 +89,67 @@ bool balancer::cancel_wait(std::uint64_t waiter_id) {
   return true;
 }
 
-void balancer::serve_waiters_locked() {
+void balancer::close() {
+  std::deque<waiter> dropped;  // destroyed after the unlock: a waiter's closure may own anything
+  std::lock_guard lock(pick_mutex_);
+  closed_ = true;
+  dropped.swap(queue_);
+  waiting_.store(0, std::memory_order_relaxed);
+}
+
+void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
   while (!queue_.empty()) {
     const auto chosen = pick_locked(nullptr);
     if (!chosen) break;
-    auto w = std::move(queue_.front());
+    ready.push_back(delivery{std::move(queue_.front().deliver), rank_lease(this, *chosen)});
     queue_.pop_front();
     waiting_.store(queue_.size(), std::memory_order_relaxed);
-    w.deliver(rank_lease(this, *chosen));
   }
 }
 
+// After the lock is released: a delivery that drops its lease releases it, which takes the lock again
+// (and may serve the next waiter, delivering from inside this call). The slots were assigned in FIFO
+// order under the lock; only the hand-over happens here.
+void balancer::deliver(std::vector<delivery>& ready) noexcept {
+  for (auto& d : ready) d.deliver(std::move(d.lease));
+}
+
+// No freed slot may leave a waiter behind. A waiter is enqueued under pick_mutex_ after its pick, in
+// the same critical section, found no rank with room; so with queueing on, every step that can give a
+// waiter room (a release, a rank becoming usable) changes the state and serves the queue in one
+// critical section under that same mutex. The mutex orders the two: if the enqueue comes first, the
+// freeing step finds the waiter and serves it; if the freeing step comes first, the enqueuer's pick sees
+// the room and takes it instead of queueing. Hence the invariant, at every unlock: the queue is empty or
+// no rank has room. (Checking a waiter count outside the lock after a relaxed decrement, as a cheaper
+// release would, misses the enqueuer that has picked but not yet published itself.)
+// Without queueing nothing ever waits, and a release stays one lock-free decrement.
 void balancer::release(std::size_t rank) noexcept {
-  ranks_[rank].inflight.fetch_sub(1, std::memory_order_relaxed);
-  if (waiting_.load(std::memory_order_relaxed) > 0) {
-    std::lock_guard lock(pick_mutex_);
-    serve_waiters_locked();
+  if (!queueing()) {
+    ranks_[rank].inflight.fetch_sub(1, std::memory_order_relaxed);
+    return;
   }
+  std::vector<delivery> ready;  // declared first: any lease left in it is released after the unlock
+  {
+    std::lock_guard lock(pick_mutex_);
+    ranks_[rank].inflight.fetch_sub(1, std::memory_order_relaxed);
+    serve_waiters_locked(ready);
+  }
+  deliver(ready);
 }
 
 void balancer::set_usable(std::size_t rank, bool usable) {
-  ranks_.at(rank).usable.store(usable, std::memory_order_relaxed);
-  if (usable && waiting_.load(std::memory_order_relaxed) > 0) {
-    std::lock_guard lock(pick_mutex_);
-    serve_waiters_locked();
+  if (!usable || !queueing()) {
+    // Taking a rank out gives no waiter room; and without queueing there are no waiters.
+    ranks_.at(rank).usable.store(usable, std::memory_order_relaxed);
+    return;
   }
+  std::vector<delivery> ready;
+  {
+    std::lock_guard lock(pick_mutex_);
+    ranks_.at(rank).usable.store(true, std::memory_order_relaxed);
+    serve_waiters_locked(ready);
+  }
+  deliver(ready);
 }
 
 bool balancer::usable(std::size_t rank) const noexcept {

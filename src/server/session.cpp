@@ -212,7 +212,7 @@ class session {
     co_return co_await send_local(response, keep_alive, head_request);
   }
 
-  enum class slot_refusal { none, no_usable_rank, queue_full, queue_timeout };
+  enum class slot_refusal { none, no_usable_rank, queue_full, queue_timeout, client_gone };
   struct slot_result {
     balancer::rank_lease lease;
     slot_refusal refusal = slot_refusal::none;
@@ -230,6 +230,9 @@ class session {
       io::steady_timer timer;
       balancer::rank_lease lease;
       bool gave_up = false;
+      bool waking = false;       // the wait is over: the client watch must not touch it any more
+      bool client_gone = false;  // the client closed or reset its connection while queued
+      char probe = 0;            // where the watch's MSG_PEEK copies a byte (nothing is consumed)
     };
     auto executor = client_.get_executor();
     auto state = std::make_shared<wait_state>(executor);
@@ -250,12 +253,26 @@ class session {
     }
     const auto waiting_since = clock_type::now();
     state->timer.expires_after(settings_.queue_timeout);
+    // A client that leaves while queued must give its place up at once: otherwise it holds up everyone
+    // behind it and, once served, its request still reaches an engine. The watch is watch_client's
+    // one-byte MSG_PEEK (see there); bytes arriving are a pipelined request, not a departure.
+    client_.socket().async_receive(asio::buffer(&state->probe, 1), io::socket::message_peek,
+                                   [state](const boost::system::error_code& ec, std::size_t n) {
+                                     if (state->waking || ec == asio::error::operation_aborted) return;
+                                     if (!ec && n > 0) return;
+                                     state->client_gone = true;
+                                     state->timer.cancel();
+                                   });
     co_await state->timer.async_wait(as_result);
+    state->waking = true;
+    boost::system::error_code ignored;
+    client_.socket().cancel(ignored);  // ends the watch; nothing else is pending on the client socket
     shared_.metrics.queued(clock_type::now() - waiting_since);
-    if (state->lease) co_return slot_result{std::move(state->lease)};
+    if (state->lease && !state->client_gone) co_return slot_result{std::move(state->lease)};
     state->gave_up = true;
     shared_.balancer.cancel_wait(waiter_id);  // if it was served meanwhile, the posted lease is released
-    co_return slot_result{{}, slot_refusal::queue_timeout};
+    state->lease.release();                   // served, but the client has left: the slot goes on
+    co_return slot_result{{}, state->client_gone ? slot_refusal::client_gone : slot_refusal::queue_timeout};
   }
 
   // Picks a rank, sends it the request and relays the response. Returns whether the client
@@ -267,6 +284,12 @@ class session {
     }
     auto slot = co_await acquire_slot();
     auto lease = std::move(slot.lease);
+    if (slot.refusal == slot_refusal::client_gone) {
+      // Counted as nginx counts a client that closes first (499), among the rejected: it never had a
+      // rank to be counted on in dplb_requests_total. Nobody is left to answer.
+      shared_.metrics.rejected(499);
+      co_return false;
+    }
     if (!lease) {
       const unsigned status = slot.refusal == slot_refusal::queue_full ? 429 : 503;
       shared_.metrics.rejected(status);

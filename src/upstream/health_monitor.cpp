@@ -22,7 +22,7 @@ constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
 health_monitor::health_monitor(const std::vector<backend>& backends, balancer::balancer& balancer,
                                metrics::proxy_metrics& metrics, health_check_settings settings)
     : backends_(backends), balancer_(balancer), metrics_(metrics), settings_(std::move(settings)),
-      ranks_(backends.size(), rank_health(settings_.policy)) {}
+      ranks_(backends.size(), rank_health(settings_.policy)), streaks_(backends.size()) {}
 
 void health_monitor::apply(std::size_t rank) {
   const auto& h = ranks_[rank];
@@ -30,12 +30,27 @@ void health_monitor::apply(std::size_t rank) {
   metrics_.rank_state(rank, h.healthy(), h.ejected());
 }
 
+// Every request reports here, and nearly all succeed on a rank without a failure streak, where
+// rank_health::record changes nothing (a success only resets the streak). So a success skips the lock
+// when its rank's streak count reads 0. The count is only written under mutex_, in the same critical
+// section as the rank_health it mirrors, so the skip is exact: a failure recorded before the success
+// (on any thread, if it happened-before) is seen by the load, by coherence; a 0 read while another
+// thread is recording a failure means the two are concurrent, and the result is that of the success
+// going first, an order the lock could equally have chosen.
 void health_monitor::record(std::size_t rank, request_outcome outcome) {
+  auto& streak = streaks_[rank].count;
+  const bool success = outcome == request_outcome::success;
+  if (success && streak.load(std::memory_order_relaxed) == 0) return;
   std::lock_guard lock(mutex_);
-  const auto ejected_now = static_cast<std::size_t>(
-      std::count_if(ranks_.begin(), ranks_.end(), [](const rank_health& h) { return h.ejected(); }));
-  const bool may_eject = (ejected_now + 1) * 100 <= settings_.policy.max_ejected_percent * ranks_.size();
-  if (ranks_[rank].record(outcome, std::chrono::steady_clock::now(), may_eject)) {
+  bool may_eject = false;
+  if (!success) {
+    const auto ejected_now = static_cast<std::size_t>(
+        std::count_if(ranks_.begin(), ranks_.end(), [](const rank_health& h) { return h.ejected(); }));
+    may_eject = (ejected_now + 1) * 100 <= settings_.policy.max_ejected_percent * ranks_.size();
+  }
+  const bool ejects = ranks_[rank].record(outcome, std::chrono::steady_clock::now(), may_eject);
+  streak.store(ranks_[rank].consecutive_errors(), std::memory_order_relaxed);
+  if (ejects) {
     const auto& h = ranks_[rank];
     const auto for_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
         *h.ejected_until() - std::chrono::steady_clock::now());

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -424,6 +425,66 @@ TEST_CASE("a request that waits longer than --queue-timeout-ms gets 503", "[reli
   auto m = scrape_metrics(proxy.port());
   CHECK(metric_sum(m, "dplb_rejected_requests_total{", {"code=\"503\""}) == 1);
   CHECK(metric_sum(m, "dplb_rank_inflight{") == 0);
+}
+
+TEST_CASE("a client that leaves while queued gives up its place at once and never reaches an engine",
+          "[reliability][queue][disconnect]") {
+  mock_engine engine(1, {"--itl-ms", "50"});
+  dplb_proxy proxy(engine.urls(), {"--health-check-interval-ms", "0", "--max-inflight-per-rank", "1",
+                                   "--queue-timeout-ms", "30000"});
+  http_response first;
+  std::thread streamer([&] {
+    http_connection c(proxy.port());
+    first = c.send_streaming(completion(40, true), 20s);  // about two seconds of tokens
+  });
+  auto m = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_rank_inflight{") == 1; });
+  REQUIRE(metric_sum(m, "dplb_rank_inflight{") == 1);
+  {
+    http_connection leaving(proxy.port());
+    leaving.write_raw(wire(completion(1, false)));
+    m = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_queue_depth") == 1; });
+    REQUIRE(metric_sum(m, "dplb_queue_depth") == 1);
+    leaving.close();
+  }
+  // The close itself ends the wait, long before the stream frees the slot; dplb answers nobody, so the
+  // request is counted as rejected with nginx's 499 (it never had a rank to be counted on).
+  m = await_metrics(proxy.port(), [](const auto& m) {
+    return metric_sum(m, "dplb_queue_depth") == 0 &&
+           metric_sum(m, "dplb_rejected_requests_total{", {"code=\"499\""}) == 1;
+  });
+  CHECK(metric_sum(m, "dplb_queue_depth") == 0);
+  CHECK(metric_sum(m, "dplb_rejected_requests_total{", {"code=\"499\""}) == 1);
+  CHECK(metric_sum(m, "dplb_rank_inflight{") == 1);  // the stream still holds the slot
+  streamer.join();
+  CHECK(first.status == 200);
+  CHECK(first.complete);
+  // A request sent after the stream ended gets the slot only after any waiter left over from before it
+  // (the queue is FIFO): once it is answered, a forwarded leaver would have reached the engine already.
+  const auto last = http_post_json(proxy.port(), "/v1/completions", R"({"prompt":"x","max_tokens":1})");
+  CHECK(last.status == 200);
+  CHECK(metric_sum(engine.metrics(0), "mock_requests_received_total") == 2);  // the stream and the last one
+  m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_queue_depth") == 0);
+  CHECK(metric_sum(m, "dplb_requests_total{", {"code=\"499\""}) == 0);
+}
+
+TEST_CASE("a drain that times out with requests still queued exits cleanly", "[reliability][queue][shutdown]") {
+  // Requests still queued when the drain times out are torn down with their worker threads, while other
+  // workers' sessions still hold slots: no freed slot may then be handed to a worker that is gone.
+  mock_engine engine(1, {"--itl-ms", "50"});
+  dplb_proxy proxy(engine.urls(), {"--health-check-interval-ms", "0", "--max-inflight-per-rank", "1",
+                                   "--threads", "2", "--drain-timeout-ms", "200"});
+  std::vector<std::unique_ptr<http_connection>> clients;
+  for (int i = 0; i < 6; ++i) {
+    clients.push_back(std::make_unique<http_connection>(proxy.port()));
+    clients.back()->write_raw(wire(completion(200, true)));  // ten seconds of tokens: never done in time
+  }
+  auto m = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_queue_depth") == 5; });
+  REQUIRE(metric_sum(m, "dplb_queue_depth") == 5);
+  REQUIRE(::kill(proxy.process().pid(), SIGTERM) == 0);
+  const auto status = proxy.process().stop(SIGTERM, 5s);
+  INFO("exit status " << (status ? std::to_string(*status) : "none: still running after 5 s"));
+  CHECK(status == 0);
 }
 
 TEST_CASE("timeouts while relaying: a silent engine and a client that stops reading", "[reliability][timeouts]") {

@@ -4,7 +4,9 @@
 //
 // Threading contract: every member may be called from any thread. acquire() holds a mutex for the
 // policy's choice and the increment together (a pick and its count are one step, so two threads can
-// never both see a rank as least loaded). Releases and reads are lock-free atomics.
+// never both see a rank as least loaded). Reads are lock-free atomics, and so are releases without
+// queueing; with queueing a release takes the mutex, so that a freed slot can never miss a waiter
+// (see balancer::release).
 
 #include <atomic>
 #include <cstddef>
@@ -54,8 +56,9 @@ struct queue_limits {
   std::size_t max_waiting = 1024;           // beyond: refused at once
 };
 
-// A request waiting for a slot. `deliver` is called (under the balancer's lock, from whichever thread
-// freed the slot) with the lease; it must only hand it over (e.g. post it to the waiter's executor).
+// A request waiting for a slot. `deliver` is called with the lease from whichever thread freed the slot,
+// after the balancer's lock is released (so it may drop the lease, or call into the balancer); it
+// should only hand the lease over (e.g. post it to the waiter's executor), since it delays that thread.
 struct waiter {
   std::uint64_t id = 0;
   std::function<void(rank_lease)> deliver;
@@ -97,14 +100,26 @@ class balancer {
   // Removes a waiter that gave up; false when it was already served (its lease is on the way).
   bool cancel_wait(std::uint64_t waiter_id);
   std::size_t waiting() const noexcept { return waiting_.load(std::memory_order_relaxed); }
+  // For shutdown, once the threads that serve the waiters have stopped: drops every waiter without
+  // delivering to it (destroying its `deliver`) and queues none from then on, so that no release after
+  // this calls a `deliver`, whose executor may be destroyed by then.
+  void close();
 
  private:
   friend class rank_lease;
   void release(std::size_t rank) noexcept;
   std::optional<std::size_t> pick_locked(const std::vector<bool>* excluded);
-  void serve_waiters_locked();
+  // A waiter's slot, assigned under the lock, handed over after it.
+  struct delivery {
+    std::function<void(rank_lease)> deliver;
+    rank_lease lease;
+  };
+  void serve_waiters_locked(std::vector<delivery>& ready);
+  static void deliver(std::vector<delivery>& ready) noexcept;
 
-  struct rank_state {
+  // A cache line per rank: each rank's count is written by every request on it, and ranks side by side
+  // on one line would make the threads serving different ranks invalidate each other's reads.
+  struct alignas(64) rank_state {
     std::atomic<std::uint32_t> inflight{0};
     std::atomic<std::uint64_t> picks{0};
     std::atomic<bool> usable{true};
@@ -114,8 +129,9 @@ class balancer {
   std::unique_ptr<policy> policy_;
   queue_limits limits_;
   std::deque<waiter> queue_;               // guarded by pick_mutex_
-  std::atomic<std::size_t> waiting_{0};    // queue_.size(), readable without the lock
+  std::atomic<std::size_t> waiting_{0};    // queue_.size() for metrics; never decides anything
   std::uint64_t next_waiter_id_ = 1;       // guarded by pick_mutex_
+  bool closed_ = false;                    // guarded by pick_mutex_
   std::vector<rank_state> ranks_;  // sized once; never resized (atomics are not movable)
   std::vector<rank_view> view_;    // scratch for choose(); guarded by pick_mutex_
 };

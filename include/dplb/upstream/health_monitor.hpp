@@ -3,12 +3,15 @@
 // GET /health at a fixed interval, and the outcomes of real requests reported by the sessions (passive
 // outlier ejection). See rank_health.hpp for the rules.
 //
-// Threading contract: record() may be called from any thread (it takes a short lock); the probe and
+// Threading contract: record() may be called from any thread; a success on a rank with no failure
+// streak (nearly every request) is one atomic load, anything else takes a short lock. The probe and
 // tick loops run on one executor, given to start().
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -59,6 +62,12 @@ class health_monitor {
   health_check_settings settings_;
   mutable std::mutex mutex_;
   std::vector<rank_health> ranks_;
+  // ranks_[r].consecutive_errors(), readable without mutex_ (see record()). A line per rank: every
+  // request's outcome reads its rank's, and failures on one rank write it.
+  struct alignas(64) failure_streak {
+    std::atomic<std::uint32_t> count{0};
+  };
+  std::vector<failure_streak> streaks_;
   bool stopped_ = false;
 };
 

@@ -59,6 +59,8 @@ class rank_health {
   bool usable() const noexcept { return healthy_ && !ejected(); }
   std::optional<time_point> ejected_until() const noexcept { return ejected_until_; }
   std::uint32_t times_ejected() const noexcept { return ejections_; }
+  // Request failures since the last success or ejection: while 0, a success changes nothing.
+  std::uint32_t consecutive_errors() const noexcept { return consecutive_errors_; }
 
  private:
   health_policy policy_;

@@ -1,0 +1,65 @@
+// The health monitor's passive path, as the sessions drive it: a success skips the lock when its rank
+// has no failure streak, and must still reset a streak that exists.
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dplb/balancer/balancer.hpp"
+#include "dplb/balancer/policy_factory.hpp"
+#include "dplb/metrics/proxy_metrics.hpp"
+#include "dplb/upstream/health_monitor.hpp"
+
+using namespace dplb;
+using upstream::request_outcome;
+
+namespace {
+
+struct monitored {
+  monitored(std::size_t ranks, upstream::health_policy policy)
+      : balancer(ranks, balancer::make_policy("least-inflight")) {
+    for (std::size_t r = 0; r < ranks; ++r) {
+      urls.push_back("http://127.0.0.1:" + std::to_string(9000 + r));
+      backends.push_back(upstream::backend{r, urls.back(), "127.0.0.1", static_cast<std::uint16_t>(9000 + r),
+                                           "127.0.0.1:" + std::to_string(9000 + r), {}});
+    }
+    metrics.emplace(urls, balancer, "least-inflight");
+    health.emplace(backends, balancer, *metrics, upstream::health_check_settings{.interval = std::chrono::milliseconds(0), .policy = policy});
+  }
+  std::vector<std::string> urls;
+  std::vector<upstream::backend> backends;
+  balancer::balancer balancer;
+  std::optional<metrics::proxy_metrics> metrics;
+  std::optional<upstream::health_monitor> health;
+};
+
+}  // namespace
+
+TEST_CASE("a success resets a rank's failure streak, and only an unbroken streak ejects", "[health]") {
+  monitored m(4, {.ejection_threshold = 3});
+  auto& health = *m.health;
+  health.record(0, request_outcome::success);  // no streak: nothing to do
+  health.record(0, request_outcome::server_error);
+  health.record(0, request_outcome::reset);
+  health.record(0, request_outcome::success);  // breaks the streak
+  health.record(0, request_outcome::timeout);
+  health.record(0, request_outcome::connect_failure);
+  CHECK_FALSE(health.ejected(0));
+  CHECK(m.balancer.usable(0));
+  health.record(0, request_outcome::server_error);
+  CHECK(health.ejected(0));
+  CHECK_FALSE(m.balancer.usable(0));
+  // Another rank's streak is its own, and a success elsewhere does not break it.
+  health.record(1, request_outcome::reset);
+  health.record(1, request_outcome::reset);
+  health.record(2, request_outcome::success);
+  health.record(1, request_outcome::reset);
+  CHECK(health.ejected(1));
+  // Two of four ranks out is the 50 % cap: a third streak is counted but ejects nothing.
+  for (int i = 0; i < 4; ++i) health.record(2, request_outcome::server_error);
+  CHECK_FALSE(health.ejected(2));
+  CHECK(m.balancer.usable(2));
+}
