@@ -128,6 +128,34 @@ std::uint16_t refusing_port() {
   return ntohs(address.sin_port);
 }
 
+// Sends `bad_target` (which the engine answers with something dplb must refuse) and requires a 502 in
+// OpenAI's shape; then requires the next request, /r2, to be answered on a new engine connection. Returns
+// the refused answer's raw bytes for further checks.
+std::string expect_502_and_a_fresh_connection_after(const raw_engine& engine, const dplb_proxy& proxy,
+                                                    std::string_view bad_target) {
+  std::string refused_bytes;
+  {
+    http_connection client(proxy.port());
+    client.write_raw(get(bad_target));
+    const auto reply = client.read_responses(1, answer_deadline());
+    INFO("answer: " << describe(reply));
+    CHECK(sole_final(reply).status == 502);
+    CHECK(is_openai_error(sole_final(reply).body, 502));
+    refused_bytes = reply.bytes;
+  }
+  http_connection next_client(proxy.port());
+  next_client.write_raw(get("/r2"));
+  const auto next = next_client.read_responses(1, answer_deadline());
+  INFO("next answer: " << describe(next));
+  CHECK(sole_final(next).body == "r2");
+  const auto refused = request_for(engine, bad_target);
+  const auto after = request_for(engine, "/r2");
+  REQUIRE(refused);
+  REQUIRE(after);
+  CHECK(after->connection != refused->connection);
+  return refused_bytes;
+}
+
 }  // namespace
 
 TEST_CASE("conformance: interim responses from the engine are dropped, the client gets only the final one", "[conformance]") {
@@ -168,24 +196,7 @@ TEST_CASE("conformance: a 101 nobody asked for is a 502, and its engine connecti
     return echo_target(r);
   });
   dplb_proxy proxy({engine.url()}, proxy_options());
-  {
-    http_connection client(proxy.port());
-    client.write_raw(get("/upgrade"));
-    const auto reply = client.read_responses(1, answer_deadline());
-    INFO("answer: " << describe(reply));
-    CHECK(sole_final(reply).status == 502);
-    CHECK(is_openai_error(sole_final(reply).body, 502));
-  }
-  http_connection next_client(proxy.port());
-  next_client.write_raw(get("/r2"));
-  const auto next = next_client.read_responses(1, answer_deadline());
-  INFO("next answer: " << describe(next));
-  CHECK(sole_final(next).body == "r2");
-  const auto upgraded = request_for(engine, "/upgrade");
-  const auto after = request_for(engine, "/r2");
-  REQUIRE(upgraded);
-  REQUIRE(after);
-  CHECK(after->connection != upgraded->connection);
+  expect_502_and_a_fresh_connection_after(engine, proxy, "/upgrade");
 }
 
 TEST_CASE("conformance: bytes after a response's end make its engine connection unusable", "[conformance]") {
@@ -440,25 +451,8 @@ TEST_CASE("conformance: a bare CR or a NUL in an engine's header value is a 502,
     return echo_target(r);
   });
   dplb_proxy proxy({engine.url()}, proxy_options());
-  {
-    http_connection client(proxy.port());
-    client.write_raw(get("/bad"));
-    const auto reply = client.read_responses(1, answer_deadline());
-    INFO("answer: " << describe(reply));
-    CHECK(sole_final(reply).status == 502);
-    CHECK(is_openai_error(sole_final(reply).body, 502));
-    CHECK(reply.bytes.find(value) == std::string::npos);
-  }
-  http_connection next_client(proxy.port());
-  next_client.write_raw(get("/r2"));
-  const auto next = next_client.read_responses(1, answer_deadline());
-  INFO("next answer: " << describe(next));
-  CHECK(sole_final(next).body == "r2");
-  const auto bad = request_for(engine, "/bad");
-  const auto after = request_for(engine, "/r2");
-  REQUIRE(bad);
-  REQUIRE(after);
-  CHECK(after->connection != bad->connection);
+  const auto refused_bytes = expect_502_and_a_fresh_connection_after(engine, proxy, "/bad");
+  CHECK(refused_bytes.find(value) == std::string::npos);
 }
 
 TEST_CASE("conformance: a chunked request's trailers never reach the engine", "[conformance]") {

@@ -1,5 +1,7 @@
 #include "raw_engine.hpp"
 
+#include "text.hpp"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -24,18 +26,6 @@ raw_action close_connection() { return raw_action{raw_action::kind::close, {}, {
 raw_action reset_connection() { return raw_action{raw_action::kind::reset, {}, {}}; }
 
 namespace {
-
-bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
-         });
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
 
 // Header lines of a head (the start line skipped), as name and trimmed value.
 std::vector<std::pair<std::string_view, std::string_view>> header_lines(std::string_view head) {
