@@ -413,16 +413,10 @@ TEST_CASE("conformance: Host is required once on HTTP/1.1 and optional on HTTP/1
   raw_engine engine(echo_target);
   dplb_proxy proxy({engine.url()}, proxy_options());
   http_connection client(proxy.port());
-  SECTION("HTTP/1.1 without Host is a 400 that no engine sees") {
-    client.write_raw("GET /r1 HTTP/1.1\r\n\r\n");
-    const auto reply = client.read_responses(1, answer_deadline());
-    INFO("answer: " << describe(reply));
-    CHECK(sole_final(reply).status == 400);
-    CHECK(is_openai_error(sole_final(reply).body, 400));
-    CHECK(engine.request_count() == 0);
-  }
-  SECTION("two Host headers are a 400 that no engine sees") {
-    client.write_raw("GET /r1 HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n\r\n");
+  SECTION("HTTP/1.1 without Host, or two Host headers, is a 400 that no engine sees") {
+    const std::string head = GENERATE(as<std::string>{}, "GET /r1 HTTP/1.1\r\n\r\n",
+                                      "GET /r1 HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n\r\n");
+    client.write_raw(head);
     const auto reply = client.read_responses(1, answer_deadline());
     INFO("answer: " << describe(reply));
     CHECK(sole_final(reply).status == 400);
