@@ -86,11 +86,13 @@ struct worker {
   worker(server::shared_state& shared, const std::vector<upstream::backend>& backends,
          upstream::pool_limits limits, const tcp::endpoint& endpoint)
       : pool(io.get_executor(), backends, limits),
-        state{shared, pool, {}},
+        deadlines(io.get_executor(), server::deadline_sweeper::period_for(shared.settings)),
+        state{shared, pool, deadlines, {}},
         acceptor(server::open_acceptor(io.get_executor(), endpoint)) {}
 
   asio::io_context io{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
   upstream::connection_pool pool;
+  server::deadline_sweeper deadlines;
   server::worker_state state;
   io::acceptor acceptor;
   std::thread thread;
@@ -208,6 +210,7 @@ int application::run() {
   for (auto& w : s.workers) {
     asio::co_spawn(w->io, server::accept_loop(w->state, w->acceptor), asio::detached);
     asio::co_spawn(w->io, w->pool.sweep_loop(), asio::detached);
+    asio::post(w->io, [&w = *w] { w.deadlines.start(); });
     w->thread = std::thread([&io = w->io] {
       // An exception escaping a handler must not take every other connection down with it: log it and
       // keep serving (the connection it came from is gone with its handler).
@@ -241,6 +244,7 @@ int application::run() {
   for (auto& w : s.workers) {
     asio::post(w->io, [&w = *w] {
       w.pool.stop();
+      w.deadlines.stop();
       w.io.stop();
     });
   }

@@ -1,42 +1,25 @@
 #include "dplb/http/wire_format.hpp"
 
+#include <boost/beast/http/status.hpp>
+
+#include <charconv>
+
 namespace dplb::http {
 
-namespace bhttp = boost::beast::http;
-
-namespace {
-
-void append_fields(std::string& out, const bhttp::fields& fields) {
-  for (const auto& field : fields) {
-    out += field.name_string();
-    out += ": ";
-    out += field.value();
-    out += "\r\n";
-  }
-  out += "\r\n";
-}
-
-}  // namespace
-
-void append_request_head(std::string& out, const bhttp::request_header<>& head) {
-  out += head.method_string();
-  out += ' ';
-  out += head.target();
-  out += head.version() == 10 ? " HTTP/1.0\r\n" : " HTTP/1.1\r\n";
-  append_fields(out, head);
-}
-
-void append_response_head(std::string& out, const bhttp::response_header<>& head) {
-  out += head.version() == 10 ? "HTTP/1.0 " : "HTTP/1.1 ";
-  const unsigned status = head.result_int();
-  char digits[3] = {static_cast<char>('0' + status / 100 % 10), static_cast<char>('0' + status / 10 % 10),
-                    static_cast<char>('0' + status % 10)};
+void append_status_line(std::string& out, unsigned status, std::string_view reason) {
+  out += "HTTP/1.1 ";
+  const char digits[3] = {static_cast<char>('0' + status / 100 % 10), static_cast<char>('0' + status / 10 % 10),
+                          static_cast<char>('0' + status % 10)};
   out.append(digits, 3);
   out += ' ';
-  const auto reason = head.reason();
-  out += reason.empty() ? bhttp::obsolete_reason(head.result()) : reason;
+  out += reason.empty() ? std::string_view(boost::beast::http::obsolete_reason(boost::beast::http::int_to_status(status)))
+                        : reason;
   out += "\r\n";
-  append_fields(out, head);
+}
+
+void append_decimal(std::string& out, std::size_t value) {
+  char digits[20];
+  out.append(digits, std::to_chars(digits, digits + sizeof digits, value).ptr);
 }
 
 void append_chunk_header(std::string& out, std::size_t size) {

@@ -1,13 +1,15 @@
 #pragma once
-// Private to the session: the engine's response relayed to the client as it arrives. The head is the
-// engine's, rewritten in place (hop-by-hop headers stripped, dplb's own framing, Connection and
-// x-dplb-rank); the body follows read by read, exactly as the engine's framing delivered it, re-framed as
+// Private to the session: the engine's response relayed to the client as it arrives. The head is written
+// from the engine's (its fields copied through but for the hop-by-hop ones, with dplb's own framing,
+// Connection and x-dplb-rank); the body follows read by read, exactly as the engine's framing delivered it, re-framed as
 // chunks when the client gets it chunked. Each write gathers the head (the first time), the chunk framing
-// and the data into one system call; nothing is collected. One watchdog keeps both sides' deadlines.
+// and the data into one system call; nothing is collected. Each read and write stores its deadline for the
+// worker's sweeper; none arms a timer.
 
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/read.hpp>
+#include <boost/beast/http/message.hpp>
 
 #include <algorithm>
 #include <array>
@@ -21,7 +23,6 @@
 #include "dplb/http/wire_format.hpp"
 #include "dplb/metrics/usage_scanner.hpp"
 #include "buffered_parse.hpp"
-#include "relay_watchdog.hpp"
 #include "request_accounting.hpp"
 #include "upstream_exchange.hpp"
 
@@ -33,6 +34,10 @@ inline bool response_has_body(unsigned status, bool head_request) {
 
 // The Connection header of a response dplb writes as HTTP/1.1: an HTTP/1.0 client closes unless it is
 // told the connection stays open, an HTTP/1.1 client keeps it open unless it is told it closes.
+inline std::string_view connection_field(bool keep_alive, unsigned client_version) {
+  return !keep_alive ? "Connection: close\r\n" : client_version < 11 ? "Connection: keep-alive\r\n" : "";
+}
+// The same, on a response of dplb's own.
 inline void set_connection_header(boost::beast::http::response_header<>& head, bool keep_alive,
                                   unsigned client_version) {
   namespace bhttp = boost::beast::http;
@@ -54,40 +59,50 @@ class response_relay {
   };
 
   // `framing`: the session's buffer for the head and chunk framing; `buffer`: its relay buffer.
-  response_relay(io::socket& client, upstream_exchange& exchange, const config::settings& settings,
-                 std::string& framing, std::span<char> buffer)
-      : client_(client), exchange_(exchange), settings_(settings), framing_(framing), buffer_(buffer) {}
+  response_relay(io::socket& client, socket_deadline& client_deadline, upstream_exchange& exchange,
+                 const config::settings& settings, std::string& framing, std::span<char> buffer)
+      : client_(client), client_deadline_(client_deadline), exchange_(exchange), settings_(settings),
+        framing_(framing), buffer_(buffer) {}
 
-  // Rewrites the engine's head, in place, into the client's. Returns whether the client connection stays
-  // open after this response.
+  // Writes the client's head from the engine's. Returns whether the client connection stays open after
+  // this response.
   bool prepare_head(std::size_t rank, bool head_request, unsigned client_version, bool client_keep_alive) {
     namespace bhttp = boost::beast::http;
-    auto& parser = exchange_.response();
-    // The parser keeps its own record of the engine's framing and keep-alive, so the fields are free to
-    // become the client's head without a copy.
-    auto& out = parser.get();
-    has_body_ = response_has_body(out.result_int(), head_request);
-    out.version(11);
-    http::strip_hop_by_hop(out);
+    const auto& parser = exchange_.response();
+    const auto& head = exchange_.response_head();
+    has_body_ = response_has_body(head.status, head_request);
+    framing_.clear();
+    http::append_status_line(framing_, head.status, head.reason);
+    const http::connection_options options(head.fields);
+    for (const auto& field : head.fields) {
+      // The body's framing is dplb's, from the parser's view of the engine's message: a header the engine
+      // sent can neither remove it nor contradict it. (Without a body, the Content-Length of a HEAD or a
+      // 304 tells the size of what a GET would get, and goes through.)
+      if (!http::crosses(field, options) || (has_body_ && field.name == bhttp::field::content_length) ||
+          is_rank_field(field)) {
+        continue;
+      }
+      http::append_field(framing_, field.name_string, field.value);
+    }
     bool keep_client = client_keep_alive;
     if (has_body_) {
-      // The body's framing is dplb's, from the parser's view of the engine's message: a header the engine
-      // sent can neither remove it nor contradict it.
-      out.erase(bhttp::field::content_length);
       if (const auto length = parser.content_length()) {
-        out.content_length(*length);
+        framing_ += "Content-Length: ";
+        http::append_decimal(framing_, static_cast<std::size_t>(*length));
+        framing_ += "\r\n";
       } else if (client_version >= 11) {
         // Chunked, or delimited by the engine closing: relayed chunked to an HTTP/1.1 client...
-        out.chunked(true);
+        framing_ += "Transfer-Encoding: chunked\r\n";
         chunked_ = true;
       } else {
         keep_client = false;  // ...and delimited by dplb closing the connection for an HTTP/1.0 one
       }
     }
-    out.set("x-dplb-rank", std::to_string(rank));
-    set_connection_header(out, keep_client, client_version);
-    framing_.clear();
-    http::append_response_head(framing_, out.base());
+    framing_ += "x-dplb-rank: ";
+    http::append_decimal(framing_, rank);
+    framing_ += "\r\n";
+    framing_ += connection_field(keep_client, client_version);
+    framing_ += "\r\n";
     return keep_client;
   }
 
@@ -97,13 +112,6 @@ class response_relay {
     namespace bhttp = boost::beast::http;
     auto& parser = exchange_.response();
     auto& connection = exchange_.connection();
-    watchdog_ = std::make_shared<relay_watchdog>(client_.get_executor(), connection.stream.socket(), client_,
-                                                 std::min(settings_.upstream_read_timeout, settings_.client_write_timeout));
-    watchdog_->start();
-    struct stop_watchdog_on_exit {
-      relay_watchdog& w;
-      ~stop_watchdog_on_exit() { w.stop(); }
-    } stop_watchdog{*watchdog_};
 
     metrics::usage_scanner usage;
     const bool count_usage = accounting.status() == 200;
@@ -118,20 +126,20 @@ class response_relay {
       if (!co_await send({}, false)) co_return result::client_failed;
     }
     while (!parser.is_done()) {
-      parser.get().body().data = buffer_.data();
-      parser.get().body().size = buffer_.size();
+      parser.set_sink(buffer_);
       // Bytes already read from the engine (a small response arrives whole with its head) are parsed
       // without I/O; the engine is read only when they are used up, or are a fragment (a chunk header
       // cut short) that cannot be parsed alone.
       auto ec = parse_buffered(parser, connection.buffer, [&] { return parser.is_done(); });
-      if (ec == bhttp::error::need_more && parser.get().body().size == buffer_.size()) {
-        watchdog_->reading(settings_.upstream_read_timeout);
+      if (ec == bhttp::error::need_more && parser.sink_left() == buffer_.size()) {
+        auto& upstream_deadline = exchange_.deadline();
+        upstream_deadline.expires_after(settings_.upstream_read_timeout);
         std::tie(ec, std::ignore) = co_await bhttp::async_read_some(connection.stream.socket(), connection.buffer,
                                                                     parser, io::as_result);
-        watchdog_->idle();
+        upstream_deadline.expires_never();
       }
       if (ec && ec != bhttp::error::need_buffer && ec != bhttp::error::need_more) co_return result::engine_failed;
-      const std::size_t got = buffer_.size() - parser.get().body().size;
+      const std::size_t got = buffer_.size() - parser.sink_left();
       if (count_usage) usage.feed({buffer_.data(), got});
       if (parser.is_done()) accounting.engine_finished(usage);
       if (got == 0 && !parser.is_done()) continue;  // a chunk header without data yet
@@ -148,6 +156,11 @@ class response_relay {
  private:
   enum class progress { nothing_sent, head_sent, body_ended };
 
+  // An x-dplb-rank the engine sent itself: the client must see dplb's, and only dplb's.
+  static bool is_rank_field(const http::field_view& field) noexcept {
+    return field.name == boost::beast::http::field::unknown && boost::beast::iequals(field.name_string, "x-dplb-rank");
+  }
+
   // Sends body bytes (none for the head alone), with the head before them the first time; `last` ends the
   // body (with the terminating chunk when chunked).
   io::task<bool> send(std::string_view data, bool last) {
@@ -160,19 +173,19 @@ class response_relay {
     }
     const std::array<boost::asio::const_buffer, 3> pieces{boost::asio::buffer(framing_), boost::asio::buffer(data),
                                                           boost::asio::buffer(tail)};
-    watchdog_->writing(settings_.client_write_timeout);
+    client_deadline_.expires_after(settings_.client_write_timeout);
     auto [ec, n] = co_await boost::asio::async_write(client_, pieces, io::as_result);
-    watchdog_->idle();
+    client_deadline_.expires_never();
     progress_ = last ? progress::body_ended : progress::head_sent;
     co_return !ec;
   }
 
   io::socket& client_;
+  socket_deadline& client_deadline_;
   upstream_exchange& exchange_;
   const config::settings& settings_;
   std::string& framing_;
   std::span<char> buffer_;
-  std::shared_ptr<relay_watchdog> watchdog_;
   bool has_body_ = false;
   bool chunked_ = false;
   progress progress_ = progress::nothing_sent;

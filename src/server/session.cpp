@@ -19,6 +19,7 @@
 #include "client_watch.hpp"
 #include "dplb/http/error_response.hpp"
 #include "dplb/http/header_sanitizer.hpp"
+#include "dplb/http/message_head.hpp"
 #include "dplb/server/admission.hpp"
 #include "request_accounting.hpp"
 #include "response_relay.hpp"
@@ -40,12 +41,17 @@ using io::as_result;
 // burst that arrived together leaves in one write, while 10,000 streaming sessions cost 160 MiB at most.
 constexpr std::size_t relay_buffer_size = 16 * 1024;
 
+// A request body up to this size leaves its storage to the connection's next request.
+constexpr std::size_t kept_body_capacity = 1024 * 1024;
+
 
 class session {
  public:
   session(worker_state& worker, io::socket socket)
       : worker_(worker), shared_(worker.shared), settings_(worker.shared.settings), client_(std::move(socket)),
-        buffer_(settings_.max_header_bytes + 64 * 1024) {
+        buffer_(settings_.max_header_bytes + 64 * 1024), client_deadline_(worker.deadlines),
+        upstream_deadline_(worker.deadlines) {
+    client_deadline_.guard(&client_.socket());
     boost::system::error_code ec;
     auto remote = client_.socket().remote_endpoint(ec);
     client_address_ = ec ? "unknown" : remote.address().to_string();
@@ -78,68 +84,73 @@ class session {
  private:
   // Reads and answers one request. Returns whether the connection stays open for another.
   io::task<bool> serve_one_request() {
-    request_parser parser;
+    reuse_request_body();
+    http::request_head_parser parser(request_head_, request_body_);
     parser.header_limit(static_cast<std::uint32_t>(settings_.max_header_bytes));
     parser.body_limit(settings_.max_request_body_bytes);
 
-    client_.expires_after(settings_.client_idle_timeout);
+    client_deadline_.expires_after(settings_.client_idle_timeout);
     worker_.idle_clients.insert(&client_);
-    auto head_ec = co_await read_raw_head();
+    auto head_ec = timed(co_await read_head(client_.socket(), buffer_, settings_.max_header_bytes));
     worker_.idle_clients.erase(&client_);
     if (head_ec == bhttp::error::bad_field) {
       co_return co_await reject(400, "obsolete line folding in a header is not accepted (RFC 9112 5.2)", false);
     }
     if (head_ec) co_return co_await refuse_unreadable_request(head_ec, buffer_.size() > 0);
-    // The whole head is in the buffer now: it is parsed without any I/O.
+    // The whole head is in the buffer now: it is parsed without any I/O, into views of the buffer that
+    // stay valid until the body is read (which may move the bytes).
     if (auto ec = parse_buffered(parser, buffer_, [&] { return parser.is_header_done(); })) {
       co_return co_await refuse_unreadable_request(ec == bhttp::error::need_more ? bhttp::error::partial_message : ec,
                                                    true);
     }
 
-    auto& request = parser.get();
-    client_version_ = request.version();
-    const auto decision = admit(request.base());
+    const auto& head = request_head_;
+    client_version_ = head.version;
+    const auto method = head.method;
+    const auto decision = admit(head);
     if (decision.refused()) co_return co_await reject(decision.refusal_status, decision.refusal_message, false);
+    if (decision.route == request_route::proxy &&
+        !prepare_upstream_request(head, decision.target(), client_address_, upstream_head_)) {
+      co_return co_await reject(431, "X-Forwarded-For or Via is too long to append to", false);
+    }
     if (decision.send_continue) {
       static constexpr std::string_view continue_line = "HTTP/1.1 100 Continue\r\n\r\n";
-      client_.expires_after(settings_.client_write_timeout);
-      auto [wec, wn] = co_await asio::async_write(client_, asio::buffer(continue_line), as_result);
+      client_deadline_.expires_after(settings_.client_write_timeout);
+      auto [wec, wn] = co_await asio::async_write(client_.socket(), asio::buffer(continue_line), as_result);
+      client_deadline_.expires_never();
       if (wec) co_return false;
     }
     // The body, or what of it arrived with the head, is parsed without I/O; only the rest is read.
     parser.eager(true);
     auto body_ec = parse_buffered(parser, buffer_, [&] { return parser.is_done(); });
     if (body_ec == bhttp::error::need_more) {
-      client_.expires_after(settings_.request_read_timeout);
-      std::tie(body_ec, std::ignore) = co_await bhttp::async_read(client_, buffer_, parser, as_result);
+      client_deadline_.expires_after(settings_.request_read_timeout);
+      std::tie(body_ec, std::ignore) = co_await bhttp::async_read(client_.socket(), buffer_, parser, as_result);
+      body_ec = timed(body_ec);
     }
     if (body_ec) co_return co_await refuse_unreadable_request(body_ec, true);
 
-    const bool keep_alive = request.keep_alive() && !shared_.draining.load(std::memory_order_relaxed);
+    const bool keep_alive = parser.keep_alive() && !shared_.draining.load(std::memory_order_relaxed);
     switch (decision.route) {
-      case request_route::metrics: co_return co_await serve_own_path(request, "/metrics", keep_alive);
-      case request_route::health: co_return co_await serve_own_path(request, "/health", keep_alive);
+      case request_route::metrics: co_return co_await serve_own_path(method, "/metrics", keep_alive);
+      case request_route::health: co_return co_await serve_own_path(method, "/health", keep_alive);
       case request_route::proxy: break;
     }
-    co_return co_await proxy(request, keep_alive);
+    co_return co_await proxy(method, keep_alive);
   }
 
-  // Reads until the buffer holds a complete request head (bounded by --max-header-bytes, under the
-  // deadline already set), so that it can be checked as raw bytes before Beast parses it: Beast
-  // silently unfolds obs-fold, which RFC 9112 lets a proxy do only by rejecting or rewriting, and a
-  // folded header is a classic way to make two parsers disagree. bad_field reports a fold.
-  io::task<boost::system::error_code> read_raw_head() {
-    std::size_t searched = 0;  // bytes already known to hold no end of head
-    for (;;) {
-      const auto head = http::find_head_end(
-          {static_cast<const char*>(buffer_.data().data()), buffer_.size()}, searched);
-      if (head.complete) co_return head.folded ? bhttp::error::bad_field : boost::system::error_code{};
-      searched = head.searched;
-      if (buffer_.size() >= settings_.max_header_bytes) co_return bhttp::error::header_limit;
-      auto [ec, n] = co_await client_.async_read_some(buffer_.prepare(16 * 1024), as_result);
-      buffer_.commit(n);
-      if (ec) co_return ec == asio::error::eof && buffer_.size() == 0 ? bhttp::error::end_of_stream : ec;
-    }
+  // The client operation just completed is over, and so is its deadline: an operation that failed because
+  // the deadline passed (the sweeper closed the socket) reports a timeout.
+  boost::system::error_code timed(boost::system::error_code ec) {
+    client_deadline_.expires_never();
+    return ec && client_deadline_.expired() ? beast::error::timeout : ec;
+  }
+
+  // The body string is kept from request to request, unless one request left it large: a client that once
+  // sent a big prompt must not pin that much memory for the life of its connection.
+  void reuse_request_body() {
+    request_body_.clear();
+    if (request_body_.capacity() > kept_body_capacity) request_body_.shrink_to_fit();
   }
 
   io::task<bool> refuse_unreadable_request(const boost::system::error_code& ec, bool got_some) {
@@ -181,14 +192,15 @@ class session {
     set_connection_header(response, keep_alive, client_version_);
     response.prepare_payload();
     if (head_request) response.body().clear();  // Content-Length still tells the size of a GET
-    client_.expires_after(settings_.client_write_timeout);
-    auto [ec, n] = co_await bhttp::async_write(client_, response, as_result);
+    client_deadline_.expires_after(settings_.client_write_timeout);
+    auto [ec, n] = co_await bhttp::async_write(client_.socket(), response, as_result);
+    client_deadline_.expires_never();
     co_return !ec && keep_alive;
   }
 
-  io::task<bool> serve_own_path(const client_request& request, std::string_view path, bool keep_alive) {
-    const bool head_request = request.method() == bhttp::verb::head;
-    if (request.method() != bhttp::verb::get && !head_request) {
+  io::task<bool> serve_own_path(bhttp::verb method, std::string_view path, bool keep_alive) {
+    const bool head_request = method == bhttp::verb::head;
+    if (method != bhttp::verb::get && !head_request) {
       bhttp::response<bhttp::string_body> response{bhttp::status::method_not_allowed, 11};
       response.set(bhttp::field::allow, "GET, HEAD");
       response.set(bhttp::field::content_type, "application/json");
@@ -277,11 +289,9 @@ class session {
 
   // Picks a rank, sends it the request and relays the response. Returns whether the client
   // connection may carry another request.
-  io::task<bool> proxy(client_request& request, bool client_keep_alive) {
-    const unsigned client_version = request.version();  // before the head is rewritten
-    if (!prepare_upstream_request(request, client_address_)) {
-      co_return co_await reject(431, "X-Forwarded-For or Via is too long to append to", false);
-    }
+  io::task<bool> proxy(bhttp::verb method, bool client_keep_alive) {
+    const unsigned client_version = client_version_;
+    set_upstream_framing(upstream_head_, method, request_body_.size());
     auto slot = co_await acquire_slot();
     auto lease = std::move(slot.lease);
     if (slot.refusal == slot_refusal::client_gone) {
@@ -300,7 +310,7 @@ class session {
                             : "no backend rank is usable; check the engines and their /health";
       co_return co_await send_error(status, why, client_keep_alive, true);
     }
-    const bool head_request = request.method() == bhttp::verb::head;
+    const bool head_request = method == bhttp::verb::head;
 
     // While dplb waits for the engine and relays its answer, a watcher notices the client leaving and
     // closes the engine connection at once: that is how vLLM learns to abort the request.
@@ -318,10 +328,10 @@ class session {
     } stop_watch{*watch, client_.socket()};
 
     request_accounting accounting(shared_, std::move(lease));
-    upstream_exchange exchange(worker_, *watch, upstream_framing_);
-    std::vector<bool> tried(shared_.backends.size(), false);
+    upstream_exchange exchange(worker_, *watch, response_head_, upstream_deadline_);
+    std::vector<bool> tried;  // sized on the first retry only: the usual request never needs it
     for (std::size_t retries = 0;; ++retries) {
-      const auto attempt = co_await exchange.send(accounting.rank(), request, head_request);
+      const auto attempt = co_await exchange.send(accounting.rank(), upstream_head_, request_body_, head_request);
       if (!attempt.ec) break;
       if (watch->client_gone) {
         accounting.finish(499);
@@ -330,6 +340,7 @@ class session {
       accounting.attempt_failed(attempt.kind, attempt.health);
       if (attempt.retry_elsewhere && retries < settings_.max_retries) {
         // Nothing reached the engine's application and nothing reached the client: try another rank.
+        tried.resize(shared_.backends.size());
         tried[accounting.rank()] = true;
         if (auto next = shared_.balancer.acquire(tried)) {
           spdlog::debug("rank {} failed ({}); retrying on rank {}", accounting.rank(), attempt.ec.message(),
@@ -342,8 +353,8 @@ class session {
     }
 
     const std::size_t rank = accounting.rank();
-    accounting.answered(exchange.response().get().result_int());
-    response_relay relay(client_.socket(), exchange, settings_, client_framing_, relay_buffer());
+    accounting.answered(exchange.response_head().status);
+    response_relay relay(client_.socket(), client_deadline_, exchange, settings_, client_framing_, relay_buffer());
     const bool keep_client = relay.prepare_head(rank, head_request, client_version, client_keep_alive);
     const auto relayed = co_await relay.run(accounting);
     if (watch->client_gone || relayed == response_relay::result::client_failed) {
@@ -353,12 +364,16 @@ class session {
       co_return false;
     }
     if (relayed == response_relay::result::engine_failed) {
-      accounting.attempt_failed("midstream", upstream::request_outcome::reset);
+      // The engine closed the connection mid-response, or fell silent past --upstream-read-timeout-ms (the
+      // deadline closed it): a "midstream" error either way, as the metric counts it.
+      const bool silent = upstream_deadline_.expired();
+      accounting.attempt_failed("midstream", silent ? upstream::request_outcome::timeout : upstream::request_outcome::reset);
       if (!relay.head_sent()) {
         // Nothing reached the client yet (the head was held back to leave with the first body bytes): the
-        // client can still get a proper error.
-        co_return co_await fail_before_response(accounting, asio::error::connection_reset, "midstream",
-                                                client_keep_alive);
+        // client can still get a proper error, 504 for the silence.
+        co_return co_await fail_before_response(
+            accounting, silent ? boost::system::error_code(beast::error::timeout) : asio::error::connection_reset,
+            "midstream", client_keep_alive);
       }
       // Part of the response is already out: closing without the terminating chunk (or short of the
       // Content-Length) is the only way left to tell the client the response is incomplete.
@@ -388,7 +403,7 @@ class session {
             ? "no backend rank could take the request; the last tried, " + where +
                   (ec == beast::error::timeout ? ", did not accept a connection within --upstream-connect-timeout-ms"
                                                : ", refused the connection: " + ec.message())
-        : status == 504 ? where + " sent no response head in time (--upstream-first-byte-timeout-ms)"
+        : status == 504 ? where + " did not answer in time (--upstream-first-byte-timeout-ms, --upstream-read-timeout-ms)"
                         : "dplb could not get a response from " + where + ": " + std::string(kind) + ": " + ec.message();
     spdlog::warn("{}", message);
     co_return co_await send_error(status, message, client_keep_alive, not_delivered);
@@ -402,13 +417,19 @@ class session {
   worker_state& worker_;
   shared_state& shared_;
   const config::settings& settings_;
-  io::tcp_stream client_;
+  io::tcp_stream client_;  // its own timer is never armed: client_deadline_ keeps the deadlines
   beast::flat_buffer buffer_;
+  socket_deadline client_deadline_;    // guards the client's socket
+  socket_deadline upstream_deadline_;  // guards the engine connection the request in progress uses
   std::string client_address_;
   unsigned client_version_ = 11;  // of the request being served: how its responses say keep-alive
   std::unique_ptr<char[]> relay_buffer_;
-  std::string upstream_framing_;  // the request head for the engine, reused by every request
-  std::string client_framing_;    // response head and chunk framing for the client, reused likewise
+  // Reused by every request of the connection, so that the steady state allocates nothing:
+  http::request_head request_head_;    // views into buffer_
+  std::string request_body_;           // de-chunked
+  upstream_head upstream_head_;        // the engine's request head, written from request_head_
+  http::response_head response_head_;  // views into the engine connection's buffer
+  std::string client_framing_;         // the client's response head and chunk framing
 };
 
 }  // namespace

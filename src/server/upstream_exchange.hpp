@@ -6,10 +6,7 @@
 
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/write.hpp>
-#include <boost/beast/http/buffer_body.hpp>
 #include <boost/beast/http/error.hpp>
-#include <boost/beast/http/parser.hpp>
-#include <boost/beast/http/read.hpp>
 
 #include <array>
 #include <chrono>
@@ -17,10 +14,13 @@
 #include <string>
 #include <string_view>
 
-#include "dplb/http/wire_format.hpp"
+#include "dplb/http/header_sanitizer.hpp"
+#include "dplb/http/message_head.hpp"
 #include "dplb/server/admission.hpp"
+#include "dplb/server/deadline_sweeper.hpp"
 #include "dplb/server/proxy_context.hpp"
 #include "dplb/upstream/health_monitor.hpp"
+#include "buffered_parse.hpp"
 #include "client_watch.hpp"
 
 namespace dplb::server {
@@ -37,7 +37,7 @@ inline constexpr int max_interim_responses = 16;
 
 class upstream_exchange {
  public:
-  using response_parser = boost::beast::http::response_parser<boost::beast::http::buffer_body>;
+  using response_parser = http::response_head_parser;
 
   // How an attempt on a rank ended.
   struct outcome {
@@ -47,19 +47,26 @@ class upstream_exchange {
     bool retry_elsewhere = false;  // the engine never took the request: another rank may have it
   };
 
-  // `request_head`: the session's buffer for the request head, reused by every request.
-  upstream_exchange(worker_state& worker, client_watch& watch, std::string& request_head)
-      : worker_(worker), settings_(worker.shared.settings), watch_(watch), request_head_(request_head) {}
+  // `response_head`: the session's, reused by every request; it holds views into the engine connection's
+  // buffer, valid until the relay reads from the engine again.
+  // `deadline`: the session's, for the engine connection in use; it guards nothing once the exchange ends.
+  upstream_exchange(worker_state& worker, client_watch& watch, http::response_head& response_head,
+                    socket_deadline& deadline)
+      : worker_(worker), settings_(worker.shared.settings), watch_(watch), response_head_(response_head),
+        deadline_(deadline) {}
+  ~upstream_exchange() { deadline_.guard(nullptr); }
+  upstream_exchange(const upstream_exchange&) = delete;
+  upstream_exchange& operator=(const upstream_exchange&) = delete;
 
-  // Sends the request to the rank and reads the final response head.
-  io::task<outcome> send(std::size_t rank, client_request& request, bool head_request) {
+  // Sends the request (its head without the Host, and its body) to the rank and reads the final response
+  // head.
+  io::task<outcome> send(std::size_t rank, const upstream_head& head, std::string_view body, bool head_request) {
     using clock_type = std::chrono::steady_clock;
-    namespace bhttp = boost::beast::http;
-    request.set(bhttp::field::host, worker_.shared.backends[rank].authority);
     const auto head_timeout = settings_.upstream_first_byte_timeout.count() > 0 ? settings_.upstream_first_byte_timeout
                                                                                 : settings_.upstream_read_timeout;
     for (int attempt = 0;; ++attempt) {
       watch_.upstream = nullptr;  // the watcher must never see a connection that is about to be destroyed
+      deadline_.guard(nullptr);   // nor the deadline
       // A re-send always takes a fresh connection: the engine may have dropped every pooled one (restart).
       connection_ = attempt == 0 ? worker_.pool.take_idle(rank) : nullptr;
       if (!connection_) {
@@ -72,21 +79,21 @@ class upstream_exchange {
         worker_.shared.metrics.upstream_connected(rank);
       }
       watch_.upstream = connection_.get();
+      deadline_.guard(&connection_->stream.socket());
       if (watch_.client_gone) co_return outcome{boost::asio::error::operation_aborted, "client", {}, false};
 
-      connection_->stream.expires_after(settings_.upstream_read_timeout);
-      request_head_.clear();
-      http::append_request_head(request_head_, request.base());
-      const std::array<boost::asio::const_buffer, 2> pieces{boost::asio::buffer(request_head_),
-                                                            boost::asio::buffer(request.body())};
-      auto [write_ec, written] = co_await boost::asio::async_write(connection_->stream, pieces, io::as_result);
+      deadline_.expires_after(settings_.upstream_read_timeout);
+      const auto pieces = head.pieces(worker_.shared.backends[rank].host_line, body);
+      auto [write_ec, written] = co_await boost::asio::async_write(connection_->stream.socket(), pieces, io::as_result);
       const auto sent_at = clock_type::now();
       boost::system::error_code ec = write_ec;
       bool answered = false;  // some byte of a response (interim or final) arrived
       if (!ec) {
-        connection_->stream.expires_after(head_timeout);
+        deadline_.expires_after(head_timeout);
         ec = co_await read_final_head(head_request, answered);
       }
+      deadline_.expires_never();
+      if (ec && deadline_.expired()) ec = boost::beast::error::timeout;
       if (!ec) co_return outcome{};
       if (watch_.client_gone) co_return outcome{ec, "client", {}, false};
       // Closed without a byte of answer right after the request went out: the engine never took it.
@@ -109,14 +116,17 @@ class upstream_exchange {
 
   upstream::upstream_connection& connection() noexcept { return *connection_; }
   response_parser& response() noexcept { return *parser_; }
+  const http::response_head& response_head() const noexcept { return response_head_; }
+  socket_deadline& deadline() noexcept { return deadline_; }
 
   // After a complete relay: the connection goes back to the pool only when its response ended cleanly,
   // the engine keeps it alive (the parser's view, which is false for a body that ends when the engine
   // closes), and it holds no byte beyond that response. Anything else would hand its leftovers to the next
-  // client as an answer. (A watchdog that fired as the last read completed has closed the socket.)
+  // client as an answer. (A deadline that passed as the last read completed has closed the socket.)
   void give_back_if_clean(std::size_t rank) {
     if (parser_->is_done() && parser_->keep_alive() && connection_->buffer.size() == 0 &&
         connection_->stream.socket().is_open()) {
+      deadline_.guard(nullptr);
       worker_.pool.give_back(rank, std::move(connection_));
     }
   }
@@ -133,27 +143,36 @@ class upstream_exchange {
   // Reads the engine's final response head into a fresh parser. Interim responses (100 Continue, 102, 103
   // Early Hints) are read and dropped: dplb answered the client's Expect itself, and clients such as
   // Python's http.client take a 103 for the final response. A 101 is refused: dplb strips Upgrade, so the
-  // engine was never asked to switch protocols, and the connection is not reusable after one.
+  // engine was never asked to switch protocols, and the connection is not reusable after one. So is a head
+  // whose Connection lists more options than dplb strips (http::connection_options).
   io::task<boost::system::error_code> read_final_head(bool head_request, bool& answered) {
+    namespace bhttp = boost::beast::http;
+    auto& buffer = connection_->buffer;
     for (int interim = 0;; ++interim) {
-      parser_.emplace();
+      parser_.emplace(response_head_);
       parser_->header_limit(static_cast<std::uint32_t>(settings_.max_header_bytes));
       parser_->body_limit(boost::none);  // responses stream through; nothing is collected
       if (head_request) parser_->skip(true);
-      auto [ec, read] =
-          co_await boost::beast::http::async_read_header(connection_->stream, connection_->buffer, *parser_, io::as_result);
-      answered = answered || parser_->got_some();
+      auto ec = co_await read_head(connection_->stream.socket(), buffer, settings_.max_header_bytes);
+      answered = answered || buffer.size() > 0;
       if (ec) co_return ec;
-      const unsigned status = parser_->get().result_int();
-      if (status >= 200) co_return boost::system::error_code{};
-      if (status == 101 || interim == max_interim_responses) co_return boost::beast::http::error::bad_status;
+      // The head is whole in the buffer: parsed without I/O, into views of it.
+      ec = parse_buffered(*parser_, buffer, [&] { return parser_->is_header_done(); });
+      if (ec) co_return ec == bhttp::error::need_more ? bhttp::error::partial_message : ec;
+      const unsigned status = response_head_.status;
+      if (status >= 200) {
+        if (http::connection_options(response_head_.fields).too_many()) co_return bhttp::error::bad_field;
+        co_return boost::system::error_code{};
+      }
+      if (status == 101 || interim == max_interim_responses) co_return bhttp::error::bad_status;
     }
   }
 
   worker_state& worker_;
   const config::settings& settings_;
   client_watch& watch_;
-  std::string& request_head_;
+  http::response_head& response_head_;
+  socket_deadline& deadline_;
   upstream::connection_ptr connection_;
   std::optional<response_parser> parser_;
 };

@@ -28,6 +28,7 @@ std::vector<backend> resolve_backends(const std::vector<std::string>& urls) {
     }
     b.port = parsed->has_port() ? parsed->port_number() : 80;
     b.authority += ":" + std::to_string(b.port);
+    b.host_line = "Host: " + b.authority + "\r\n";
     boost::system::error_code ec;
     auto results = resolver.resolve(b.host, std::to_string(b.port), ec);
     if (ec || results.empty()) {

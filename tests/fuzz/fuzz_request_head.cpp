@@ -1,7 +1,8 @@
 // libFuzzer target for what dplb does with the bytes a client sends, up to the request it sends an engine:
-// dplb's request parser with dplb's limits, fed as a socket would (in pieces, the parser asking for
-// more), then the production code the session runs: admit() on the head, the body read, and
-// prepare_upstream_request() (src/server/admission.cpp). Pipelined requests in one input are handled one
+// dplb's request parser (http::request_head_parser, views into the input) with dplb's limits, fed as a
+// socket would (in pieces, the parser asking for more), then the production code the session runs: the
+// raw head scan that refuses obs-fold, admit() on the head, prepare_upstream_request(), the body read,
+// set_upstream_framing() and the pieces of the gathered write (src/server/admission.cpp). Pipelined requests in one input are handled one
 // after the other, as on a keep-alive connection.
 //
 // Invariants (a violation prints what and traps):
@@ -14,8 +15,9 @@
 //  - forwarding: one X-Forwarded-For ending in the client address and keeping what was there, one Via
 //    ending in "1.1 dplb", one X-Forwarded-Proto "http";
 //  - trailers: a chunked body's trailer fields never join the head;
-//  - the upstream request, serialized and parsed again, is exactly one request (no bytes left over for a
-//    second one: no smuggling towards the engine) with the same method, target, headers and body;
+//  - the upstream request as written, parsed back by Beast's own parser, is exactly one request (no bytes
+//    left over for a second one: no smuggling towards the engine) with the client's method, the admitted
+//    target, HTTP/1.1, the rank's Host and the client's body;
 //  - split invariance: the whole input fed at once and fed in pieces forward and refuse the same
 //    requests (only the error that ends a connection may differ, see same_outcome()).
 //
@@ -30,20 +32,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "dplb/http/header_sanitizer.hpp"
+#include "dplb/http/message_head.hpp"
 #include "dplb/server/admission.hpp"
 
 namespace {
 
 namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
-using request = dplb::server::client_request;
+using upstream_request = bhttp::request<bhttp::string_body>;
 
 // dplb's default --max-header-bytes; DPLB_FUZZ_HEADER_LIMIT=N replays an input with another limit (F4).
 const std::uint32_t header_limit = [] {
@@ -108,15 +110,22 @@ std::vector<std::string> values_of(const bhttp::fields& fields, std::string_view
   return values;
 }
 
+std::vector<std::string> values_of(const dplb::http::field_list& fields, std::string_view name) {
+  std::vector<std::string> values;
+  for (const auto& f : fields) {
+    if (iequals(f.name_string, name)) values.emplace_back(f.value);
+  }
+  return values;
+}
+
 bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
 // Framing as accepted by check_request_framing must be framing Beast reads the same way.
-void check_accepted_framing(const dplb::server::request_parser& parser) {
-  const auto& fields = parser.get().base();
-  const auto lengths = values_of(fields, "content-length");
-  const auto codings = values_of(fields, "transfer-encoding");
+void check_accepted_framing(const dplb::http::request_head_parser& parser, const dplb::http::request_head& head) {
+  const auto lengths = values_of(head.fields, "content-length");
+  const auto codings = values_of(head.fields, "transfer-encoding");
   FUZZ_CHECK(lengths.empty() || codings.empty());
   FUZZ_CHECK(lengths.size() <= 1);
   FUZZ_CHECK(codings.size() <= 1);
@@ -138,71 +147,12 @@ void check_accepted_framing(const dplb::server::request_parser& parser) {
   }
 }
 
-// prepare_upstream_request() then the Host the session sets for the rank picked, with the invariants of
-// the result.
-bool upstream_request(request& req) {
-  const auto before = req.base();
-  std::vector<std::string> named_in_connection;
-  for (const auto& v : values_of(before, "connection")) {
-    for (auto& item : list_items(v)) named_in_connection.push_back(std::move(item));
-  }
-  const auto forwarded_before = values_of(before, "x-forwarded-for");
-  const auto via_before = values_of(before, "via");
-
-  if (!dplb::server::prepare_upstream_request(req, client_address)) {
-    // Refused with 431 (F3): only when a joined list would really be too long.
-    std::size_t longest = 0;
-    for (const auto& v : forwarded_before) longest += v.size() + 2;
-    std::size_t longest_via = 0;
-    for (const auto& v : via_before) longest_via += v.size() + 2;
-    FUZZ_CHECK(std::max(longest + client_address.size(), longest_via + 8) > dplb::http::max_forwarding_header_bytes);
-    return false;
-  }
-  // Every header the client sent is still there, unchanged, unless it is hop-by-hop, Expect, or one that
-  // dplb rewrites (the forwarding headers and the framing).
-  const auto rewritten = [](std::string_view name) {
-    return iequals(name, "expect") || iequals(name, "x-forwarded-for") || iequals(name, "via") ||
-           iequals(name, "x-forwarded-proto") || iequals(name, "content-length");
-  };
-  for (const auto& f : req.base()) FUZZ_CHECK(!is_hop_by_hop(f.name_string(), named_in_connection));
-  for (const auto& f : before) {
-    if (is_hop_by_hop(f.name_string(), named_in_connection) || rewritten(f.name_string())) continue;
-    FUZZ_CHECK(values_of(req.base(), f.name_string()) == values_of(before, f.name_string()));
-  }
-  FUZZ_CHECK(req.count(bhttp::field::expect) == 0);
-  // Framed by Content-Length, which an empty body may go without (Beast leaves it off a bodiless GET).
-  const auto lengths = values_of(req.base(), "content-length");
-  FUZZ_CHECK(lengths == std::vector<std::string>{std::to_string(req.body().size())} ||
-             (lengths.empty() && req.body().empty()));
-  const auto forwarded = values_of(req.base(), "x-forwarded-for");
-  const auto via = values_of(req.base(), "via");
-  const auto proto = values_of(req.base(), "x-forwarded-proto");
-  FUZZ_CHECK(forwarded.size() == 1);
-  FUZZ_CHECK(ends_with(forwarded.front(), client_address));
-  FUZZ_CHECK(via.size() == 1);
-  FUZZ_CHECK(ends_with(via.front(), "1.1 dplb"));
-  FUZZ_CHECK(proto.size() == 1 && proto.front() == "http");
-  // Every earlier hop is kept, in order: repeated lines are one comma-separated list (RFC 9110 5.3),
-  // whose empty items mean nothing (5.6.1), so an empty X-Forwarded-For may become ", <client>".
-  const auto check_appended = [](const std::vector<std::string>& before, const std::string& after,
-                                 std::string_view added) {
-    std::vector<std::string> expected;
-    for (const auto& v : before) {
-      for (auto& item : list_items(v)) expected.push_back(std::move(item));
-    }
-    expected.emplace_back(added);
-    FUZZ_CHECK(list_items(after) == expected);
-  };
-  check_appended(forwarded_before, forwarded.front(), client_address);
-  check_appended(via_before, via.front(), "1.1 dplb");
-
-  FUZZ_CHECK(req.version() == 11);
-  req.set(bhttp::field::host, upstream_authority);  // the session's exchange, for the rank picked
-  return true;
-}
-
-// The upstream request on the wire must parse back to itself, as exactly one request.
-void check_round_trip(const request& sent, const std::string& wire) {
+// The engine's request as the session writes it (the rank's Host, the framing, the body), parsed back by
+// Beast's own parser: exactly one request, nothing left over.
+upstream_request parse_upstream(const dplb::server::upstream_head& head, const std::string& body, std::string& wire) {
+  const std::string host_line = "Host: " + std::string(upstream_authority) + "\r\n";
+  wire.clear();
+  for (const auto& piece : head.pieces(host_line, body)) wire.append(static_cast<const char*>(piece.data()), piece.size());
   bhttp::request_parser<bhttp::string_body> parser;
   parser.header_limit(UINT32_MAX);
   parser.body_limit(boost::none);
@@ -212,19 +162,67 @@ void check_round_trip(const request& sent, const std::string& wire) {
   FUZZ_CHECK(!ec);
   FUZZ_CHECK(parser.is_done());
   FUZZ_CHECK(used == wire.size());
-  const auto& got = parser.get();
-  FUZZ_CHECK(got.method_string() == sent.method_string());
-  FUZZ_CHECK(got.target() == sent.target());
-  FUZZ_CHECK(got.version() == 11);
-  FUZZ_CHECK(got.body() == sent.body());
-  FUZZ_CHECK(!got.chunked());
-  auto a = got.base().begin();
-  auto b = sent.base().begin();
-  for (; a != got.base().end() && b != sent.base().end(); ++a, ++b) {
-    FUZZ_CHECK(a->name_string() == b->name_string());
-    FUZZ_CHECK(a->value() == b->value());
+  return parser.release();
+}
+
+// The invariants of the engine's request against the client's head and body.
+void check_upstream(const dplb::http::request_head& head, std::string_view target, const std::string& body,
+                    const upstream_request& sent) {
+  std::vector<std::string> named_in_connection;
+  for (const auto& v : values_of(head.fields, "connection")) {
+    for (auto& item : list_items(v)) named_in_connection.push_back(std::move(item));
   }
-  FUZZ_CHECK(a == got.base().end() && b == sent.base().end());
+  FUZZ_CHECK(sent.method_string() == head.method_string);
+  FUZZ_CHECK(sent.target() == target);
+  FUZZ_CHECK(sent.version() == 11);
+  FUZZ_CHECK(sent.body() == body);
+  FUZZ_CHECK(!sent.chunked());
+  FUZZ_CHECK(values_of(sent.base(), "host") == std::vector<std::string>{std::string(upstream_authority)});
+  // Every header the client sent is still there, unchanged and in order, unless it is hop-by-hop, Expect,
+  // or one that dplb rewrites (Host, the forwarding headers and the framing).
+  const auto rewritten = [](std::string_view name) {
+    return iequals(name, "host") || iequals(name, "expect") || iequals(name, "x-forwarded-for") ||
+           iequals(name, "via") || iequals(name, "x-forwarded-proto") || iequals(name, "content-length");
+  };
+  for (const auto& f : sent.base()) FUZZ_CHECK(!is_hop_by_hop(f.name_string(), named_in_connection));
+  for (const auto& f : head.fields) {
+    if (is_hop_by_hop(f.name_string, named_in_connection) || rewritten(f.name_string)) continue;
+    FUZZ_CHECK(values_of(sent.base(), f.name_string) == values_of(head.fields, f.name_string));
+  }
+  FUZZ_CHECK(sent.count(bhttp::field::expect) == 0);
+  // Framed by Content-Length, which an empty body may go without (Beast leaves it off a bodiless GET).
+  const auto lengths = values_of(sent.base(), "content-length");
+  FUZZ_CHECK(lengths == std::vector<std::string>{std::to_string(body.size())} || (lengths.empty() && body.empty()));
+  const auto forwarded = values_of(sent.base(), "x-forwarded-for");
+  const auto via = values_of(sent.base(), "via");
+  const auto proto = values_of(sent.base(), "x-forwarded-proto");
+  FUZZ_CHECK(forwarded.size() == 1);
+  FUZZ_CHECK(ends_with(forwarded.front(), client_address));
+  FUZZ_CHECK(via.size() == 1);
+  FUZZ_CHECK(ends_with(via.front(), "1.1 dplb"));
+  FUZZ_CHECK(proto.size() == 1 && proto.front() == "http");
+  // Every earlier hop is kept, in order: repeated lines are one comma-separated list (RFC 9110 5.3),
+  // whose empty items mean nothing (5.6.1).
+  const auto check_appended = [](const std::vector<std::string>& before, const std::string& after,
+                                 std::string_view added) {
+    std::vector<std::string> expected;
+    for (const auto& v : before) {
+      for (auto& item : list_items(v)) expected.push_back(std::move(item));
+    }
+    expected.emplace_back(added);
+    FUZZ_CHECK(list_items(after) == expected);
+  };
+  check_appended(values_of(head.fields, "x-forwarded-for"), forwarded.front(), client_address);
+  check_appended(values_of(head.fields, "via"), via.front(), "1.1 dplb");
+}
+
+// Refused with 431 (F3): only when a joined list would really be too long.
+void check_forwarding_refusal(const dplb::http::request_head& head) {
+  std::size_t longest = 0;
+  for (const auto& v : values_of(head.fields, "x-forwarded-for")) longest += v.size() + 2;
+  std::size_t longest_via = 0;
+  for (const auto& v : values_of(head.fields, "via")) longest_via += v.size() + 2;
+  FUZZ_CHECK(std::max(longest + client_address.size(), longest_via + 8) > dplb::http::max_forwarding_header_bytes);
 }
 
 // The client's bytes, made available up to one cut point at a time, as successive socket reads.
@@ -236,6 +234,7 @@ class wire_reader {
   }
 
   bool exhausted() const { return read_ == input_.size(); }
+  std::size_t position() const { return read_; }
 
   // Puts bytes into the parser until done() holds; returns the parser's error, or need_more when the
   // input ends first.
@@ -276,17 +275,28 @@ class wire_reader {
 std::vector<std::string> serve_connection(std::string_view input, std::vector<std::size_t> cuts) {
   std::vector<std::string> transcript;
   wire_reader reader(input, std::move(cuts));
+  dplb::http::request_head head;  // reused by every request, as in the session
+  std::string body;
+  dplb::server::upstream_head upstream;
+  std::string wire;
   while (!reader.exhausted() && transcript.size() < max_requests_per_input) {
-    dplb::server::request_parser parser;
+    body.clear();
+    dplb::http::request_head_parser parser(head, body);
     parser.header_limit(header_limit);
     parser.body_limit(body_limit);
-    parser.eager(false);  // as async_read_header: stop after the head
+    parser.eager(false);  // stop after the head
 
+    // As the session's read_head: a whole head that folds a line is refused before it is parsed.
+    const auto scan = dplb::http::find_head_end(input.substr(reader.position()));
+    if (scan.complete && scan.folded && scan.length <= header_limit) {
+      transcript.push_back("refused 400 (obs-fold)");
+      break;
+    }
     if (auto ec = reader.pump(parser, [&] { return parser.is_header_done(); })) {
       transcript.push_back("head error: " + ec.message());
       break;
     }
-    const auto decision = dplb::server::admit(parser.get().base());
+    const auto decision = dplb::server::admit(head);
     if (decision.refused()) {
       const auto status = decision.refusal_status;
       FUZZ_CHECK(status == 400 || status == 405 || status == 501);
@@ -294,32 +304,29 @@ std::vector<std::string> serve_connection(std::string_view input, std::vector<st
       transcript.push_back("refused " + std::to_string(status));
       break;  // dplb answers and closes
     }
-    check_accepted_framing(parser);
-    FUZZ_CHECK(!parser.get().target().empty() && (parser.get().target().front() == '/' || parser.get().target() == "*"));
-    const auto head_fields = parser.get().base();
+    check_accepted_framing(parser, head);
+    const auto target = decision.target();
+    FUZZ_CHECK(!target.empty() && (target.front() == '/' || target == "*"));
+    const bool prepared = dplb::server::prepare_upstream_request(head, target, client_address, upstream);
+    if (!prepared) check_forwarding_refusal(head);
 
+    const auto head_fields = head.fields.size();
     parser.eager(true);
     if (auto ec = reader.pump(parser, [&] { return parser.is_done(); })) {
       transcript.push_back("body error: " + ec.message());
       break;
     }
-    request req = parser.release();
-    if (const auto length = req.find(bhttp::field::content_length); length != req.end()) {
-      FUZZ_CHECK(req.body().size() == std::stoull(std::string(length->value())));
+    if (const auto length = values_of(head.fields, "content-length"); !length.empty()) {
+      FUZZ_CHECK(body.size() == std::stoull(length.front()));
     }
-    // No trailer field joined the head while the body was read.
-    FUZZ_CHECK(std::equal(req.base().begin(), req.base().end(), head_fields.begin(), head_fields.end(),
-                          [](const auto& a, const auto& b) {
-                            return a.name_string() == b.name_string() && a.value() == b.value();
-                          }));
-    if (!upstream_request(req)) {
+    FUZZ_CHECK(head.fields.size() == head_fields);  // no trailer field joined the head
+    if (!prepared) {
       transcript.push_back("refused 431");
       break;
     }
-    std::ostringstream out;
-    out << req;
-    const auto wire = out.str();
-    check_round_trip(req, wire);
+    dplb::server::set_upstream_framing(upstream, head.method, body.size());
+    const auto sent = parse_upstream(upstream, body, wire);
+    check_upstream(head, target, body, sent);
     transcript.push_back("forwarded: " + wire);
   }
   return transcript;

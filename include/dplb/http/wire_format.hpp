@@ -5,17 +5,25 @@
 // bytes are laid out here instead. The output is what Beast's serializer writes for the same message
 // (tested byte for byte in tests/unit/http/wire_format_test.cpp).
 
-#include <boost/beast/http/message.hpp>
 #include <cstddef>
 #include <string>
+#include <string_view>
 
 namespace dplb::http {
 
-// "METHOD target HTTP/1.1\r\n" then every field as "Name: value\r\n", then "\r\n".
-void append_request_head(std::string& out, const boost::beast::http::request_header<>& head);
+// "HTTP/1.1 status reason\r\n". The reason is the engine's own, or the standard one when it sent none.
+void append_status_line(std::string& out, unsigned status, std::string_view reason);
 
-// "HTTP/1.1 status reason\r\n", the fields, "\r\n". The reason is the head's own, or the standard one.
-void append_response_head(std::string& out, const boost::beast::http::response_header<>& head);
+// "Name: value\r\n".
+inline void append_field(std::string& out, std::string_view name, std::string_view value) {
+  out += name;
+  out += ": ";
+  out += value;
+  out += "\r\n";
+}
+
+// A decimal number, as a field value is written.
+void append_decimal(std::string& out, std::size_t value);
 
 // The line that opens a chunk of `size` bytes: hexadecimal size, "\r\n". The chunk's data follows and
 // "\r\n" closes it; a chunked body ends with last_chunk.

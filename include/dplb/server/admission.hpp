@@ -2,29 +2,18 @@
 // Admission: what dplb does with a client's request once its head is parsed, decided without any I/O so
 // that the session, the unit tests and the request-head fuzzer all run the same code. A request is either
 // refused (a status and a message; the connection closes after the answer, since what follows the head
-// cannot be trusted), answered from one of dplb's own paths, or proxied. The request for the engine is
-// then built from the client's by prepare_upstream_request().
+// cannot be trusted), answered from one of dplb's own paths, or proxied. The engine's request head is
+// then written from the client's by prepare_upstream_request(), straight into bytes.
 
-#include <boost/beast/http/message.hpp>
-#include <boost/beast/http/parser.hpp>
-#include <boost/beast/http/string_body.hpp>
+#include <boost/asio/buffer.hpp>
+
+#include <array>
+#include <string>
 #include <string_view>
 
+#include "dplb/http/message_head.hpp"
+
 namespace dplb::server {
-
-using client_request = boost::beast::http::request<boost::beast::http::string_body>;
-
-// Beast's request parser, except that a chunked body's trailer fields are dropped instead of joining the
-// head: the body leaves for the engine with a Content-Length, so trailers have nowhere to go, and a field
-// that arrives after the body must never pass for a header the client sent with the head.
-class request_parser : public boost::beast::http::request_parser<boost::beast::http::string_body> {
- public:
-  request_parser() = default;
-
- private:
-  void on_field_impl(boost::beast::http::field name, boost::beast::string_view name_string,
-                     boost::beast::string_view value, boost::beast::error_code& ec) override;
-};
 
 enum class request_route { proxy, metrics, health };
 
@@ -33,20 +22,47 @@ struct admission {
   std::string_view refusal_message;
   request_route route = request_route::proxy;
   bool send_continue = false;  // answer "100 Continue" before reading the body (Expect on HTTP/1.1)
+  // The target the engine gets: the client's, or the path of an absolute-form one: a view into the head,
+  // or, in the rare case the path must be completed with a '/', a string of its own.
+  std::string_view target_in_head;
+  std::string owned_target;
 
   bool refused() const noexcept { return refusal_status != 0; }
+  std::string_view target() const noexcept { return owned_target.empty() ? target_in_head : owned_target; }
 };
 
 // Decides on a request from its head alone (the body is not read yet): framing that could be read two
 // ways (400, 501), Transfer-Encoding in HTTP/1.0 (400), CONNECT and TRACE (405), a target that is
-// neither a path nor an absolute http URL (400), a missing (HTTP/1.1) or repeated Host (400). An
-// absolute-form target is rewritten in place to its path: only configured backends are ever reached.
-admission admit(client_request::header_type& head);
+// neither a path nor an absolute http URL (400), a missing (HTTP/1.1) or repeated Host (400), a
+// Connection header listing more than http::connection_options::max_options options (400). An
+// absolute-form target leaves as its path: only configured backends are ever reached.
+admission admit(const http::request_head& head);
 
-// Builds the engine's request in place from the client's, whose body has been read whole: hop-by-hop
-// headers stripped, Expect dropped (dplb answered it), X-Forwarded-For, Via and X-Forwarded-Proto
-// appended, HTTP/1.1 with keep-alive, framed by Content-Length. The Host is the rank's, set when the rank
-// is known. Returns false, for a 431, when a forwarding header would grow past its bound.
-bool prepare_upstream_request(client_request& request, std::string_view client_address);
+// The engine's request head, written once per request and sent with each attempt as
+//   request line | the rank's Host line | fields | framing
+// since the rank (so the Host) is known only once the body is read, and the length only then too.
+struct upstream_head {
+  std::string bytes;                 // the request line, then the fields
+  std::size_t request_line_end = 0;  // where the Host line goes
+  std::string framing;               // "Content-Length: n\r\n" (when there is one) and the empty line
+
+  // The pieces of one gathered write: head, Host line, fields, framing, body.
+  std::array<boost::asio::const_buffer, 5> pieces(std::string_view host_line, std::string_view body) const {
+    return {boost::asio::buffer(bytes.data(), request_line_end), boost::asio::buffer(host_line),
+            boost::asio::buffer(bytes.data() + request_line_end, bytes.size() - request_line_end),
+            boost::asio::buffer(framing), boost::asio::buffer(body)};
+  }
+};
+
+// Writes the engine's request head from an admitted client's: HTTP/1.1, the admitted target, every field
+// but the hop-by-hop ones, Host, Expect (dplb answered it) and the framing; X-Forwarded-For and Via with
+// every line the client sent joined and dplb's hop appended, X-Forwarded-Proto set. Returns false, for a
+// 431, when a forwarding header would grow past http::max_forwarding_header_bytes.
+bool prepare_upstream_request(const http::request_head& head, std::string_view target,
+                              std::string_view client_address, upstream_head& out);
+
+// The framing of the engine's request once the body is read whole (a chunked request goes on with a
+// Content-Length): none for an empty body of a method that carries none, as Beast's prepare_payload does.
+void set_upstream_framing(upstream_head& out, boost::beast::http::verb method, std::size_t body_size);
 
 }  // namespace dplb::server

@@ -9,6 +9,7 @@
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/config/settings.hpp"
 #include "dplb/metrics/proxy_metrics.hpp"
+#include "dplb/server/deadline_sweeper.hpp"
 #include "dplb/upstream/backend.hpp"
 #include "dplb/upstream/connection_pool.hpp"
 #include "dplb/upstream/health_monitor.hpp"
@@ -31,6 +32,7 @@ struct shared_state {
 struct worker_state {
   shared_state& shared;
   upstream::connection_pool& pool;
+  deadline_sweeper& deadlines;  // of every socket of the worker's sessions
   // Client connections waiting for their next request; a drain closes them at once.
   std::unordered_set<io::tcp_stream*> idle_clients;
 };

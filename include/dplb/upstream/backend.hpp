@@ -15,6 +15,7 @@ struct backend {
   std::string host;        // as given (name or IP literal), without brackets
   std::uint16_t port = 80;
   std::string authority;   // "host:port", sent as the Host header upstream
+  std::string host_line;   // "Host: host:port\r\n", as the engine's request carries it
   std::vector<boost::asio::ip::tcp::endpoint> endpoints;  // resolved once at start-up
 };
 

@@ -24,7 +24,8 @@ struct monitored {
     for (std::size_t r = 0; r < ranks; ++r) {
       urls.push_back("http://127.0.0.1:" + std::to_string(9000 + r));
       backends.push_back(upstream::backend{r, urls.back(), "127.0.0.1", static_cast<std::uint16_t>(9000 + r),
-                                           "127.0.0.1:" + std::to_string(9000 + r), {}});
+                                           "127.0.0.1:" + std::to_string(9000 + r),
+                                           "Host: 127.0.0.1:" + std::to_string(9000 + r) + "\r\n", {}});
     }
     metrics.emplace(urls, balancer, "least-inflight");
     health.emplace(backends, balancer, *metrics, upstream::health_check_settings{.interval = std::chrono::milliseconds(0), .policy = policy});

@@ -1,0 +1,115 @@
+#include <catch2/catch.hpp>
+
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include <array>
+#include <chrono>
+#include <memory>
+#include <optional>
+
+#include "dplb/server/deadline_sweeper.hpp"
+
+namespace asio = boost::asio;
+using namespace dplb;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A connected pair of sockets on loopback, the first bound to the io_context's executor type dplb uses.
+struct socket_pair {
+  explicit socket_pair(asio::io_context& io) : ours(io.get_executor()), peer(io) {
+    asio::ip::tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
+    ours.connect(acceptor.local_endpoint());
+    acceptor.accept(peer);
+  }
+  io::socket ours;
+  asio::ip::tcp::socket peer;
+};
+
+}  // namespace
+
+TEST_CASE("a deadline that passes closes its socket, and its pending read fails", "[server][deadline]") {
+  asio::io_context io;
+  server::deadline_sweeper sweeper(io.get_executor(), 5ms);
+  sweeper.start();
+  socket_pair timed(io);
+  socket_pair untimed(io);
+  server::socket_deadline deadline(sweeper);
+  server::socket_deadline other(sweeper);  // no deadline set: its socket stays open
+  deadline.guard(&timed.ours);
+  other.guard(&untimed.ours);
+  deadline.expires_after(20ms);
+
+  std::array<char, 8> buffer{};
+  std::optional<boost::system::error_code> result;
+  timed.ours.async_receive(asio::buffer(buffer), [&](const boost::system::error_code& ec, std::size_t) { result = ec; });
+  const auto started = std::chrono::steady_clock::now();
+  while (!result && io.run_one_for(5s)) {
+  }
+  REQUIRE(result);
+  CHECK(*result == asio::error::operation_aborted);
+  CHECK(deadline.expired());
+  CHECK_FALSE(timed.ours.is_open());
+  CHECK(std::chrono::steady_clock::now() - started >= 20ms);  // never early
+  CHECK_FALSE(other.expired());
+  CHECK(untimed.ours.is_open());
+  sweeper.stop();
+}
+
+TEST_CASE("a deadline cleared before it passes closes nothing", "[server][deadline]") {
+  asio::io_context io;
+  server::deadline_sweeper sweeper(io.get_executor(), 5ms);
+  sweeper.start();
+  socket_pair pair(io);
+  server::socket_deadline deadline(sweeper);
+  deadline.guard(&pair.ours);
+  deadline.expires_after(10ms);
+  deadline.expires_never();
+  // Several sweeps later (a timer of the test's own marks the time; nothing waits on a sleep).
+  io::steady_timer later(io.get_executor());
+  later.expires_after(60ms);
+  bool waited = false;
+  later.async_wait([&](const boost::system::error_code&) { waited = true; });
+  while (!waited && io.run_one_for(5s)) {
+  }
+  CHECK(waited);
+  CHECK_FALSE(deadline.expired());
+  CHECK(pair.ours.is_open());
+  sweeper.stop();
+}
+
+TEST_CASE("deadlines come and go in any order, and may outlive their sweeper", "[server][deadline]") {
+  asio::io_context io;
+  std::optional<server::deadline_sweeper> sweeper;
+  sweeper.emplace(io.get_executor(), 5ms);
+  sweeper->start();
+  socket_pair pair(io);
+  auto first = std::make_unique<server::socket_deadline>(*sweeper);
+  auto second = std::make_unique<server::socket_deadline>(*sweeper);
+  auto third = std::make_unique<server::socket_deadline>(*sweeper);
+  second.reset();  // from the middle: the last takes its place
+  third->guard(&pair.ours);
+  third->expires_after(1ms);
+  std::array<char, 8> buffer{};
+  std::optional<boost::system::error_code> result;
+  pair.ours.async_receive(asio::buffer(buffer), [&](const boost::system::error_code& ec, std::size_t) { result = ec; });
+  while (!result && io.run_one_for(5s)) {
+  }
+  CHECK(third->expired());  // still swept after the move
+  CHECK_FALSE(first->expired());
+  sweeper.reset();  // as when a worker is torn down before its sessions' frames
+  first.reset();
+  third.reset();
+  SUCCEED("no deadline touched the destroyed sweeper");
+}
+
+TEST_CASE("the sweep period follows the shortest timeout", "[server][deadline]") {
+  config::settings settings;
+  CHECK(server::deadline_sweeper::period_for(settings) == 100ms);  // defaults: seconds-long timeouts
+  settings.upstream_first_byte_timeout = 200ms;
+  CHECK(server::deadline_sweeper::period_for(settings) == 50ms);
+  settings.client_write_timeout = 1ms;
+  CHECK(server::deadline_sweeper::period_for(settings) == 5ms);
+}
