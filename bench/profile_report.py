@@ -62,7 +62,9 @@ def fmt_count(v: float | None) -> str:
 
 
 def fmt_rate(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}"
+    if v is None:
+        return "-"
+    return "<0.01" if 0 < v < 0.005 else f"{v:.2f}"
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -164,7 +166,7 @@ def main() -> int:
                     line.append("-")
                 else:
                     cell = fmt_rate(hit[0]["per_unit"])
-                    if hit[0]["errors"]:
+                    if hit[0]["errors"] and hit[0]["errors_per_unit"] >= 0.005:
                         cell += f' ({fmt_rate(hit[0]["errors_per_unit"])} failed)'
                     line.append(cell)
             body.append(line)
