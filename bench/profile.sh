@@ -57,7 +57,7 @@ if [[ $quick == 1 ]]; then
   warmup=${PROFILE_WARMUP:-100} streams=${PROFILE_STREAMS:-4} tokens=${PROFILE_TOKENS:-20}
   idle_s=${PROFILE_IDLE_S:-0.5}
 else
-  # ~1,500 requests/s under callgrind or strace here: ~15 s per target and tool.
+  # 900-2,200 requests/s under callgrind or strace here: 8-25 s per target and tool.
   requests=${PROFILE_REQUESTS:-20000}
   warmup=${PROFILE_WARMUP:-1000} streams=${PROFILE_STREAMS:-32} tokens=${PROFILE_TOKENS:-200}
   idle_s=${PROFILE_IDLE_S:-2}
