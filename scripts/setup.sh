@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything dplb needs to build and test, from Debian 12 packages only.
 # Idempotent; run as root. Set DPLB_SETUP_BENCH=1 to also install the benchmark peers, DPLB_SETUP_FUZZ=1
-# the fuzzing toolchain (scripts/fuzz.sh).
+# the fuzzing toolchain (scripts/fuzz.sh), DPLB_SETUP_PROFILE=1 the profilers of bench/profile.sh.
 set -euo pipefail
 
 packages=(
@@ -12,6 +12,10 @@ packages=(
 )
 if [[ "${DPLB_SETUP_BENCH:-0}" == 1 ]]; then
   packages+=(haproxy nginx-light wrk gnuplot-nox)
+fi
+if [[ "${DPLB_SETUP_PROFILE:-0}" == 1 ]]; then
+  # valgrind for callgrind (instructions per request), strace for system calls per request.
+  packages+=(valgrind strace)
 fi
 if [[ "${DPLB_SETUP_FUZZ:-0}" == 1 ]]; then
   # clang 14 with libFuzzer and the sanitizer runtimes (libclang-rt), llvm for llvm-symbolizer.
