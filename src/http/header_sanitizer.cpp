@@ -26,6 +26,7 @@ bool is_hop_by_hop(bhttp::field name) noexcept {
 }
 
 connection_options::connection_options(const field_list& fields) noexcept {
+  if (fields.connection_lines() == 0) return;
   for (const auto& field : fields) {
     if (field.name != bhttp::field::connection) continue;
     for_each_list_item(field.value, [&](std::string_view option) {
@@ -33,7 +34,7 @@ connection_options::connection_options(const field_list& fields) noexcept {
         too_many_ = true;
         return;
       }
-      options_[count_++] = option;
+      options_[count_++] = {option.data(), option.size()};
     });
   }
 }
@@ -41,35 +42,37 @@ connection_options::connection_options(const field_list& fields) noexcept {
 bool connection_options::names(std::string_view field_name) const noexcept {
   if (count_ == 0) return false;  // the common case: no Connection, or only "keep-alive"/"close" below
   for (std::size_t i = 0; i < count_; ++i) {
-    if (boost::beast::iequals(options_[i], field_name)) return !boost::beast::iequals(field_name, "content-length");
+    if (boost::beast::iequals(std::string_view(options_[i].data, options_[i].size), field_name)) {
+      return !boost::beast::iequals(field_name, "content-length");
+    }
   }
   return false;
 }
 
-head_scan find_head_end(std::string_view bytes, std::size_t from) noexcept {
+head_scan find_head_end(std::string_view bytes, const head_scan& resume) noexcept {
   // Leading empty lines before a request line are allowed (RFC 9112 2.2) and are not the end.
   std::size_t start = 0;
   while (start < bytes.size() && (bytes[start] == '\r' || bytes[start] == '\n')) ++start;
-  std::size_t i = std::max(from, start);
+  // One pass from line end to line end: the byte after each '\n' either ends the head (an empty line),
+  // folds the line before (SP or HTAB: obs-fold), or starts the next field. A scan that resumes carries
+  // the folds seen before.
+  std::size_t i = std::max(resume.searched, start);
+  bool folded = resume.folded;
   while (i < bytes.size()) {
     const void* nl = std::memchr(bytes.data() + i, '\n', bytes.size() - i);
-    if (!nl) return {false, false, 0, bytes.size()};
+    if (!nl) return {false, folded, 0, bytes.size()};
     const std::size_t at = static_cast<std::size_t>(static_cast<const char*>(nl) - bytes.data());
     const std::size_t next = at + 1;
-    if (next >= bytes.size()) return {false, false, 0, at};  // the next line's first byte is not here yet
-    if (bytes[next] == '\n' || (bytes[next] == '\r' && next + 1 < bytes.size() && bytes[next + 1] == '\n')) {
-      const std::size_t length = next + (bytes[next] == '\n' ? 1 : 2);
-      // Any line of the head (after the request line) that starts with SP or HTAB is a fold.
-      bool folded = false;
-      for (std::size_t k = start; k + 1 < length && !folded; ++k) {
-        folded = bytes[k] == '\n' && (bytes[k + 1] == ' ' || bytes[k + 1] == '\t');
-      }
-      return {true, folded, length, 0};
+    if (next >= bytes.size()) return {false, folded, 0, at};  // the next line's first byte is not here yet
+    const char c = bytes[next];
+    if (c == '\n' || (c == '\r' && next + 1 < bytes.size() && bytes[next + 1] == '\n')) {
+      return {true, folded, next + (c == '\n' ? 1 : 2), 0};
     }
-    if (bytes[next] == '\r' && next + 1 >= bytes.size()) return {false, false, 0, at};
+    if (c == '\r' && next + 1 >= bytes.size()) return {false, folded, 0, at};
+    folded = folded || c == ' ' || c == '\t';
     i = next;
   }
-  return {false, false, 0, bytes.size() > 0 ? bytes.size() - 1 : 0};
+  return {false, folded, 0, bytes.size() > 0 ? bytes.size() - 1 : 0};
 }
 
 std::optional<framing_problem> check_request_framing(const field_list& fields) noexcept {

@@ -1,5 +1,6 @@
 #include "dplb/metrics/usage_scanner.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -16,36 +17,49 @@ bool is_space(char c) noexcept { return c == ' ' || c == '\t' || c == '\r' || c 
 void usage_scanner::feed(std::string_view bytes) noexcept {
   const char* p = bytes.data();
   const char* const end = p + bytes.size();
-  // `"completion_tokens"`, the longer key with its quotes, fits in what is left of the piece.
+  // `"completion_tokens"`, the longer key with its quotes: a key that starts this far from the end of the
+  // piece is whole in it.
   constexpr std::size_t whole_key = completion_key.size() + 2;
-  const auto key_at = [](const char* quote, std::string_view key) {
-    return std::memcmp(quote + 1, key.data(), key.size()) == 0 && quote[1 + key.size()] == '"';
+  constexpr std::string_view suffix = "_tokens\"";  // what both keys end with
+  const auto key_before = [&](const char* at, std::string_view name) {
+    // `"name` right before `at`, inside this piece (a key that began in an earlier piece is the byte-wise
+    // state machine's, which carried it over).
+    return static_cast<std::size_t>(at - bytes.data()) >= name.size() + 1 && at[-1 - static_cast<std::ptrdiff_t>(name.size())] == '"' &&
+           std::memcmp(at - name.size(), name.data(), name.size()) == 0;
   };
   while (p < end) {
     if (state_ != state::scan) {
       step(*p++);
       continue;
     }
-    // Nearly every byte of a response is outside a key of interest: jump to the next quote.
-    const void* quote = std::memchr(p, '"', static_cast<std::size_t>(end - p));
-    if (!quote) return;
-    p = static_cast<const char*>(quote);
-    if (static_cast<std::size_t>(end - p) >= whole_key) {
-      // The whole key is in this piece: compare it at once (an SSE event holds some thirty quotes).
-      if (p[1] == 'p' && key_at(p, prompt_key)) {
+    const char* const tail = end - std::min<std::size_t>(whole_key, static_cast<std::size_t>(end - bytes.data()));
+    if (p < tail) {
+      // Nearly every byte of a response is outside a key of interest: jump from underscore to underscore
+      // (a JSON body holds some forty quotes and a few underscores) to the next `_tokens"`, which ends
+      // both keys.
+      const void* hit = std::memchr(p, '_', static_cast<std::size_t>(end - p));
+      const char* const at = static_cast<const char*>(hit);
+      if (!hit || at + suffix.size() > end) {
+        p = std::max(p, tail);  // no whole key left: the tail goes byte by byte, for a key split across pieces
+        continue;
+      }
+      const char* const after = at + suffix.size();
+      if (std::memcmp(at, suffix.data(), suffix.size()) != 0) {
+        p = at + 1;
+        continue;
+      }
+      if (key_before(at, "prompt")) {
         key_ = which::prompt;
         state_ = state::before_colon;
-        p += prompt_key.size() + 2;
-      } else if (p[1] == 'c' && key_at(p, completion_key)) {
+      } else if (key_before(at, "completion")) {
         key_ = which::completion;
         state_ = state::before_colon;
-        p += completion_key.size() + 2;
-      } else {
-        ++p;  // no key of interest opens here; a quote inside is found by the next search
       }
+      // A key that ends in the tail has been read whole: the tail starts after it.
+      p = after;
       continue;
     }
-    step(*p++);  // near the end of the piece: byte by byte, so that a key split across pieces is found
+    step(*p++);  // the tail: byte by byte, so that a key split across pieces is found
   }
 }
 

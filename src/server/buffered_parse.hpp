@@ -18,26 +18,52 @@
 
 namespace dplb::server {
 
-// Reads from `stream` until `buffer` holds a complete head (bounded by `limit` bytes, under whatever
-// deadline the stream has). The head is checked as raw bytes before Beast parses it: Beast silently
-// unfolds obs-fold, which RFC 9112 5.2 lets a recipient do only by rejecting or rewriting it, a folded
-// header is a classic way to make two parsers disagree, and an unfolded value would live in Beast's
-// storage, not in the buffer. Returns bad_field for a fold, header_limit past the limit, end_of_stream
-// for a stream that ended before sending anything, or the read's error.
-template <class Stream>
-io::task<boost::system::error_code> read_head(Stream& stream, boost::beast::flat_buffer& buffer, std::size_t limit) {
-  namespace bhttp = boost::beast::http;
-  std::size_t searched = 0;  // bytes already known to hold no end of head
-  for (;;) {
-    const auto head = http::find_head_end({static_cast<const char*>(buffer.data().data()), buffer.size()}, searched);
-    if (head.complete) co_return head.folded ? bhttp::error::bad_field : boost::system::error_code{};
-    searched = head.searched;
-    if (buffer.size() >= limit) co_return bhttp::error::header_limit;
-    auto [ec, n] = co_await stream.async_read_some(buffer.prepare(16 * 1024), io::as_result);
-    buffer.commit(n);
-    if (ec) co_return ec == boost::asio::error::eof && buffer.size() == 0 ? bhttp::error::end_of_stream : ec;
+// Reads a head whole into `buffer` (bounded by `limit` bytes, under whatever deadline the socket has)
+// before it is parsed. The head is checked as raw bytes first: Beast silently unfolds obs-fold, which
+// RFC 9112 5.2 lets a recipient do only by rejecting or rewriting it, a folded header is a classic way to
+// make two parsers disagree, and an unfolded value would live in Beast's storage, not in the buffer.
+// The caller runs the reads, so that a head costs no coroutine of its own:
+//
+//   head_reader reader(buffer, limit);
+//   auto ec = reader.scan();
+//   while (ec == need_more) {
+//     auto [read_ec, n] = co_await socket.async_read_some(reader.space(), io::as_result);
+//     ec = reader.read(read_ec, n);
+//   }
+//
+// The result is empty once a whole head is in the buffer; bad_field for a fold, header_limit past the
+// limit, end_of_stream for a stream that ended before sending anything, or the read's error.
+class head_reader {
+ public:
+  static constexpr auto need_more = boost::beast::http::error::need_more;
+
+  head_reader(boost::beast::flat_buffer& buffer, std::size_t limit) noexcept : buffer_(buffer), limit_(limit) {}
+
+  boost::system::error_code scan() noexcept {
+    namespace bhttp = boost::beast::http;
+    scan_ = http::find_head_end({static_cast<const char*>(buffer_.data().data()), buffer_.size()}, scan_);
+    if (scan_.complete) return scan_.folded ? bhttp::error::bad_field : boost::system::error_code{};
+    if (buffer_.size() >= limit_) return bhttp::error::header_limit;
+    return need_more;
   }
-}
+
+  // Where the next read goes.
+  boost::beast::flat_buffer::mutable_buffers_type space() { return buffer_.prepare(16 * 1024); }
+
+  // Takes a read's result and scans again.
+  boost::system::error_code read(const boost::system::error_code& ec, std::size_t n) {
+    buffer_.commit(n);
+    if (ec) {
+      return ec == boost::asio::error::eof && buffer_.size() == 0 ? boost::beast::http::error::end_of_stream : ec;
+    }
+    return scan();
+  }
+
+ private:
+  boost::beast::flat_buffer& buffer_;
+  std::size_t limit_;
+  http::head_scan scan_;  // what is known of the bytes already searched
+};
 
 // Feeds the buffer to the parser until `done()` holds, as Beast's read operations do before they read.
 // Returns need_more when the parser wants bytes that have not arrived (the caller then reads), or the

@@ -106,6 +106,32 @@ class response_relay {
     return keep_client;
   }
 
+ private:
+  // (Defined before run(), which uses its deduced type.)
+  // Sends body bytes (none for the head alone), with the head before them the first time; `last` ends the
+  // body (with the terminating chunk when chunked). Returns the write to await, not a coroutine of its
+  // own; its pieces live in the relay. Once it is issued, part of the response may be out.
+  auto send(std::string_view data, bool last) {
+    if (progress_ != progress::nothing_sent) framing_.clear();
+    std::string_view tail;
+    if (chunked_) {
+      if (!data.empty()) http::append_chunk_header(framing_, data.size());
+      static constexpr std::string_view end_and_last = "\r\n0\r\n\r\n";
+      tail = data.empty() ? (last ? http::last_chunk : std::string_view{}) : (last ? end_and_last : http::chunk_end);
+    }
+    pieces_ = {boost::asio::buffer(framing_), boost::asio::buffer(data), boost::asio::buffer(tail)};
+    progress_ = last ? progress::body_ended : progress::head_sent;
+    client_deadline_.expires_after(settings_.client_write_timeout);
+    return boost::asio::async_write(client_, pieces_, io::as_result);
+  }
+
+  // The end of a write sent above: whether it reached the client.
+  bool sent(const boost::system::error_code& ec) noexcept {
+    client_deadline_.expires_never();
+    return !ec;
+  }
+
+ public:
   // Relays the head and the body. The moment the engine has sent everything, the request is accounted
   // for (accounting.engine_finished), before the last bytes go to the client.
   io::task<result> run(request_accounting& accounting) {
@@ -118,12 +144,14 @@ class response_relay {
     if (!has_body_ || parser.is_done()) {
       // No body to relay (HEAD, 204, 304, Content-Length: 0): accounted for now, then the head alone.
       accounting.engine_finished(usage);
-      co_return co_await send({}, true) ? result::complete : result::client_failed;
+      auto [ec, n] = co_await send({}, true);
+      co_return sent(ec) ? result::complete : result::client_failed;
     }
     if (connection.buffer.size() == 0) {
       // Nothing of the body is here yet (a stream waiting for its first token): the head goes now so the
       // client sees the status at once. Otherwise it leaves together with the first body bytes.
-      if (!co_await send({}, false)) co_return result::client_failed;
+      auto [ec, n] = co_await send({}, false);
+      if (!sent(ec)) co_return result::client_failed;
     }
     while (!parser.is_done()) {
       parser.set_sink(buffer_);
@@ -145,7 +173,8 @@ class response_relay {
       if (got == 0 && !parser.is_done()) continue;  // a chunk header without data yet
       // A read that completes the body is always sent with `last`, even when it delivered no data, so the
       // client never misses the body's end.
-      if (!co_await send({buffer_.data(), got}, parser.is_done())) co_return result::client_failed;
+      auto [write_ec, n] = co_await send({buffer_.data(), got}, parser.is_done());
+      if (!sent(write_ec)) co_return result::client_failed;
     }
     co_return result::complete;
   }
@@ -161,31 +190,13 @@ class response_relay {
     return field.name == boost::beast::http::field::unknown && boost::beast::iequals(field.name_string, "x-dplb-rank");
   }
 
-  // Sends body bytes (none for the head alone), with the head before them the first time; `last` ends the
-  // body (with the terminating chunk when chunked).
-  io::task<bool> send(std::string_view data, bool last) {
-    if (progress_ != progress::nothing_sent) framing_.clear();
-    std::string_view tail;
-    if (chunked_) {
-      if (!data.empty()) http::append_chunk_header(framing_, data.size());
-      static constexpr std::string_view end_and_last = "\r\n0\r\n\r\n";
-      tail = data.empty() ? (last ? http::last_chunk : std::string_view{}) : (last ? end_and_last : http::chunk_end);
-    }
-    const std::array<boost::asio::const_buffer, 3> pieces{boost::asio::buffer(framing_), boost::asio::buffer(data),
-                                                          boost::asio::buffer(tail)};
-    client_deadline_.expires_after(settings_.client_write_timeout);
-    auto [ec, n] = co_await boost::asio::async_write(client_, pieces, io::as_result);
-    client_deadline_.expires_never();
-    progress_ = last ? progress::body_ended : progress::head_sent;
-    co_return !ec;
-  }
-
   io::socket& client_;
   socket_deadline& client_deadline_;
   upstream_exchange& exchange_;
   const config::settings& settings_;
   std::string& framing_;
   std::span<char> buffer_;
+  std::array<boost::asio::const_buffer, 3> pieces_;
   bool has_body_ = false;
   bool chunked_ = false;
   progress progress_ = progress::nothing_sent;

@@ -91,7 +91,13 @@ class session {
 
     client_deadline_.expires_after(settings_.client_idle_timeout);
     worker_.idle_clients.insert(&client_);
-    auto head_ec = timed(co_await read_head(client_.socket(), buffer_, settings_.max_header_bytes));
+    head_reader reader(buffer_, settings_.max_header_bytes);
+    auto head_ec = reader.scan();  // a pipelined request may be here already
+    while (head_ec == head_reader::need_more) {
+      auto [read_ec, n] = co_await client_.socket().async_read_some(reader.space(), as_result);
+      head_ec = reader.read(read_ec, n);
+    }
+    head_ec = timed(head_ec);
     worker_.idle_clients.erase(&client_);
     if (head_ec == bhttp::error::bad_field) {
       co_return co_await reject(400, "obsolete line folding in a header is not accepted (RFC 9112 5.2)", false);
@@ -230,13 +236,9 @@ class session {
     slot_refusal refusal = slot_refusal::none;
   };
 
-  // A slot on a rank: at once, or (with --max-inflight-per-rank) after a FIFO wait in dplb's queue,
-  // bounded by --queue-timeout-ms.
-  io::task<slot_result> acquire_slot() {
-    if (!shared_.balancer.queueing()) {
-      auto lease = shared_.balancer.acquire();
-      co_return slot_result{std::move(lease), slot_refusal::no_usable_rank};
-    }
+  // A slot on a rank with --max-inflight-per-rank: at once, or after a FIFO wait in dplb's queue, bounded
+  // by --queue-timeout-ms.
+  io::task<slot_result> wait_for_slot() {
     struct wait_state {
       explicit wait_state(const io::executor& ex) : timer(ex) {}
       io::steady_timer timer;
@@ -292,7 +294,15 @@ class session {
   io::task<bool> proxy(bhttp::verb method, bool client_keep_alive) {
     const unsigned client_version = client_version_;
     set_upstream_framing(upstream_head_, method, request_body_.size());
-    auto slot = co_await acquire_slot();
+    // Without --max-inflight-per-rank a slot is taken at once, without a coroutine of its own. (Not a
+    // conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among them.)
+    slot_result slot;
+    if (shared_.balancer.queueing()) {
+      slot = co_await wait_for_slot();
+    } else {
+      slot.lease = shared_.balancer.acquire();
+      slot.refusal = slot_refusal::no_usable_rank;  // read only when there is no lease
+    }
     auto lease = std::move(slot.lease);
     if (slot.refusal == slot_refusal::client_gone) {
       // Counted as nginx counts a client that closes first (499), among the rejected: it never had a

@@ -89,8 +89,18 @@ class upstream_exchange {
       boost::system::error_code ec = write_ec;
       bool answered = false;  // some byte of a response (interim or final) arrived
       if (!ec) {
+        // The final response head, after any interim ones (read here, not in a coroutine of their own).
         deadline_.expires_after(head_timeout);
-        ec = co_await read_final_head(head_request, answered);
+        for (int interim = 0;; ++interim) {
+          head_reader reader(connection_->buffer, settings_.max_header_bytes);
+          ec = reader.scan();
+          while (ec == head_reader::need_more) {
+            auto [read_ec, n] = co_await connection_->stream.socket().async_read_some(reader.space(), io::as_result);
+            ec = reader.read(read_ec, n);
+          }
+          answered = answered || connection_->buffer.size() > 0;
+          if (ec || parse_head(head_request, interim, ec) == head_kind::final) break;
+        }
       }
       deadline_.expires_never();
       if (ec && deadline_.expired()) ec = boost::beast::error::timeout;
@@ -140,32 +150,33 @@ class upstream_exchange {
            ec == asio::error::connection_aborted;
   }
 
-  // Reads the engine's final response head into a fresh parser. Interim responses (100 Continue, 102, 103
-  // Early Hints) are read and dropped: dplb answered the client's Expect itself, and clients such as
-  // Python's http.client take a 103 for the final response. A 101 is refused: dplb strips Upgrade, so the
-  // engine was never asked to switch protocols, and the connection is not reusable after one. So is a head
-  // whose Connection lists more options than dplb strips (http::connection_options).
-  io::task<boost::system::error_code> read_final_head(bool head_request, bool& answered) {
+  enum class head_kind { final, interim };
+
+  // Parses the response head whole in the connection's buffer into a fresh parser, without I/O, as views
+  // of the buffer. Interim responses (100 Continue, 102, 103 Early Hints) are dropped: dplb answered the
+  // client's Expect itself, and clients such as Python's http.client take a 103 for the final response. A
+  // 101 is refused: dplb strips Upgrade, so the engine was never asked to switch protocols, and the
+  // connection is not reusable after one. So is a head whose Connection lists more options than dplb
+  // strips (http::connection_options). `ec` is set for a head refused.
+  head_kind parse_head(bool head_request, int interim, boost::system::error_code& ec) {
     namespace bhttp = boost::beast::http;
-    auto& buffer = connection_->buffer;
-    for (int interim = 0;; ++interim) {
-      parser_.emplace(response_head_);
-      parser_->header_limit(static_cast<std::uint32_t>(settings_.max_header_bytes));
-      parser_->body_limit(boost::none);  // responses stream through; nothing is collected
-      if (head_request) parser_->skip(true);
-      auto ec = co_await read_head(connection_->stream.socket(), buffer, settings_.max_header_bytes);
-      answered = answered || buffer.size() > 0;
-      if (ec) co_return ec;
-      // The head is whole in the buffer: parsed without I/O, into views of it.
-      ec = parse_buffered(*parser_, buffer, [&] { return parser_->is_header_done(); });
-      if (ec) co_return ec == bhttp::error::need_more ? bhttp::error::partial_message : ec;
-      const unsigned status = response_head_.status;
-      if (status >= 200) {
-        if (http::connection_options(response_head_.fields).too_many()) co_return bhttp::error::bad_field;
-        co_return boost::system::error_code{};
-      }
-      if (status == 101 || interim == max_interim_responses) co_return bhttp::error::bad_status;
+    parser_.emplace(response_head_);
+    parser_->header_limit(static_cast<std::uint32_t>(settings_.max_header_bytes));
+    parser_->body_limit(boost::none);  // responses stream through; nothing is collected
+    if (head_request) parser_->skip(true);
+    ec = parse_buffered(*parser_, connection_->buffer, [&] { return parser_->is_header_done(); });
+    if (ec == bhttp::error::need_more) ec = bhttp::error::partial_message;
+    if (ec) return head_kind::final;
+    const unsigned status = response_head_.status;
+    if (status >= 200) {
+      if (http::connection_options(response_head_.fields).too_many()) ec = bhttp::error::bad_field;
+      return head_kind::final;
     }
+    if (status == 101 || interim == max_interim_responses) {
+      ec = bhttp::error::bad_status;
+      return head_kind::final;
+    }
+    return head_kind::interim;
   }
 
   worker_state& worker_;

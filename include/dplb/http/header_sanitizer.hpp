@@ -2,7 +2,6 @@
 // Header rules of an HTTP/1.1 intermediary (RFC 9110 7.6.1, RFC 9112 6): what must not cross dplb, and
 // which request framings are ambiguous enough to be refused. Pure functions over a head's field views.
 
-#include <array>
 #include <cstddef>
 #include <optional>
 #include <string_view>
@@ -32,7 +31,13 @@ class connection_options {
   bool names(std::string_view field_name) const noexcept;
 
  private:
-  std::array<std::string_view, max_options> options_{};
+  // Left uninitialised past count_: most heads list nothing, and zeroing 32 views for each would cost more
+  // than the rest of the look.
+  struct option {
+    const char* data;
+    std::size_t size;
+  };
+  option options_[max_options];
   std::size_t count_ = 0;
   bool too_many_ = false;
 };
@@ -54,15 +59,15 @@ struct framing_problem {
 std::optional<framing_problem> check_request_framing(const field_list& fields) noexcept;
 
 // Where a head ends in raw bytes, and whether it folds a header line (obs-fold: a line that starts with
-// a space or tab continues the previous one). Scanning resumes at `from` (the previous result's
-// `searched`) so that a head arriving in many small reads is not rescanned from the start.
+// a space or tab continues the previous one). A scan resumes from the previous incomplete result, so that
+// a head arriving in many small reads is not rescanned from the start.
 struct head_scan {
   bool complete = false;      // an empty line ("\r\n\r\n", or "\n\n") ends the head
-  bool folded = false;        // meaningful when complete
+  bool folded = false;        // a fold was seen (in the whole head, when complete)
   std::size_t length = 0;     // bytes of the head including the empty line, when complete
   std::size_t searched = 0;   // resume point for the next scan, when not complete
 };
-head_scan find_head_end(std::string_view bytes, std::size_t from = 0) noexcept;
+head_scan find_head_end(std::string_view bytes, const head_scan& resume = {}) noexcept;
 
 // Longest X-Forwarded-For or Via value dplb will send (Beast refuses field values near 64 KiB).
 inline constexpr std::size_t max_forwarding_header_bytes = 16 * 1024;

@@ -36,10 +36,16 @@ struct field_view {
 // The fields of a head, in the order they arrived. clear() keeps the storage for the next head.
 class field_list {
  public:
-  void clear() noexcept { fields_.clear(); }
+  void clear() noexcept {
+    fields_.clear();
+    connection_lines_ = 0;
+  }
   void add(boost::beast::http::field name, std::string_view name_string, std::string_view value) {
     fields_.push_back({name, name_string, value});
+    if (name == boost::beast::http::field::connection) ++connection_lines_;
   }
+  // How many Connection lines the head has: most have none, and need no look for the names they list.
+  std::size_t connection_lines() const noexcept { return connection_lines_; }
 
   // How many fields have this name, and the first one's value ("" when none).
   std::size_t count(boost::beast::http::field name) const noexcept;
@@ -53,6 +59,7 @@ class field_list {
 
  private:
   std::vector<field_view> fields_;
+  std::size_t connection_lines_ = 0;
 };
 
 // A request head: the request line and the fields, as views.

@@ -69,13 +69,20 @@ TEST_CASE("the end of a request head is found in raw bytes, with folds detected"
   CHECK(whole.length == head.size() - 2);
   // Fed in growing prefixes, resuming where the last scan stopped, it finds the same end.
   head_scan scan;
-  std::size_t from = 0;
   for (std::size_t n = 0; n <= head.size() && !scan.complete; ++n) {
-    scan = find_head_end(std::string_view(head).substr(0, n), from);
-    if (!scan.complete) from = scan.searched;
+    scan = find_head_end(std::string_view(head).substr(0, n), scan);
     if (n < head.size() - 2) REQUIRE_FALSE(scan.complete);
   }
   CHECK(scan.length == whole.length);
+  CHECK_FALSE(scan.folded);
+  // A fold early in a head that arrives in pieces is still seen when the end arrives.
+  const std::string folded = "GET / HTTP/1.1\r\nX-A: a\r\n b\r\nX-B: " + std::string(100, 'c') + "\r\n\r\n";
+  scan = {};
+  for (std::size_t n = 0; n <= folded.size() && !scan.complete; ++n) {
+    scan = find_head_end(std::string_view(folded).substr(0, n), scan);
+  }
+  CHECK(scan.complete);
+  CHECK(scan.folded);
 
   CHECK(find_head_end("GET / HTTP/1.1\r\nX-A: a\r\n b\r\n\r\n").folded);
   CHECK(find_head_end("GET / HTTP/1.1\r\nX-A: a\r\n\tb\r\n\r\n").folded);
