@@ -21,15 +21,19 @@ void usage_scanner::feed(std::string_view bytes) noexcept {
   // piece is whole in it.
   constexpr std::size_t whole_key = completion_key.size() + 2;
   constexpr std::string_view suffix = "_tokens\"";  // what both keys end with
+  // Where an opening quote may be: not in a key already read, nor in bytes the state machine consumed
+  // (the closing quote of `"prompt_tokens"` opens nothing), nor in an earlier piece (a key that began there
+  // is the state machine's, which carried it over).
+  const char* floor = p;
   const auto key_before = [&](const char* at, std::string_view name) {
-    // `"name` right before `at`, inside this piece (a key that began in an earlier piece is the byte-wise
-    // state machine's, which carried it over).
-    return static_cast<std::size_t>(at - bytes.data()) >= name.size() + 1 && at[-1 - static_cast<std::ptrdiff_t>(name.size())] == '"' &&
+    return at - floor >= static_cast<std::ptrdiff_t>(name.size() + 1) &&
+           at[-1 - static_cast<std::ptrdiff_t>(name.size())] == '"' &&
            std::memcmp(at - name.size(), name.data(), name.size()) == 0;
   };
   while (p < end) {
     if (state_ != state::scan) {
       step(*p++);
+      floor = p;
       continue;
     }
     const char* const tail = end - std::min<std::size_t>(whole_key, static_cast<std::size_t>(end - bytes.data()));
@@ -50,16 +54,20 @@ void usage_scanner::feed(std::string_view bytes) noexcept {
       }
       if (key_before(at, "prompt")) {
         key_ = which::prompt;
-        state_ = state::before_colon;
       } else if (key_before(at, "completion")) {
         key_ = which::completion;
-        state_ = state::before_colon;
+      } else {
+        p = at + 1;  // another name's end ("total_tokens"): its closing quote may still open a key
+        continue;
       }
-      // A key that ends in the tail has been read whole: the tail starts after it.
+      // The key is read whole, closing quote included (even one that ends in the tail).
+      state_ = state::before_colon;
       p = after;
+      floor = p;
       continue;
     }
     step(*p++);  // the tail: byte by byte, so that a key split across pieces is found
+    floor = p;
   }
 }
 

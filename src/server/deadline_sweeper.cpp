@@ -24,8 +24,8 @@ void deadline_sweeper::arm() {
   timer_.async_wait([this, registry = registry_](const boost::system::error_code& ec) {
     if (ec || registry->stopped) return;  // stopped: the sweeper may be gone
     const auto now = clock_type::now();
-    // By index: a deadline's check closes a socket, which completes no handler inline, so the list does
-    // not change while it is walked.
+    // By index: a deadline's check closes a socket or starts an operation, neither of which completes a
+    // handler inline, so the list does not change while it is walked.
     for (std::size_t i = 0; i < registry->deadlines.size(); ++i) registry->deadlines[i]->check(now);
     arm();
   });
@@ -54,6 +54,11 @@ socket_deadline::~socket_deadline() {
 }
 
 void socket_deadline::check(clock_type::time_point now) noexcept {
+  if (now >= wake_at_) {
+    // What `wake` starts completes through the event loop, never inline: the sweep's list stays as it is.
+    wake_at_ = clock_type::time_point::max();
+    wake_(wake_context_);
+  }
   if (now < at_) return;
   at_ = clock_type::time_point::max();
   expired_ = true;

@@ -323,19 +323,27 @@ class session {
     const bool head_request = method == bhttp::verb::head;
 
     // While dplb waits for the engine and relays its answer, a watcher notices the client leaving and
-    // closes the engine connection at once: that is how vLLM learns to abort the request.
-    auto watch = std::make_shared<client_watch>();
-    watch_client(client_.socket(), watch);
+    // closes the engine connection at once: that is how vLLM learns to abort the request. The watch starts
+    // at the worker's next deadline sweep (at most one sweep period from now, 100 ms with the default
+    // timeouts): most requests are over by then, and never pay for a watch (a receive that fails with
+    // EAGAIN, and its cancellation through the event loop).
+    if (!watch_) watch_ = std::make_shared<client_watch>();
+    auto& watch = watch_;
+    *watch = client_watch{};  // a cancelled receive of an earlier request sees operation_aborted, not this
+    watch_started_ = false;
+    client_deadline_.wake_at(clock_type::now(), &session::start_watch, this);
     struct stop_watch_on_exit {
-      client_watch& w;
-      io::socket& socket;
+      session& s;
       ~stop_watch_on_exit() {
-        w.done = true;
-        w.upstream = nullptr;
-        boost::system::error_code ignored;
-        socket.cancel(ignored);
+        s.client_deadline_.cancel_wake();
+        s.watch_->done = true;
+        s.watch_->upstream = nullptr;
+        if (s.watch_started_) {
+          boost::system::error_code ignored;
+          s.client_.socket().cancel(ignored);
+        }
       }
-    } stop_watch{*watch, client_.socket()};
+    } stop_watch{*this};
 
     request_accounting accounting(shared_, std::move(lease));
     upstream_exchange exchange(worker_, *watch, response_head_, upstream_deadline_);
@@ -419,6 +427,13 @@ class session {
     co_return co_await send_error(status, message, client_keep_alive, not_delivered);
   }
 
+  // Called by the deadline sweeper (see proxy()).
+  static void start_watch(void* self) {
+    auto& s = *static_cast<session*>(self);
+    s.watch_started_ = true;
+    watch_client(s.client_.socket(), s.watch_);
+  }
+
   std::span<char> relay_buffer() {
     if (!relay_buffer_) relay_buffer_ = std::make_unique<char[]>(relay_buffer_size);
     return {relay_buffer_.get(), relay_buffer_size};
@@ -434,6 +449,8 @@ class session {
   std::string client_address_;
   unsigned client_version_ = 11;  // of the request being served: how its responses say keep-alive
   std::unique_ptr<char[]> relay_buffer_;
+  std::shared_ptr<client_watch> watch_;  // of the request being proxied, made once per connection
+  bool watch_started_ = false;
   // Reused by every request of the connection, so that the steady state allocates nothing:
   http::request_head request_head_;    // views into buffer_
   std::string request_body_;           // de-chunked

@@ -73,6 +73,15 @@ class socket_deadline {
   // Whether the deadline passed and the socket was closed for it: an operation that failed then timed out.
   bool expired() const noexcept { return expired_; }
 
+  // Calls `wake(context)` once, at the first sweep at or after `at`: the deferred start of something that
+  // a request finished before then never needs (the session's watch of its client).
+  void wake_at(clock_type::time_point at, void (*wake)(void*), void* context) noexcept {
+    wake_at_ = at;
+    wake_ = wake;
+    wake_context_ = context;
+  }
+  void cancel_wake() noexcept { wake_at_ = clock_type::time_point::max(); }
+
  private:
   friend class deadline_sweeper;
   void check(clock_type::time_point now) noexcept;
@@ -82,6 +91,9 @@ class socket_deadline {
   clock_type::time_point at_ = clock_type::time_point::max();
   io::socket* socket_ = nullptr;
   bool expired_ = false;
+  clock_type::time_point wake_at_ = clock_type::time_point::max();
+  void (*wake_)(void*) = nullptr;
+  void* wake_context_ = nullptr;
 };
 
 }  // namespace dplb::server

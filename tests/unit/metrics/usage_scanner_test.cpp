@@ -97,3 +97,18 @@ TEST_CASE("a key right after an empty string or another quote is still found", "
     }
   }
 }
+
+TEST_CASE("the closing quote of a key read is never the opening quote of the next", "[usage]") {
+  // Found by fuzz_usage_scanner when the fast path moved from quotes to underscores: after
+  // `"prompt_tokens"`, the quote it ends with does not open `completion_tokens"`; after another name
+  // (`"total_tokens"`) it may, as the state machine would have it.
+  const std::string text = R"("completion_tokens":4,"prompt_tokens"completion_tokens":5,"total_tokens"prompt_tokens":7,)";
+  for (std::size_t cut = 0; cut <= text.size(); ++cut) {
+    INFO(cut);
+    usage_scanner s;
+    s.feed(std::string_view(text).substr(0, cut));
+    s.feed(std::string_view(text).substr(cut));
+    REQUIRE(s.completion_tokens() == 4u);
+    REQUIRE(s.prompt_tokens() == 7u);
+  }
+}
