@@ -66,7 +66,12 @@ void usage_scanner::feed(std::string_view bytes) noexcept {
       floor = p;
       continue;
     }
-    step(*p++);  // the tail: byte by byte, so that a key split across pieces is found
+    // The tail, byte by byte from its first quote, so that a key split across pieces is found (in the scan
+    // state the machine only ever reacts to a quote).
+    const void* quote = std::memchr(p, '"', static_cast<std::size_t>(end - p));
+    if (!quote) return;
+    p = static_cast<const char*>(quote);
+    step(*p++);
     floor = p;
   }
 }

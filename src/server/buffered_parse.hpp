@@ -71,9 +71,10 @@ class head_reader {
 template <bool is_request, class Done>
 boost::system::error_code parse_buffered(boost::beast::http::basic_parser<is_request>& parser,
                                          boost::beast::flat_buffer& buffer, Done done) {
+  static const boost::system::error_code need_more = boost::beast::http::error::need_more;
   boost::system::error_code ec;
   while (!done()) {
-    if (buffer.size() == 0) return boost::beast::http::error::need_more;
+    if (buffer.size() == 0) return need_more;
     const auto used = parser.put(buffer.data(), ec);
     buffer.consume(used);
     if (ec) return ec;

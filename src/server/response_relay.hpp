@@ -8,12 +8,14 @@
 
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/write.hpp>
+#include <boost/beast/core/buffers_suffix.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/message.hpp>
 
 #include <algorithm>
 #include <array>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -23,6 +25,7 @@
 #include "dplb/http/wire_format.hpp"
 #include "dplb/metrics/usage_scanner.hpp"
 #include "buffered_parse.hpp"
+#include "write_now.hpp"
 #include "request_accounting.hpp"
 #include "upstream_exchange.hpp"
 
@@ -51,6 +54,13 @@ inline void set_connection_header(boost::beast::http::response_header<>& head, b
 }
 
 class response_relay {
+  // Compared with in every pass of the relay loop: made once, not from the enumeration each time.
+  static inline const boost::system::error_code need_more = boost::beast::http::error::need_more;
+  static inline const boost::system::error_code need_buffer = boost::beast::http::error::need_buffer;
+  // The most read from the engine at once: a burst of SSE events in one read. The connection's buffer
+  // grows to it once, on the first read of a stream.
+  static constexpr std::size_t upstream_read_size = 16 * 1024;
+
  public:
   enum class result {
     complete,        // the whole response reached the client
@@ -107,11 +117,11 @@ class response_relay {
   }
 
  private:
-  // (Defined before run(), which uses its deduced type.)
-  // Sends body bytes (none for the head alone), with the head before them the first time; `last` ends the
-  // body (with the terminating chunk when chunked). Returns the write to await, not a coroutine of its
-  // own; its pieces live in the relay. Once it is issued, part of the response may be out.
-  auto send(std::string_view data, bool last) {
+  // Starts a send of body bytes (none for the head alone), with the head before them the first time;
+  // `last` ends the body (with the terminating chunk when chunked). What the kernel takes at once leaves
+  // now, without a trip through the event loop (write_now.hpp); returns whether a rest is left for
+  // write_rest(). Once a send starts, part of the response may be out.
+  bool send_now(std::string_view data, bool last) {
     if (progress_ != progress::nothing_sent) framing_.clear();
     std::string_view tail;
     if (chunked_) {
@@ -121,14 +131,20 @@ class response_relay {
     }
     pieces_ = {boost::asio::buffer(framing_), boost::asio::buffer(data), boost::asio::buffer(tail)};
     progress_ = last ? progress::body_ended : progress::head_sent;
+    const auto now = write_now(client_, pieces_);
+    if (now.ec) client_failed_ = true;
+    if (!now.rest_pending()) return false;
+    rest_.emplace(pieces_);
+    rest_->consume(now.written);
     client_deadline_.expires_after(settings_.client_write_timeout);
-    return boost::asio::async_write(client_, pieces_, io::as_result);
+    return true;
   }
 
-  // The end of a write sent above: whether it reached the client.
-  bool sent(const boost::system::error_code& ec) noexcept {
+  // The rest of a send, to await (not a coroutine of its own); then rest_written().
+  auto write_rest() { return boost::asio::async_write(client_, *rest_, io::as_result); }
+  void rest_written(const boost::system::error_code& ec) noexcept {
     client_deadline_.expires_never();
-    return !ec;
+    if (ec) client_failed_ = true;
   }
 
  public:
@@ -144,14 +160,20 @@ class response_relay {
     if (!has_body_ || parser.is_done()) {
       // No body to relay (HEAD, 204, 304, Content-Length: 0): accounted for now, then the head alone.
       accounting.engine_finished(usage);
-      auto [ec, n] = co_await send({}, true);
-      co_return sent(ec) ? result::complete : result::client_failed;
+      if (send_now({}, true)) {
+        auto [ec, n] = co_await write_rest();
+        rest_written(ec);
+      }
+      co_return client_failed_ ? result::client_failed : result::complete;
     }
     if (connection.buffer.size() == 0) {
       // Nothing of the body is here yet (a stream waiting for its first token): the head goes now so the
       // client sees the status at once. Otherwise it leaves together with the first body bytes.
-      auto [ec, n] = co_await send({}, false);
-      if (!sent(ec)) co_return result::client_failed;
+      if (send_now({}, false)) {
+        auto [ec, n] = co_await write_rest();
+        rest_written(ec);
+      }
+      if (client_failed_) co_return result::client_failed;
     }
     while (!parser.is_done()) {
       parser.set_sink(buffer_);
@@ -159,22 +181,31 @@ class response_relay {
       // without I/O; the engine is read only when they are used up, or are a fragment (a chunk header
       // cut short) that cannot be parsed alone.
       auto ec = parse_buffered(parser, connection.buffer, [&] { return parser.is_done(); });
-      if (ec == bhttp::error::need_more && parser.sink_left() == buffer_.size()) {
+      if (ec == need_more && parser.sink_left() == buffer_.size()) {
+        // Nothing to relay until the engine sends more: read, then parse again.
         auto& upstream_deadline = exchange_.deadline();
         upstream_deadline.expires_after(settings_.upstream_read_timeout);
-        std::tie(ec, std::ignore) = co_await bhttp::async_read_some(connection.stream.socket(), connection.buffer,
-                                                                    parser, io::as_result);
+        auto [read_ec, n] = co_await connection.stream.socket().async_read_some(
+            connection.buffer.prepare(upstream_read_size), io::as_result);
         upstream_deadline.expires_never();
+        connection.buffer.commit(n);
+        if (!read_ec) continue;
+        if (read_ec != boost::asio::error::eof) co_return result::engine_failed;
+        parser.put_eof(ec);  // ends a body delimited by the close, and is an error for any other
+        if (ec) co_return result::engine_failed;
       }
-      if (ec && ec != bhttp::error::need_buffer && ec != bhttp::error::need_more) co_return result::engine_failed;
+      if (ec && ec != need_buffer && ec != need_more) co_return result::engine_failed;
       const std::size_t got = buffer_.size() - parser.sink_left();
       if (count_usage) usage.feed({buffer_.data(), got});
       if (parser.is_done()) accounting.engine_finished(usage);
       if (got == 0 && !parser.is_done()) continue;  // a chunk header without data yet
       // A read that completes the body is always sent with `last`, even when it delivered no data, so the
       // client never misses the body's end.
-      auto [write_ec, n] = co_await send({buffer_.data(), got}, parser.is_done());
-      if (!sent(write_ec)) co_return result::client_failed;
+      if (send_now({buffer_.data(), got}, parser.is_done())) {
+        auto [write_ec, n] = co_await write_rest();
+        rest_written(write_ec);
+      }
+      if (client_failed_) co_return result::client_failed;
     }
     co_return result::complete;
   }
@@ -197,6 +228,8 @@ class response_relay {
   std::string& framing_;
   std::span<char> buffer_;
   std::array<boost::asio::const_buffer, 3> pieces_;
+  std::optional<boost::beast::buffers_suffix<std::array<boost::asio::const_buffer, 3>>> rest_;
+  bool client_failed_ = false;
   bool has_body_ = false;
   bool chunked_ = false;
   progress progress_ = progress::nothing_sent;

@@ -56,6 +56,7 @@ class session {
     auto remote = client_.socket().remote_endpoint(ec);
     client_address_ = ec ? "unknown" : remote.address().to_string();
     client_.socket().set_option(tcp::no_delay(true), ec);
+    client_.socket().non_blocking(true, ec);  // written directly when the kernel takes it (write_now.hpp)
   }
 
   io::task<void> run() {

@@ -6,6 +6,7 @@
 
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/write.hpp>
+#include <boost/beast/core/buffers_suffix.hpp>
 #include <boost/beast/http/error.hpp>
 
 #include <array>
@@ -13,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 #include "dplb/http/header_sanitizer.hpp"
 #include "dplb/http/message_head.hpp"
@@ -22,6 +24,7 @@
 #include "dplb/upstream/health_monitor.hpp"
 #include "buffered_parse.hpp"
 #include "client_watch.hpp"
+#include "write_now.hpp"
 
 namespace dplb::server {
 
@@ -84,9 +87,15 @@ class upstream_exchange {
 
       deadline_.expires_after(settings_.upstream_read_timeout);
       const auto pieces = head.pieces(worker_.shared.backends[rank].host_line, body);
-      auto [write_ec, written] = co_await boost::asio::async_write(connection_->stream.socket(), pieces, io::as_result);
+      auto& socket = connection_->stream.socket();
+      const auto now = write_now(socket, pieces);  // usually the whole request, without the event loop
+      boost::system::error_code ec = now.ec;
+      if (now.rest_pending()) {
+        boost::beast::buffers_suffix rest(pieces);
+        rest.consume(now.written);
+        std::tie(ec, std::ignore) = co_await boost::asio::async_write(socket, rest, io::as_result);
+      }
       const auto sent_at = clock_type::now();
-      boost::system::error_code ec = write_ec;
       bool answered = false;  // some byte of a response (interim or final) arrived
       if (!ec) {
         // The final response head, after any interim ones (read here, not in a coroutine of their own).

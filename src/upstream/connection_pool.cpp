@@ -63,10 +63,13 @@ io::task<connect_result> connection_pool::connect(std::size_t rank) {
   if (ec) co_return connect_result{nullptr, ec};
   // Small requests and SSE events must leave at once, not wait for Nagle's algorithm.
   c->stream.socket().set_option(asio::ip::tcp::no_delay(true), ec);
+  // The request is written directly when the kernel takes it, without the event loop (the session's
+  // write_now); asynchronous operations are unaffected.
+  c->stream.socket().non_blocking(true, ec);
   c->stream.expires_never();
-  // Beast reads at most the buffer's free capacity (512 bytes when empty): room for a burst of SSE
-  // events in one read instead of one system call per 512 bytes.
-  c->buffer.reserve(4 * 1024);
+  // Room for the 16 KiB the session reads at once (a response head, a burst of SSE events), allocated
+  // once for the life of the connection.
+  c->buffer.reserve(16 * 1024);
   co_return connect_result{std::move(c), {}};
 }
 
