@@ -325,7 +325,7 @@ class session {
 
     // While dplb waits for the engine and relays its answer, a watcher notices the client leaving and
     // closes the engine connection at once: that is how vLLM learns to abort the request. The watch starts
-    // at the worker's next deadline sweep (at most one sweep period from now, 100 ms with the default
+    // at the worker's next deadline sweep (at most one sweep period from now, 25 ms with the default
     // timeouts): most requests are over by then, and never pay for a watch (a receive that fails with
     // EAGAIN, and its cancellation through the event loop).
     if (!watch_) watch_ = std::make_shared<client_watch>();

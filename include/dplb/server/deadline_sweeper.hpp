@@ -32,7 +32,7 @@ class deadline_sweeper {
   void start();  // on the worker's thread
   void stop();
 
-  // A quarter of the shortest timeout that a deadline here keeps, between 5 ms and 100 ms.
+  // A quarter of the shortest timeout that a deadline here keeps, between 5 ms and 25 ms.
   static std::chrono::milliseconds period_for(const config::settings& settings);
 
  private:

@@ -107,9 +107,9 @@ TEST_CASE("deadlines come and go in any order, and may outlive their sweeper", "
 
 TEST_CASE("the sweep period follows the shortest timeout", "[server][deadline]") {
   config::settings settings;
-  CHECK(server::deadline_sweeper::period_for(settings) == 100ms);  // defaults: seconds-long timeouts
-  settings.upstream_first_byte_timeout = 200ms;
-  CHECK(server::deadline_sweeper::period_for(settings) == 50ms);
+  CHECK(server::deadline_sweeper::period_for(settings) == 25ms);  // defaults: seconds-long timeouts
+  settings.upstream_first_byte_timeout = 40ms;
+  CHECK(server::deadline_sweeper::period_for(settings) == 10ms);
   settings.client_write_timeout = 1ms;
   CHECK(server::deadline_sweeper::period_for(settings) == 5ms);
 }
