@@ -1,6 +1,8 @@
 #include "dplb/upstream/connection_pool.hpp"
 
-#include <boost/asio/buffer.hpp>
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <utility>
 
 
@@ -8,28 +10,18 @@ namespace dplb::upstream {
 
 namespace asio = boost::asio;
 
-upstream_connection::~upstream_connection() {
-  if (watch) watch->idle = nullptr;  // a watch completing after this must not touch the connection
-}
-
 namespace {
 
-// One-byte MSG_PEEK receive on an idle connection: it costs nothing while the engine is silent, and
-// completes when the engine closes the connection or sends bytes nobody asked for.
-void watch_while_idle(upstream_connection& connection) {
-  if (!connection.watch) connection.watch = std::make_shared<upstream_connection::idle_watch>();
-  auto& watch = connection.watch;
-  watch->idle = &connection;
-  connection.stream.socket().async_receive(
-      asio::buffer(&watch->probe, 1), io::socket::message_peek,
-      [watch](const boost::system::error_code& ec, std::size_t) {
-        // Aborted or cleared: taken for a request (take_idle cancels the watch) or destroyed.
-        if (ec == asio::error::operation_aborted || !watch->idle) return;
-        auto* connection = std::exchange(watch->idle, nullptr);
-        connection->broken = true;
-        boost::system::error_code ignored;
-        connection->stream.socket().close(ignored);  // the engine sees the close now, not at the sweep
-      });
+// Whether a connection that waited in the pool is still fit to carry a request: the engine has neither
+// closed it nor sent a byte since its last response (a byte nobody asked for would be read as the next
+// client's answer). One non-blocking MSG_PEEK read, at the moment the connection is taken: EAGAIN is the
+// only clean answer. (A watch armed while the connection waits, a MSG_PEEK receive, cost the same read
+// when it was armed, plus its cancellation through the event loop, and could still be overtaken: its
+// completion might be queued, unrun, when the connection was taken.)
+bool still_clean(upstream_connection& connection) {
+  char probe = 0;
+  const auto n = ::recv(connection.stream.socket().native_handle(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
 }  // namespace
@@ -47,10 +39,7 @@ connection_ptr connection_pool::take_idle(std::size_t rank) {
     idle.pop_back();
     // LIFO: the freshest connection is the least likely to have been closed by the engine. An old
     // one is dropped here rather than raced against the engine's own keep-alive timeout.
-    if (c->broken || now - c->idle_since >= limits_.idle_timeout) continue;
-    c->watch->idle = nullptr;  // the cancelled watch's handler, still to run, leaves the connection alone
-    boost::system::error_code ignored;
-    c->stream.socket().cancel(ignored);
+    if (now - c->idle_since >= limits_.idle_timeout || !still_clean(*c)) continue;  // closed as it goes
     return c;
   }
   return nullptr;
@@ -80,7 +69,6 @@ void connection_pool::give_back(std::size_t rank, connection_ptr connection) {
   connection->stream.expires_never();
   connection->idle_since = std::chrono::steady_clock::now();
   connection->reused = true;
-  watch_while_idle(*connection);
   idle.push_back(std::move(connection));
 }
 
@@ -90,12 +78,15 @@ void connection_pool::drop_expired(std::size_t rank, std::chrono::steady_clock::
   std::size_t keep_from = 0;
   while (keep_from < idle.size() && now - idle[keep_from]->idle_since >= limits_.idle_timeout) ++keep_from;
   idle.erase(idle.begin(), idle.begin() + static_cast<std::ptrdiff_t>(keep_from));
-  std::erase_if(idle, [](const connection_ptr& c) { return c->broken; });
+  // And those the engine closed or wrote to meanwhile: closed now rather than left in CLOSE_WAIT until
+  // they are taken or too old.
+  std::erase_if(idle, [](const connection_ptr& c) { return !still_clean(*c); });
 }
 
 io::task<void> connection_pool::sweep_loop() {
   // Without the sweep, a connection the engine closed would sit in CLOSE_WAIT until the next request
-  // to that rank; the period is a quarter of the idle timeout so nothing lingers much beyond it.
+  // to that rank; the period is a quarter of the idle timeout so nothing lingers much beyond it. (One
+  // MSG_PEEK read per idle connection per period.)
   const auto period = std::max(limits_.idle_timeout / 4, std::chrono::milliseconds(50));
   while (!stopped_) {
     sweep_timer_.expires_after(period);

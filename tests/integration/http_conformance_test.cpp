@@ -239,6 +239,7 @@ TEST_CASE("conformance: bytes after a response's end make its engine connection 
     CHECK(sole_final(first).body == "r1");
     const auto dirty = request_for(engine, "/r1");
     REQUIRE(dirty);
+    // Closed by the pool's sweep (a quarter of --upstream-idle-timeout-ms: 1 s) if not taken first.
     CHECK(engine.await_peer_close(dirty->connection, answer_deadline()));
     client.write_raw(get("/r2"));
     const auto second = client.read_responses(1, answer_deadline());

@@ -15,7 +15,6 @@ namespace dplb::upstream {
 
 struct upstream_connection {
   explicit upstream_connection(const io::executor& ex) : stream(ex) {}
-  ~upstream_connection();
   upstream_connection(const upstream_connection&) = delete;
   upstream_connection& operator=(const upstream_connection&) = delete;
 
@@ -23,15 +22,6 @@ struct upstream_connection {
   boost::beast::flat_buffer buffer;  // bytes read from the engine beyond the last parsed message
   std::chrono::steady_clock::time_point idle_since{};
   bool reused = false;  // true once it carried a response: the engine may have closed it since
-  bool broken = false;  // the engine closed it or sent bytes while it was idle: never to be used again
-
-  // Shared between an idle connection and the receive that watches it (see connection_pool::give_back);
-  // made once per connection and reused every time it goes back to the pool.
-  struct idle_watch {
-    upstream_connection* idle = nullptr;  // set while the connection waits in the pool
-    char probe = 0;                       // where the watch's MSG_PEEK copies a byte (nothing is consumed)
-  };
-  std::shared_ptr<idle_watch> watch;
 };
 using connection_ptr = std::unique_ptr<upstream_connection>;
 
@@ -52,16 +42,16 @@ class connection_pool {
   connection_pool(io::executor executor, const std::vector<backend>& backends,
                   pool_limits limits);
 
-  // The most recently used idle connection to the rank that is young enough, or null.
+  // The most recently used idle connection to the rank that is young enough and clean (the engine has
+  // neither closed it nor sent anything on it while it waited), or null.
   connection_ptr take_idle(std::size_t rank);
 
   // Opens a new connection to the rank (trying each resolved endpoint), bounded by connect_timeout.
   io::task<connect_result> connect(std::size_t rank);
 
   // Returns a connection whose last response ended cleanly, that the engine keeps alive, and whose read
-  // buffer is empty. While it waits in the pool it is watched: bytes the engine sends then answer no
-  // request, and an engine that closes it would make the next request race the close, so either closes
-  // it at once and it is never handed out again.
+  // buffer is empty. Bytes the engine sends while it waits here answer no request, and an engine that
+  // closes it would make the next request race the close: take_idle checks for either, and closes it.
   void give_back(std::size_t rank, connection_ptr connection);
 
   // Periodically closes idle connections that outlived idle_timeout; runs until stop().
