@@ -69,7 +69,9 @@ class session {
       }
     } count_guard{shared_};
 
-    // A drain lets the request in progress finish, then closes (the response says Connection: close).
+    // A drain lets the request in progress finish, then closes. The response says Connection: close when
+    // its head is written after the drain began; one written before says keep-alive, and the client sees
+    // the close as any idle keep-alive connection's.
     try {
       while (co_await serve_one_request() && !shared_.draining.load(std::memory_order_relaxed)) {
       }
@@ -374,7 +376,9 @@ class session {
     const std::size_t rank = accounting.rank();
     accounting.answered(exchange.response_head().status);
     response_relay relay(client_.socket(), client_deadline_, exchange, settings_, client_framing_, relay_buffer());
-    const bool keep_client = relay.prepare_head(rank, head_request, client_version, client_keep_alive);
+    // A drain that began while the engine worked closes the connection after this response: say so.
+    const bool keep_client = relay.prepare_head(rank, head_request, client_version,
+                                                client_keep_alive && !shared_.draining.load(std::memory_order_relaxed));
     const auto relayed = co_await relay.run(accounting);
     if (watch->client_gone || relayed == response_relay::result::client_failed) {
       // The client went away: dropping the engine connection is how vLLM learns to abort the request.

@@ -126,7 +126,13 @@ class upstream_exchange {
         co_return outcome{ec, "timeout", upstream::request_outcome::timeout, false};
       }
       if (refused) {
-        // Reset or closed on a fresh connection before any answer: the engine refused it.
+        // Reset or closed on a fresh connection before any answer, within the window: the engine refused it
+        // (an engine shutting down, a full accept queue), and another rank may take it. The request may
+        // also have reached an engine that then crashed on it; sending it on could crash the next rank
+        // too (a "query of death"). That is bounded by --max-retries ranks, and by the window: an engine
+        // that worked on a request for longer than that is never retried. (HAProxy retries only connect
+        // failures by default; Envoy, resets only when asked. dplb keeps this retry because an engine
+        // restarting under load resets in exactly this way, and the client would otherwise see a 502.)
         co_return outcome{ec, "reset", upstream::request_outcome::reset, true};
       }
       co_return outcome{ec, "protocol", upstream::request_outcome::reset, false};
