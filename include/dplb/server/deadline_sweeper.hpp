@@ -2,12 +2,14 @@
 // The deadlines of a worker's sockets, kept by one timer per worker instead of a timer per operation.
 // beast::tcp_stream arms a timer around every read and write: a timer-queue insertion and removal under
 // the reactor's lock, and a cancelled wait whose handler goes through the event loop once more, several
-// times per request. Here an operation only stores its deadline (a clock read and a store), and the
-// worker's sweeper wakes every `period` and closes each socket whose deadline has passed, so that its
-// pending operation fails as it would with tcp_stream's own timeout (which closes the socket too). A
-// deadline is therefore noticed up to one period late; the period is a fraction of the shortest timeout
-// configured (period_for), so the error is small against the timeout itself.
-
+// times per request. Here an operation only stores its deadline (a clock read, a store and a comparison),
+// and the worker's sweeper closes each socket whose deadline has passed, so that its pending operation
+// fails as it would with tcp_stream's own timeout (which closes the socket too). The sweeper wakes at the
+// earliest deadline it knows of, but never sooner than `period` after its last sweep: a deadline is
+// noticed up to one period late, and a worker busy with thousands of them wakes at most once a period.
+// The period is a fraction of the shortest timeout configured (period_for), so the error is small against
+// the timeout itself. A worker with nothing due soon (idle, or relaying streams whose deadlines are
+// minutes away) is not woken at all.
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -31,6 +33,8 @@ class deadline_sweeper {
 
   void start();  // on the worker's thread
   void stop();
+  // When the timer is due (time_point::max(): not armed, nothing to do). For tests.
+  clock_type::time_point next_sweep() const noexcept { return registry_->next_sweep; }
 
   // A quarter of the shortest timeout that a deadline here keeps, between 5 ms and 25 ms.
   static std::chrono::milliseconds period_for(const config::settings& settings);
@@ -41,14 +45,25 @@ class deadline_sweeper {
   // after the sweeper is gone): they share the registry, not the sweeper.
   struct registry {
     std::vector<socket_deadline*> deadlines;
-    bool stopped = false;
+    deadline_sweeper* sweeper = nullptr;  // null while stopped
+    // When the armed timer fires. A deadline due sooner re-arms it; while stopped this is min(), so that
+    // no deadline asks, and during a sweep max(), so that every deadline set then is noted in `asked`.
+    clock_type::time_point next_sweep = clock_type::time_point::min();
+    clock_type::time_point asked = clock_type::time_point::max();
+    bool sweeping = false;
+
+    // The hot path: one comparison, true only when the sweeper sleeps past `at`.
+    void sweep_by(clock_type::time_point at) noexcept {
+      if (at < next_sweep) wake_sooner(at);
+    }
+    void wake_sooner(clock_type::time_point at) noexcept;
   };
-
-  void arm();
-
+  void arm_at(clock_type::time_point at);
+  void sweep();
   io::steady_timer timer_;
   std::chrono::milliseconds period_;
   std::shared_ptr<registry> registry_;
+  clock_type::time_point last_sweep_ = clock_type::time_point::min();
 };
 
 // The deadline of the operation in progress on one socket. Registered with the sweeper for its whole
@@ -68,7 +83,10 @@ class socket_deadline {
     at_ = clock_type::time_point::max();
     expired_ = false;
   }
-  void expires_after(std::chrono::milliseconds timeout) noexcept { at_ = clock_type::now() + timeout; }
+  void expires_after(std::chrono::milliseconds timeout) noexcept {
+    at_ = clock_type::now() + timeout;
+    registry_->sweep_by(at_);
+  }
   void expires_never() noexcept { at_ = clock_type::time_point::max(); }
   // Whether the deadline passed and the socket was closed for it: an operation that failed then timed out.
   bool expired() const noexcept { return expired_; }
@@ -79,6 +97,7 @@ class socket_deadline {
     wake_at_ = at;
     wake_ = wake;
     wake_context_ = context;
+    registry_->sweep_by(at);
   }
   void cancel_wake() noexcept { wake_at_ = clock_type::time_point::max(); }
 

@@ -113,3 +113,86 @@ TEST_CASE("the sweep period follows the shortest timeout", "[server][deadline]")
   settings.client_write_timeout = 1ms;
   CHECK(server::deadline_sweeper::period_for(settings) == 5ms);
 }
+
+TEST_CASE("a sweeper with nothing due arms no timer: an idle worker is never woken", "[server][deadline]") {
+  asio::io_context io;
+  server::deadline_sweeper sweeper(io.get_executor(), 5ms);
+  sweeper.start();
+  socket_pair pair(io);
+  server::socket_deadline deadline(sweeper);
+  deadline.guard(&pair.ours);
+  CHECK(sweeper.next_sweep() == server::deadline_sweeper::clock_type::time_point::max());
+  // run() returns as soon as nothing is pending; a sweeper that re-armed itself would keep it to the bound.
+  io.run_for(5s);
+  CHECK(io.stopped());
+
+  // A deadline that passes is swept once; with nothing due after it, the loop runs out of work again.
+  io.restart();
+  deadline.expires_after(10ms);
+  CHECK(sweeper.next_sweep() != server::deadline_sweeper::clock_type::time_point::max());
+  io.run_for(5s);
+  CHECK(io.stopped());
+  CHECK(deadline.expired());
+  CHECK_FALSE(pair.ours.is_open());
+  sweeper.stop();
+}
+
+TEST_CASE("a sweeper asleep until a far deadline wakes for a nearer one", "[server][deadline]") {
+  asio::io_context io;
+  server::deadline_sweeper sweeper(io.get_executor(), 5ms);
+  sweeper.start();
+  socket_pair far_pair(io);
+  socket_pair near_pair(io);
+  server::socket_deadline far_deadline(sweeper);
+  server::socket_deadline near_deadline(sweeper);
+  far_deadline.guard(&far_pair.ours);
+  near_deadline.guard(&near_pair.ours);
+  far_deadline.expires_after(std::chrono::minutes(10));
+  const auto far_sweep = sweeper.next_sweep();
+  near_deadline.expires_after(20ms);
+  CHECK(sweeper.next_sweep() < far_sweep);
+
+  std::array<char, 8> buffer{};
+  std::optional<boost::system::error_code> result;
+  near_pair.ours.async_receive(asio::buffer(buffer),
+                               [&](const boost::system::error_code& ec, std::size_t) { result = ec; });
+  const auto started = std::chrono::steady_clock::now();
+  while (!result && io.run_one_for(5s)) {
+  }
+  REQUIRE(result);
+  CHECK(std::chrono::steady_clock::now() - started >= 20ms);  // never early
+  CHECK(near_deadline.expired());
+  CHECK_FALSE(far_deadline.expired());
+  CHECK(far_pair.ours.is_open());
+  // Asleep again until the far one.
+  CHECK(sweeper.next_sweep() >= far_sweep);
+  sweeper.stop();
+}
+
+TEST_CASE("what a sweep's wake-up sets on a deadline already swept is kept", "[server][deadline]") {
+  asio::io_context io;
+  server::deadline_sweeper sweeper(io.get_executor(), 5ms);
+  sweeper.start();
+  socket_pair pair(io);
+  server::socket_deadline timed(sweeper);   // walked first
+  server::socket_deadline waking(sweeper);  // its wake-up sets `timed`'s deadline
+  timed.guard(&pair.ours);
+  struct context {
+    server::socket_deadline* timed;
+    bool woken = false;
+  } ctx{&timed};
+  waking.wake_at(server::deadline_sweeper::clock_type::now() + 5ms, [](void* c) {
+    auto& ctx = *static_cast<context*>(c);
+    ctx.woken = true;
+    ctx.timed->expires_after(15ms);
+  }, &ctx);
+  std::array<char, 8> buffer{};
+  std::optional<boost::system::error_code> result;
+  pair.ours.async_receive(asio::buffer(buffer), [&](const boost::system::error_code& ec, std::size_t) { result = ec; });
+  io.run_for(5s);  // runs out of work once `timed` has been swept
+  CHECK(io.stopped());
+  CHECK(ctx.woken);
+  REQUIRE(result);
+  CHECK(timed.expired());
+  sweeper.stop();
+}
