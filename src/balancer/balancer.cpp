@@ -109,9 +109,17 @@ void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
 
 // After the lock is released: a delivery that drops its lease releases it, which takes the lock again
 // (and may serve the next waiter, delivering from inside this call). The slots were assigned in FIFO
-// order under the lock; only the hand-over happens here.
+// order under the lock; only the hand-over happens here. A hand-over that throws (a post that cannot
+// allocate) releases the lease it was given as the exception leaves it, which may serve the next
+// waiter; its own waiter is answered by its queue timeout. The others are still handed their slots:
+// one failure must neither end the process (this runs inside release(), which is noexcept) nor strand them.
 void balancer::deliver(std::vector<delivery>& ready) noexcept {
-  for (auto& d : ready) d.deliver(std::move(d.lease));
+  for (auto& d : ready) {
+    try {
+      d.deliver(std::move(d.lease));
+    } catch (...) {
+    }
+  }
 }
 
 // No freed slot may leave a waiter behind. A waiter is enqueued under pick_mutex_ after its pick, in

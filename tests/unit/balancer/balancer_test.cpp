@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <new>
 #include <random>
 #include <thread>
 #include <vector>
@@ -173,6 +174,27 @@ TEST_CASE("a retry never goes back to an excluded rank", "[balancer]") {
   excluded[1] = true;
   CHECK_FALSE(b.acquire(excluded));
   CHECK(b.acquire());  // the exclusion is per call only
+}
+
+TEST_CASE("a hand-over that throws gives its slot back and strands no other waiter", "[balancer][queue]") {
+  balancer b(1, make_policy("least-inflight"), dplb::balancer::queue_limits{1, 4});
+  auto held = b.acquire();
+  REQUIRE(held);
+  std::uint64_t ids[2] = {};
+  bool queued = false;
+  // The first waiter's hand-over fails after taking the lease (as a post that cannot allocate would).
+  CHECK_FALSE(b.acquire_or_wait([](rank_lease l) { throw std::bad_alloc(); }, ids[0], queued));
+  REQUIRE(queued);
+  std::vector<rank_lease> delivered;
+  CHECK_FALSE(b.acquire_or_wait([&](rank_lease l) { delivered.push_back(std::move(l)); }, ids[1], queued));
+  REQUIRE(queued);
+  held.release();  // the slot goes to the first waiter, whose hand-over throws and releases it: the second gets it
+  REQUIRE(delivered.size() == 1);
+  CHECK(delivered[0]);
+  CHECK(b.inflight(0) == 1);
+  CHECK(b.waiting() == 0);
+  delivered.clear();
+  CHECK(b.inflight(0) == 0);  // nothing leaked
 }
 
 TEST_CASE("with a per-rank limit, requests queue FIFO and each freed slot goes to the oldest", "[balancer][queue]") {
