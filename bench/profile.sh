@@ -2,7 +2,7 @@
 # Per-request cost profile (not CI, except the PROFILE_QUICK=1 smoke): what one proxied request and one
 # relayed SSE event cost each proxy, counted rather than timed, so that the figures repeat on a shared
 # machine where CPU time varies by +-20%. The targets, each alone in front of the same mock vLLM rank:
-#   dplb     dplb --threads 1
+#   dplb     dplb --threads 1 (PROFILE_DPLB_THREADS)
 #   nginx    nginx, worker_processes 1, master_process off (bench/nginx.conf.in plus that line: the
 #            process started is the one that proxies, so it is the one traced)
 #   haproxy  HAProxy, nbthread 1, foreground -db (bench/haproxy.cfg.in); the streaming load uses the
@@ -35,6 +35,8 @@
 #   PROFILE_QUICK=1        a seconds-long smoke: few requests, short streams (the 2% check only warns)
 #   PROFILE_REQUESTS       measured requests N (20000; quick 300)
 #   PROFILE_CONNECTIONS    keep-alive connections K (16)
+#   PROFILE_DPLB_THREADS   dplb's --threads (1); 4 shows the locks threads share (callgrind_annotate the
+#                          kept callgrind.out for pthread_mutex_lock and its callers)
 #   PROFILE_WARMUP         warm-up requests (1000; quick 100)
 #   PROFILE_STREAMS        concurrent streams M (32; quick 4)
 #   PROFILE_TOKENS         tokens per stream T (200; quick 20)
@@ -64,6 +66,7 @@ else
 fi
 connections=${PROFILE_CONNECTIONS:-16}
 itl_ms=${PROFILE_ITL_MS:-10}
+dplb_threads=${PROFILE_DPLB_THREADS:-1}
 read -r -a targets <<<"${PROFILE_TARGETS-dplb nginx haproxy}"
 read -r -a tools <<<"${PROFILE_TOOLS-callgrind strace}"
 results_root=${PROFILE_RESULTS_DIR:-bench/results}
@@ -184,7 +187,7 @@ start_target() {  # tool target load name
     dplb)
       # Everything else at dplb's defaults (health checks included): the configuration a user runs.
       cmd=("$dplb_bin" --listen "127.0.0.1:$target_port" --backend "http://127.0.0.1:$mock_port"
-        --threads 1 --log-level warn) ;;
+        --threads "$dplb_threads" --log-level warn) ;;
     nginx)
       mkdir -p "$workdir/$name"
       render bench/nginx.conf.in "$workdir/$name/nginx.conf" "LISTEN_PORT=$target_port" \
