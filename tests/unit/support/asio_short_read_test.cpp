@@ -1,4 +1,4 @@
-// The surface of cmake/AsioShortRead.cmake: Asio's reactor takes a read that returned fewer bytes than
+// The surface of cmake/AsioOverride.cmake: Asio's reactor takes a read that returned fewer bytes than
 // asked for as "nothing left" and waits for the next epoll edge before reading again. Every case where
 // no edge will come must still complete: data and FIN (or RST) reported in one event, MSG_PEEK (peeked
 // bytes stay), a buffer filled exactly. Each read is bounded: a reader left waiting for an edge fails
