@@ -181,7 +181,7 @@ void application::drain() {
     asio::post(w->io, [&w = *w] {
       boost::system::error_code ignored;
       w.acceptor.close(ignored);
-      for (auto* client : w.state.idle_clients) client->socket().cancel(ignored);
+      w.state.idle_clients.for_each([&](io::tcp_stream& client) { client.socket().cancel(ignored); });
     });
   }
   const auto deadline = std::chrono::steady_clock::now() + s.settings.drain_timeout;

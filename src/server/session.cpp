@@ -58,6 +58,7 @@ class session {
     client_.socket().set_option(tcp::no_delay(true), ec);
     client_.socket().non_blocking(true, ec);  // written directly when the kernel takes it (write_now.hpp)
   }
+  ~session() { worker_.idle_clients.leave(idle_slot_); }  // should a request end by an exception
 
   io::task<void> run() {
     shared_.metrics.client_connection_opened();
@@ -93,7 +94,7 @@ class session {
     parser.body_limit(settings_.max_request_body_bytes);
 
     client_deadline_.expires_after(settings_.client_idle_timeout);
-    worker_.idle_clients.insert(&client_);
+    worker_.idle_clients.enter(client_, idle_slot_);
     head_reader reader(buffer_, settings_.max_header_bytes);
     auto head_ec = reader.scan();  // a pipelined request may be here already
     while (head_ec == head_reader::need_more) {
@@ -101,7 +102,7 @@ class session {
       head_ec = reader.read(read_ec, n);
     }
     head_ec = timed(head_ec);
-    worker_.idle_clients.erase(&client_);
+    worker_.idle_clients.leave(idle_slot_);
     if (head_ec == bhttp::error::bad_field) {
       co_return co_await reject(400, "obsolete line folding in a header is not accepted (RFC 9112 5.2)", false);
     }
@@ -122,21 +123,11 @@ class session {
         !prepare_upstream_request(head, decision.target(), client_address_, upstream_head_)) {
       co_return co_await reject(431, "X-Forwarded-For or Via is too long to append to", false);
     }
-    if (decision.send_continue) {
-      static constexpr std::string_view continue_line = "HTTP/1.1 100 Continue\r\n\r\n";
-      client_deadline_.expires_after(settings_.client_write_timeout);
-      auto [wec, wn] = co_await asio::async_write(client_.socket(), asio::buffer(continue_line), as_result);
-      client_deadline_.expires_never();
-      if (wec) co_return false;
-    }
+    if (decision.send_continue && !co_await send_continue()) co_return false;
     // The body, or what of it arrived with the head, is parsed without I/O; only the rest is read.
     parser.eager(true);
     auto body_ec = parse_buffered(parser, buffer_, [&] { return parser.is_done(); });
-    if (body_ec == bhttp::error::need_more) {
-      client_deadline_.expires_after(settings_.request_read_timeout);
-      std::tie(body_ec, std::ignore) = co_await bhttp::async_read(client_.socket(), buffer_, parser, as_result);
-      body_ec = timed(body_ec);
-    }
+    if (body_ec == bhttp::error::need_more) body_ec = co_await read_rest_of_body(parser);
     if (body_ec) co_return co_await refuse_unreadable_request(body_ec, true);
 
     const bool keep_alive = parser.keep_alive() && !shared_.draining.load(std::memory_order_relaxed);
@@ -146,6 +137,24 @@ class session {
       case request_route::proxy: break;
     }
     co_return co_await proxy(method, keep_alive);
+  }
+
+  // The rarer steps of reading a request are coroutines of their own, so that their state is not part of
+  // serve_one_request's frame: that frame is allocated for every request, and Asio's per-thread recycling
+  // cache only keeps blocks of up to 1020 bytes (255 chunks of 4). A larger frame was allocated and freed
+  // for every request, and each such allocation also evicted a cached block that the next frame needed.
+  io::task<bool> send_continue() {
+    static constexpr std::string_view continue_line = "HTTP/1.1 100 Continue\r\n\r\n";
+    client_deadline_.expires_after(settings_.client_write_timeout);
+    auto [ec, n] = co_await asio::async_write(client_.socket(), asio::buffer(continue_line), as_result);
+    client_deadline_.expires_never();
+    co_return !ec;
+  }
+
+  io::task<boost::system::error_code> read_rest_of_body(http::request_head_parser& parser) {
+    client_deadline_.expires_after(settings_.request_read_timeout);
+    auto [ec, n] = co_await bhttp::async_read(client_.socket(), buffer_, parser, as_result);
+    co_return timed(ec);
   }
 
   // The client operation just completed is over, and so is its deadline: an operation that failed because
@@ -456,6 +465,7 @@ class session {
   std::unique_ptr<char[]> relay_buffer_;
   std::shared_ptr<client_watch> watch_;  // of the request being proxied, made once per connection
   bool watch_started_ = false;
+  std::size_t idle_slot_ = idle_client_set::not_member;  // in worker_.idle_clients while waiting for a head
   // Reused by every request of the connection, so that the steady state allocates nothing:
   http::request_head request_head_;    // views into buffer_
   std::string request_body_;           // de-chunked

@@ -3,7 +3,7 @@
 // the metrics) and the state of the worker thread the session runs on (its connection pool).
 
 #include <atomic>
-#include <unordered_set>
+#include <cstddef>
 #include <vector>
 
 #include "dplb/balancer/balancer.hpp"
@@ -28,13 +28,47 @@ struct shared_state {
   std::atomic<bool> draining{false};               // SIGTERM received: finish what is in flight, take nothing new
 };
 
+// The client connections of a worker that wait for their next request: a drain closes them at once. A
+// session enters before each request head and leaves once it is in, so neither may allocate (a hash set
+// did, one node per request): the set is a vector, and each member knows its slot, so that leaving is a
+// swap with the last. It grows to the most connections ever idle at once, and stays that size.
+class idle_client_set {
+ public:
+  static constexpr std::size_t not_member = static_cast<std::size_t>(-1);
+
+  // `slot` belongs to the session and must stay where it is while the client is a member.
+  void enter(io::tcp_stream& client, std::size_t& slot) {
+    if (slot != not_member) return;
+    slot = members_.size();
+    members_.push_back(member{&client, &slot});
+  }
+  void leave(std::size_t& slot) noexcept {
+    if (slot == not_member) return;
+    members_[slot] = members_.back();
+    *members_[slot].slot = slot;
+    members_.pop_back();
+    slot = not_member;
+  }
+  std::size_t size() const noexcept { return members_.size(); }
+  template <class Visit>
+  void for_each(Visit visit) const {
+    for (const member& m : members_) visit(*m.client);
+  }
+
+ private:
+  struct member {
+    io::tcp_stream* client;
+    std::size_t* slot;
+  };
+  std::vector<member> members_;
+};
+
 // One per worker thread; only that thread touches it.
 struct worker_state {
   shared_state& shared;
   upstream::connection_pool& pool;
   deadline_sweeper& deadlines;  // of every socket of the worker's sessions
-  // Client connections waiting for their next request; a drain closes them at once.
-  std::unordered_set<io::tcp_stream*> idle_clients;
+  idle_client_set idle_clients;
 };
 
 }  // namespace dplb::server
