@@ -40,12 +40,12 @@ TEST_CASE("a deadline that passes closes its socket, and its pending read fails"
   server::socket_deadline other(sweeper);  // no deadline set: its socket stays open
   deadline.guard(&timed.ours);
   other.guard(&untimed.ours);
+  const auto started = std::chrono::steady_clock::now();  // before the deadline is set: it counts from then
   deadline.expires_after(20ms);
 
   std::array<char, 8> buffer{};
   std::optional<boost::system::error_code> result;
   timed.ours.async_receive(asio::buffer(buffer), [&](const boost::system::error_code& ec, std::size_t) { result = ec; });
-  const auto started = std::chrono::steady_clock::now();
   while (!result && io.run_one_for(5s)) {
   }
   REQUIRE(result);
@@ -149,6 +149,7 @@ TEST_CASE("a sweeper asleep until a far deadline wakes for a nearer one", "[serv
   near_deadline.guard(&near_pair.ours);
   far_deadline.expires_after(std::chrono::minutes(10));
   const auto far_sweep = sweeper.next_sweep();
+  const auto started = std::chrono::steady_clock::now();  // before the deadline is set: it counts from then
   near_deadline.expires_after(20ms);
   CHECK(sweeper.next_sweep() < far_sweep);
 
@@ -156,7 +157,6 @@ TEST_CASE("a sweeper asleep until a far deadline wakes for a nearer one", "[serv
   std::optional<boost::system::error_code> result;
   near_pair.ours.async_receive(asio::buffer(buffer),
                                [&](const boost::system::error_code& ec, std::size_t) { result = ec; });
-  const auto started = std::chrono::steady_clock::now();
   while (!result && io.run_one_for(5s)) {
   }
   REQUIRE(result);
