@@ -58,7 +58,6 @@ class session {
     client_.socket().set_option(tcp::no_delay(true), ec);
     client_.socket().non_blocking(true, ec);  // written directly when the kernel takes it (write_now.hpp)
   }
-  ~session() { worker_.idle_clients.leave(idle_slot_); }  // should a request end by an exception
 
   io::task<void> run() {
     shared_.metrics.client_connection_opened();
@@ -80,6 +79,9 @@ class session {
       // Errors on the request path are values; an exception here is a bug, and costs only this connection.
       spdlog::error("closing a client connection after an unexpected error: {}", e.what());
     }
+    // Here, not in a destructor: a session still waiting when its worker is torn down is destroyed with
+    // the event loop, after the worker's idle set.
+    worker_.idle_clients.leave(idle_slot_);
     boost::system::error_code ec;
     client_.socket().shutdown(tcp::socket::shutdown_send, ec);
     client_.socket().close(ec);
@@ -207,6 +209,7 @@ class session {
 
   io::task<bool> send_local(bhttp::response<bhttp::string_body>& response, bool keep_alive,
                                    bool head_request) {
+    keep_alive = keep_alive && !shared_.draining.load(std::memory_order_relaxed);  // a drain closes after it
     set_connection_header(response, keep_alive, client_version_);
     response.prepare_payload();
     if (head_request) response.body().clear();  // Content-Length still tells the size of a GET
@@ -336,14 +339,14 @@ class session {
 
     // While dplb waits for the engine and relays its answer, a watcher notices the client leaving and
     // closes the engine connection at once: that is how vLLM learns to abort the request. The watch starts
-    // at the worker's next deadline sweep (at most one sweep period from now, 25 ms with the default
-    // timeouts): most requests are over by then, and never pay for a watch (a receive that fails with
-    // EAGAIN, and its cancellation through the event loop).
+    // at the first deadline sweep one sweep period from now (25 ms with the default timeouts, up to twice
+    // that): most requests are over by then, and never pay for a watch (a receive and its cancellation
+    // through the event loop) nor for a sweep.
     if (!watch_) watch_ = std::make_shared<client_watch>();
     auto& watch = watch_;
     *watch = client_watch{};  // a cancelled receive of an earlier request sees operation_aborted, not this
     watch_started_ = false;
-    client_deadline_.wake_at(clock_type::now(), &session::start_watch, this);
+    client_deadline_.wake_at(clock_type::now() + worker_.deadlines.period(), &session::start_watch, this);
     struct stop_watch_on_exit {
       session& s;
       ~stop_watch_on_exit() {

@@ -33,6 +33,7 @@ class deadline_sweeper {
 
   void start();  // on the worker's thread
   void stop();
+  std::chrono::milliseconds period() const noexcept { return period_; }
   // When the timer is due (time_point::max(): not armed, nothing to do). For tests.
   clock_type::time_point next_sweep() const noexcept { return registry_->next_sweep; }
 

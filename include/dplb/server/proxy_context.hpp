@@ -39,8 +39,8 @@ class idle_client_set {
   // `slot` belongs to the session and must stay where it is while the client is a member.
   void enter(io::tcp_stream& client, std::size_t& slot) {
     if (slot != not_member) return;
-    slot = members_.size();
-    members_.push_back(member{&client, &slot});
+    members_.push_back(member{&client, &slot});  // first: if it throws, the slot still says not a member
+    slot = members_.size() - 1;
   }
   void leave(std::size_t& slot) noexcept {
     if (slot == not_member) return;
