@@ -28,6 +28,20 @@ struct socket_pair {
   asio::ip::tcp::socket peer;
 };
 
+// A one-byte-or-more receive on a socket, and what it completed with.
+struct pending_read {
+  explicit pending_read(io::socket& socket) {
+    socket.async_receive(asio::buffer(buffer), [this](const boost::system::error_code& ec, std::size_t) { result = ec; });
+  }
+  // Runs the loop until the read completes, for 5 s at most.
+  void wait(asio::io_context& io) {
+    while (!result && io.run_one_for(5s)) {
+    }
+  }
+  std::array<char, 8> buffer{};
+  std::optional<boost::system::error_code> result;
+};
+
 }  // namespace
 
 TEST_CASE("a deadline that passes closes its socket, and its pending read fails", "[server][deadline]") {
@@ -43,13 +57,10 @@ TEST_CASE("a deadline that passes closes its socket, and its pending read fails"
   const auto started = std::chrono::steady_clock::now();  // before the deadline is set: it counts from then
   deadline.expires_after(20ms);
 
-  std::array<char, 8> buffer{};
-  std::optional<boost::system::error_code> result;
-  timed.ours.async_receive(asio::buffer(buffer), [&](const boost::system::error_code& ec, std::size_t) { result = ec; });
-  while (!result && io.run_one_for(5s)) {
-  }
-  REQUIRE(result);
-  CHECK(*result == asio::error::operation_aborted);
+  pending_read read(timed.ours);
+  read.wait(io);
+  REQUIRE(read.result);
+  CHECK(*read.result == asio::error::operation_aborted);
   CHECK(deadline.expired());
   CHECK_FALSE(timed.ours.is_open());
   CHECK(std::chrono::steady_clock::now() - started >= 20ms);  // never early
@@ -92,11 +103,8 @@ TEST_CASE("deadlines come and go in any order, and may outlive their sweeper", "
   second.reset();  // from the middle: the last takes its place
   third->guard(&pair.ours);
   third->expires_after(1ms);
-  std::array<char, 8> buffer{};
-  std::optional<boost::system::error_code> result;
-  pair.ours.async_receive(asio::buffer(buffer), [&](const boost::system::error_code& ec, std::size_t) { result = ec; });
-  while (!result && io.run_one_for(5s)) {
-  }
+  pending_read read(pair.ours);
+  read.wait(io);
   CHECK(third->expired());  // still swept after the move
   CHECK_FALSE(first->expired());
   sweeper.reset();  // as when a worker is torn down before its sessions' frames
@@ -153,13 +161,9 @@ TEST_CASE("a sweeper asleep until a far deadline wakes for a nearer one", "[serv
   near_deadline.expires_after(20ms);
   CHECK(sweeper.next_sweep() < far_sweep);
 
-  std::array<char, 8> buffer{};
-  std::optional<boost::system::error_code> result;
-  near_pair.ours.async_receive(asio::buffer(buffer),
-                               [&](const boost::system::error_code& ec, std::size_t) { result = ec; });
-  while (!result && io.run_one_for(5s)) {
-  }
-  REQUIRE(result);
+  pending_read read(near_pair.ours);
+  read.wait(io);
+  REQUIRE(read.result);
   CHECK(std::chrono::steady_clock::now() - started >= 20ms);  // never early
   CHECK(near_deadline.expired());
   CHECK_FALSE(far_deadline.expired());
@@ -186,13 +190,11 @@ TEST_CASE("what a sweep's wake-up sets on a deadline already swept is kept", "[s
     ctx.woken = true;
     ctx.timed->expires_after(15ms);
   }, &ctx);
-  std::array<char, 8> buffer{};
-  std::optional<boost::system::error_code> result;
-  pair.ours.async_receive(asio::buffer(buffer), [&](const boost::system::error_code& ec, std::size_t) { result = ec; });
+  pending_read read(pair.ours);
   io.run_for(5s);  // runs out of work once `timed` has been swept
   CHECK(io.stopped());
   CHECK(ctx.woken);
-  REQUIRE(result);
+  REQUIRE(read.result);
   CHECK(timed.expired());
   sweeper.stop();
 }
