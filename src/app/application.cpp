@@ -98,32 +98,48 @@ struct worker {
   std::thread thread;
 };
 
+bool uses_engine_stats(const config::settings& s) { return balancer::make_policy(s.policy)->uses_engine_stats(); }
+
+// Engine stats older than three reads (each bounded by the health-check timeout) are stale.
+std::chrono::milliseconds stats_max_age(const config::settings& s) {
+  return 3 * config::engine_stats_interval(s, uses_engine_stats(s)) + s.health_check_timeout;
+}
+
+std::vector<std::string> rank_urls(const upstream::topology& topology) {
+  std::vector<std::string> urls;
+  for (const auto& h : topology.hosts) urls.push_back(topology.backends[h.backend].url);
+  return urls;
+}
+
 }  // namespace
 
 struct application::impl {
   explicit impl(config::settings s)
       : settings(std::move(s)),
-        backends(upstream::resolve_backends(settings.backends)),
-        balancer(backends.size(), balancer::make_policy(settings.policy),
-                 balancer::queue_limits{settings.max_inflight_per_rank, settings.max_queued_requests}),
-        metrics(settings.backends, balancer, settings.policy),
-        health(backends, balancer, metrics,
+        topology(upstream::resolve_topology(settings.backends)),
+        balancer(topology.hosts.size(), balancer::make_policy(settings.policy, {settings.kv_pressure_weight}),
+                 balancer::queue_limits{settings.max_inflight_per_rank, settings.max_queued_requests},
+                 balancer::host_timing{settings.slow_start, stats_max_age(settings)}),
+        metrics(rank_urls(topology), balancer, settings.policy),
+        health(topology, balancer, metrics,
                upstream::health_check_settings{
                    settings.health_check_interval, settings.health_check_timeout, "/health",
                    upstream::health_policy{settings.unhealthy_threshold, settings.healthy_threshold,
                                            settings.ejection_threshold, settings.ejection_base,
                                            settings.ejection_max, settings.max_ejected_percent}}),
-        // A rank that does not answer must not hold the others' snapshot back by much more than an interval.
-        stats(backends, balancer, settings.stats_interval,
-              std::min(settings.health_check_timeout, std::max(settings.stats_interval, std::chrono::milliseconds(50)))),
-        shared{settings, backends, balancer, metrics, health},
+        // A backend that does not answer must not hold the others' numbers back by much more than an interval.
+        stats_interval(config::engine_stats_interval(settings, uses_engine_stats(settings))),
+        stats(topology, balancer, stats_interval,
+              std::min(settings.health_check_timeout, std::max(stats_interval, std::chrono::milliseconds(50)))),
+        shared{settings, topology, balancer, metrics, health},
         signals(signal_io, SIGINT, SIGTERM) {
+    for (const auto& h : topology.hosts) balancer.set_weight(h.rank, h.weight);
     const upstream::pool_limits limits{settings.upstream_connect_timeout, settings.upstream_idle_timeout,
                                        settings.upstream_max_idle_per_rank};
     auto endpoint = listen_endpoint(settings.listen);
     const unsigned threads = thread_count(settings.threads);
     for (unsigned i = 0; i < threads; ++i) {
-      workers.push_back(std::make_unique<worker>(shared, backends, limits, endpoint));
+      workers.push_back(std::make_unique<worker>(shared, topology.backends, limits, endpoint));
       // With port 0 the first acceptor picks the port; the others must join that same port.
       if (i == 0) endpoint = workers.front()->acceptor.local_endpoint();
     }
@@ -131,11 +147,12 @@ struct application::impl {
   }
 
   config::settings settings;
-  std::vector<upstream::backend> backends;
+  upstream::topology topology;
   balancer::balancer balancer;
   metrics::proxy_metrics metrics;
   upstream::health_monitor health;
-  upstream::engine_stats_poller stats;  // runs only for the engine-stats baseline policy
+  std::chrono::milliseconds stats_interval;  // 0: the engines' /metrics are never read
+  upstream::engine_stats_poller stats;
   server::shared_state shared;
   std::vector<std::unique_ptr<worker>> workers;
   asio::io_context signal_io;  // the main thread's loop: signals and housekeeping
@@ -200,8 +217,9 @@ void application::drain() {
 int application::run() {
   auto& s = *impl_;
   std::string backend_list;
-  for (const auto& b : s.backends) {
-    backend_list += (backend_list.empty() ? "" : ",") + ("[" + std::to_string(b.rank) + "]" + b.url);
+  for (const auto& h : s.topology.hosts) {
+    backend_list += (backend_list.empty() ? "" : ",") + ("[" + std::to_string(h.rank) + "]" + h.name);
+    if (h.weight != 1) backend_list += " weight " + std::to_string(h.weight);
   }
   const auto open_files = raise_open_file_limit();
   spdlog::info("dplb {} listening on {} policy={} threads={} backends={} max_open_files={}", version(),
@@ -225,10 +243,15 @@ int application::run() {
     });
   }
   s.health.start(s.workers.front()->io.get_executor());
-  if (s.balancer.active_policy().uses_engine_stats()) {
-    spdlog::info("policy {} is a baseline for benchmarks: it reads every engine's /metrics each {} ms",
-                 s.balancer.active_policy().name(), s.settings.stats_interval.count());
+  if (s.stats_interval.count() > 0) {
+    spdlog::info("reading every backend's /metrics each {} ms (--stats-interval)", s.stats_interval.count());
     s.stats.start(s.workers.front()->io.get_executor());
+  } else if (s.balancer.active_policy().uses_engine_stats()) {
+    spdlog::warn("policy {} reads engine stats, but --stats-interval is 0: it goes by dplb's own counts alone",
+                 s.balancer.active_policy().name());
+  }
+  if (s.balancer.active_policy().name() == "engine-stats") {
+    spdlog::info("policy engine-stats is a baseline for benchmarks, not for serving (see docs/benchmarks.md)");
   }
 
   s.signals.async_wait([&](const boost::system::error_code& ec, int signal_number) {

@@ -8,85 +8,182 @@
 namespace dplb::balancer {
 
 rank_lease::rank_lease(rank_lease&& other) noexcept
-    : owner_(std::exchange(other.owner_, nullptr)), rank_(other.rank_) {}
+    : owner_(std::exchange(other.owner_, nullptr)), rank_(other.rank_), cost_(other.cost_) {}
 
 rank_lease& rank_lease::operator=(rank_lease&& other) noexcept {
   if (this != &other) {
     release();
     owner_ = std::exchange(other.owner_, nullptr);
     rank_ = other.rank_;
+    cost_ = other.cost_;
   }
   return *this;
 }
 
-void rank_lease::release() noexcept {
-  if (auto* owner = std::exchange(owner_, nullptr)) owner->release(rank_);
+void rank_lease::prompt_done() noexcept {
+  if (owner_ && cost_.prompt > 0) owner_->release_cost(rank_, std::exchange(cost_.prompt, 0));
 }
 
-balancer::balancer(std::size_t rank_count, std::unique_ptr<policy> chosen_policy, queue_limits limits)
-    : policy_(std::move(chosen_policy)), limits_(limits), ranks_(rank_count), view_(rank_count) {
+void rank_lease::release() noexcept {
+  if (auto* owner = std::exchange(owner_, nullptr)) owner->release(rank_, cost_);
+}
+
+balancer::balancer(std::size_t rank_count, std::unique_ptr<policy> chosen_policy, queue_limits limits,
+                   host_timing timing)
+    : policy_(std::move(chosen_policy)),
+      limits_(limits),
+      timing_(timing),
+      ranks_(rank_count),
+      detail_(rank_count),
+      view_(rank_count),
+      loads_(rank_count) {
   if (rank_count == 0) throw std::invalid_argument("balancer needs at least one rank");
   if (!policy_) throw std::invalid_argument("balancer needs a policy");
 }
 
-rank_lease balancer::acquire() {
-  std::lock_guard lock(pick_mutex_);
-  if (!queue_.empty()) return {};  // no jumping the queue
-  const auto chosen = pick_locked(nullptr);
-  return chosen ? rank_lease(this, *chosen) : rank_lease{};
+bool balancer::has_room_locked(std::size_t rank) const noexcept {
+  const auto cap = limits_.max_inflight_per_rank;
+  return cap == 0 || ranks_[rank].inflight.load(std::memory_order_relaxed) < cap;
 }
 
-std::optional<std::size_t> balancer::pick_locked(const std::vector<bool>* excluded) {
-  const auto cap = limits_.max_inflight_per_rank;
+// The policy's view of every host just before a pick. Slow start scales the weight of a rank that came
+// back a moment ago: from a tenth of it (so that it gets some traffic at once) to all of it, linearly.
+void balancer::refresh_view_locked(const pick_context& request) {
+  const bool ramping = ramping_ > 0;
+  // The clock is read only when something depends on it: a ramp, or engine stats to judge fresh.
+  const auto now = ramping || stats_seen_ ? clock::now() : clock::time_point{};
   for (std::size_t i = 0; i < ranks_.size(); ++i) {
-    view_[i].inflight = ranks_[i].inflight.load(std::memory_order_relaxed);
-    view_[i].usable = ranks_[i].usable.load(std::memory_order_relaxed) &&
-                      !(excluded && i < excluded->size() && (*excluded)[i]) && (cap == 0 || view_[i].inflight < cap);
+    auto& v = view_[i];
+    const auto& r = ranks_[i];
+    auto& d = detail_[i];
+    v.inflight = r.inflight.load(std::memory_order_relaxed);
+    v.cost_inflight = r.cost.load(std::memory_order_relaxed);
+    v.flags = r.flags.load(std::memory_order_relaxed);
+    v.weight = r.weight.load(std::memory_order_relaxed);
+    v.usable = v.flags == 0 && !(request.avoid && i < request.avoid->size() && (*request.avoid)[i]) && has_room_locked(i);
+    if (ramping && d.ramp_until != clock::time_point{}) {
+      if (now >= d.ramp_until) {
+        d.ramp_until = {};
+        --ramping_;
+      } else {
+        const double left = std::chrono::duration<double>(d.ramp_until - now) / timing_.slow_start;
+        v.weight *= std::max(0.1, 1.0 - left);
+      }
+    }
+    v.engine.fresh = d.engine_ever && now - d.read_at <= timing_.stats_max_age;
+    v.engine.load = d.engine;
+    v.engine.picks_since_read = static_cast<std::uint32_t>(r.picks.load(std::memory_order_relaxed) - d.picks_before_read);
   }
-  const auto chosen = policy_->choose(view_);
-  if (!chosen || *chosen >= ranks_.size()) return std::nullopt;
+}
+
+std::optional<std::size_t> balancer::pick_locked(const pick_context& request, request_cost cost) {
+  std::optional<std::size_t> chosen;
+  if (request.pinned_rank) {
+    // The client named the rank: it is the only candidate, and the policy is not asked.
+    const auto r = *request.pinned_rank;
+    if (r < ranks_.size() && ranks_[r].flags.load(std::memory_order_relaxed) == 0 && has_room_locked(r)) chosen = r;
+  } else {
+    refresh_view_locked(request);
+    chosen = policy_->choose(request, view_);
+    if (chosen && (*chosen >= ranks_.size() || !view_[*chosen].usable)) chosen.reset();
+  }
+  if (!chosen) return std::nullopt;
   // Incremented while the lock is held: the next pick, on any thread, already sees this request.
-  ranks_[*chosen].inflight.fetch_add(1, std::memory_order_relaxed);
-  ranks_[*chosen].picks.fetch_add(1, std::memory_order_relaxed);
+  auto& r = ranks_[*chosen];
+  r.inflight.fetch_add(1, std::memory_order_relaxed);
+  r.picks.fetch_add(1, std::memory_order_relaxed);
+  if (const std::uint64_t tokens = std::uint64_t{cost.prompt} + cost.decode) r.cost.fetch_add(tokens, std::memory_order_relaxed);
   return chosen;
 }
 
-void balancer::publish_engine_stats(std::span<const engine_load> snapshot) {
-  std::lock_guard lock(pick_mutex_);
-  policy_->on_engine_stats(snapshot);
+namespace {
+
+// Every request costs at least one token: one whose cost is unknown still weighs on its rank.
+request_cost at_least_one_token(request_cost cost) noexcept {
+  if (cost.prompt == 0 && cost.decode == 0) cost.decode = 1;
+  return cost;
 }
 
-rank_lease balancer::acquire(const std::vector<bool>& excluded) {
-  // A retry: it already had its turn (its first rank failed), so it does not queue again.
+}  // namespace
+
+rank_lease balancer::acquire(const pick_context& request, request_cost cost) {
+  cost = at_least_one_token(cost);
   std::lock_guard lock(pick_mutex_);
-  const auto chosen = pick_locked(&excluded);
-  return chosen ? rank_lease(this, *chosen) : rank_lease{};
+  // No jumping the queue, except for a retry: it already had its turn (its first rank failed).
+  if (!request.avoid) {
+    if (request.pinned_rank ? *request.pinned_rank < detail_.size() && !detail_[*request.pinned_rank].pinned.empty()
+                            : !queue_.empty()) {
+      return {};
+    }
+  }
+  const auto chosen = pick_locked(request, cost);
+  return chosen ? rank_lease(this, *chosen, cost) : rank_lease{};
 }
 
-rank_lease balancer::acquire_or_wait(std::function<void(rank_lease)> deliver, std::uint64_t& waiter_id,
-                                     bool& queued) {
+void balancer::publish_engine_stats(std::span<const engine_reading> round) {
+  std::lock_guard lock(pick_mutex_);
+  for (std::size_t i = 0; i < round.size() && i < detail_.size(); ++i) {
+    const auto& reading = round[i];
+    auto& d = detail_[i];
+    if (reading.good) {
+      stats_seen_ = true;
+      d.engine_ever = true;
+      d.engine = reading.load;
+      d.read_at = reading.read_at;
+      d.picks_before_read = reading.picks_before_read;
+    }
+    loads_[i] = d.engine;
+  }
+  policy_->on_engine_stats(loads_);
+}
+
+engine_status balancer::engine_stats_of(std::size_t rank) const {
+  std::lock_guard lock(pick_mutex_);
+  const auto& d = detail_.at(rank);
+  return {d.engine_ever, d.engine, d.engine_ever ? clock::now() - d.read_at : clock::duration{}};
+}
+
+std::size_t balancer::queued_locked() const noexcept {
+  std::size_t n = queue_.size();
+  for (const auto& d : detail_) n += d.pinned.size();
+  return n;
+}
+
+void balancer::count_waiting_locked() noexcept { waiting_.store(queued_locked(), std::memory_order_relaxed); }
+
+rank_lease balancer::acquire_or_wait(const pick_context& request, request_cost cost,
+                                     std::function<void(rank_lease)> deliver, std::uint64_t& waiter_id, bool& queued) {
+  cost = at_least_one_token(cost);
   std::lock_guard lock(pick_mutex_);
   queued = false;
-  if (queue_.empty()) {
-    if (const auto chosen = pick_locked(nullptr)) return rank_lease(this, *chosen);
+  const auto pinned = request.pinned_rank;
+  if (pinned && *pinned >= ranks_.size()) return {};
+  auto& line = pinned ? detail_[*pinned].pinned : queue_;
+  if (line.empty()) {
+    if (const auto chosen = pick_locked(request, cost)) return rank_lease(this, *chosen, cost);
   }
-  const bool any = std::any_of(ranks_.begin(), ranks_.end(),
-                               [](const rank_state& r) { return r.usable.load(std::memory_order_relaxed); });
-  if (!queueing() || closed_ || !any || queue_.size() >= limits_.max_waiting) return {};
+  const bool any = pinned ? ranks_[*pinned].flags.load(std::memory_order_relaxed) == 0 : std::any_of(
+      ranks_.begin(), ranks_.end(), [](const rank_state& r) { return r.flags.load(std::memory_order_relaxed) == 0; });
+  if (!queueing() || closed_ || !any || waiting_.load(std::memory_order_relaxed) >= limits_.max_waiting) return {};
   waiter_id = next_waiter_id_++;
-  queue_.push_back(waiter{waiter_id, std::move(deliver)});
-  waiting_.store(queue_.size(), std::memory_order_relaxed);
+  line.push_back(waiter{waiter_id, cost, std::move(deliver)});
+  count_waiting_locked();
   queued = true;
   return {};
 }
 
 bool balancer::cancel_wait(std::uint64_t waiter_id) {
   std::lock_guard lock(pick_mutex_);
-  auto it = std::find_if(queue_.begin(), queue_.end(), [&](const waiter& w) { return w.id == waiter_id; });
-  if (it == queue_.end()) return false;
-  queue_.erase(it);
-  waiting_.store(queue_.size(), std::memory_order_relaxed);
-  return true;
+  const auto erase_from = [&](std::deque<waiter>& line) {
+    auto it = std::find_if(line.begin(), line.end(), [&](const waiter& w) { return w.id == waiter_id; });
+    if (it == line.end()) return false;
+    line.erase(it);
+    return true;
+  };
+  bool found = erase_from(queue_);
+  for (auto& d : detail_) found = found || erase_from(d.pinned);
+  if (found) count_waiting_locked();
+  return found;
 }
 
 void balancer::close() {
@@ -94,17 +191,49 @@ void balancer::close() {
   std::lock_guard lock(pick_mutex_);
   closed_ = true;
   dropped.swap(queue_);
+  for (auto& d : detail_) {
+    for (auto& w : d.pinned) dropped.push_back(std::move(w));
+    d.pinned.clear();
+  }
   waiting_.store(0, std::memory_order_relaxed);
 }
 
+// Serves waiters oldest first. The oldest waiter is either the head of the shared queue or the head of
+// a rank's pinned queue; a pinned head can be served only when its rank has room, the shared head when
+// the policy finds any rank with room. A shared head that finds none cannot hold back a pinned waiter of
+// a rank with room (that rank is then only free for its pinned waiters, since the pick found no room
+// for the shared head... except for the avoided ranks, which a waiter never has).
 void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
-  while (!queue_.empty()) {
-    const auto chosen = pick_locked(nullptr);
-    if (!chosen) break;
-    ready.push_back(delivery{std::move(queue_.front().deliver), rank_lease(this, *chosen)});
-    queue_.pop_front();
-    waiting_.store(queue_.size(), std::memory_order_relaxed);
+  bool shared_blocked = false;
+  for (;;) {
+    std::optional<std::size_t> pinned_rank;  // the rank whose pinned head is the oldest servable one
+    for (std::size_t r = 0; r < detail_.size(); ++r) {
+      const auto& line = detail_[r].pinned;
+      if (line.empty() || ranks_[r].flags.load(std::memory_order_relaxed) != 0 || !has_room_locked(r)) continue;
+      if (!pinned_rank || line.front().id < detail_[*pinned_rank].pinned.front().id) pinned_rank = r;
+    }
+    const bool shared_first =
+        !queue_.empty() && !shared_blocked && (!pinned_rank || queue_.front().id < detail_[*pinned_rank].pinned.front().id);
+    if (shared_first) {
+      const auto cost = queue_.front().cost;
+      if (const auto chosen = pick_locked({}, cost)) {
+        ready.push_back(delivery{std::move(queue_.front().deliver), rank_lease(this, *chosen, cost)});
+        queue_.pop_front();
+        continue;
+      }
+      shared_blocked = true;
+      continue;
+    }
+    if (!pinned_rank) break;
+    auto& line = detail_[*pinned_rank].pinned;
+    pick_context pinned;
+    pinned.pinned_rank = *pinned_rank;
+    const auto cost = line.front().cost;
+    pick_locked(pinned, cost);  // has room and is usable: checked above
+    ready.push_back(delivery{std::move(line.front().deliver), rank_lease(this, *pinned_rank, cost)});
+    line.pop_front();
   }
+  count_waiting_locked();
 }
 
 // After the lock is released: a delivery that drops its lease releases it, which takes the lock again
@@ -122,50 +251,78 @@ void balancer::deliver(std::vector<delivery>& ready) noexcept {
   }
 }
 
+void balancer::release_cost(std::size_t rank, std::uint64_t tokens) noexcept {
+  ranks_[rank].cost.fetch_sub(tokens, std::memory_order_relaxed);
+}
+
 // No freed slot may leave a waiter behind. A waiter is enqueued under pick_mutex_ after its pick, in
 // the same critical section, found no rank with room; so with queueing on, every step that can give a
 // waiter room (a release, a rank becoming usable) changes the state and serves the queue in one
 // critical section under that same mutex. The mutex orders the two: if the enqueue comes first, the
 // freeing step finds the waiter and serves it; if the freeing step comes first, the enqueuer's pick sees
-// the room and takes it instead of queueing. Hence the invariant, at every unlock: the queue is empty or
-// no rank has room. (Checking a waiter count outside the lock after a relaxed decrement, as a cheaper
-// release would, misses the enqueuer that has picked but not yet published itself.)
-// Without queueing nothing ever waits, and a release stays one lock-free decrement.
-void balancer::release(std::size_t rank) noexcept {
-  if (!queueing()) {
-    ranks_[rank].inflight.fetch_sub(1, std::memory_order_relaxed);
+// the room and takes it instead of queueing. Hence the invariant, at every unlock: the shared queue is
+// empty or no rank has room, and each rank's pinned queue is empty or that rank has no room. (Checking a
+// waiter count outside the lock after a relaxed decrement, as a cheaper release would, misses the
+// enqueuer that has picked but not yet published itself.)
+// Without queueing nothing ever waits, and unless the policy hears releases a release stays lock-free.
+void balancer::release(std::size_t rank, request_cost cost) noexcept {
+  auto& r = ranks_[rank];
+  if (const std::uint64_t tokens = std::uint64_t{cost.prompt} + cost.decode) release_cost(rank, tokens);
+  if (!queueing() && !policy_->hears_releases()) {
+    r.inflight.fetch_sub(1, std::memory_order_relaxed);
     return;
   }
   std::vector<delivery> ready;  // declared first: any lease left in it is released after the unlock
   {
     std::lock_guard lock(pick_mutex_);
-    ranks_[rank].inflight.fetch_sub(1, std::memory_order_relaxed);
-    serve_waiters_locked(ready);
+    r.inflight.fetch_sub(1, std::memory_order_relaxed);
+    if (policy_->hears_releases()) policy_->on_release(rank);
+    if (queueing()) serve_waiters_locked(ready);
   }
   deliver(ready);
 }
 
-void balancer::set_usable(std::size_t rank, bool usable) {
-  if (!usable || !queueing()) {
-    // Taking a rank out gives no waiter room; and without queueing there are no waiters.
-    ranks_.at(rank).usable.store(usable, std::memory_order_relaxed);
-    return;
-  }
+void balancer::set_flag(std::size_t rank, host_flag flag, bool on) {
   std::vector<delivery> ready;
   {
     std::lock_guard lock(pick_mutex_);
-    ranks_.at(rank).usable.store(true, std::memory_order_relaxed);
-    serve_waiters_locked(ready);
+    auto& r = ranks_.at(rank);
+    const std::uint8_t before = r.flags.load(std::memory_order_relaxed);
+    const std::uint8_t after = on ? (before | flag) : (before & ~flag);
+    if (after == before) return;
+    r.flags.store(after, std::memory_order_relaxed);
+    policy_->on_state_change(rank, after);
+    // Back in rotation after a failure: ramp up (a drain's end or a new host starts at full weight).
+    const bool readmitted = after == 0 && (before & (host_flag::unhealthy | host_flag::ejected)) != 0;
+    auto& d = detail_[rank];
+    if (readmitted && timing_.slow_start.count() > 0) {
+      if (d.ramp_until == clock::time_point{}) ++ramping_;
+      d.ramp_until = clock::now() + timing_.slow_start;
+    }
+    if (after == 0 && queueing()) serve_waiters_locked(ready);
   }
   deliver(ready);
 }
 
-bool balancer::usable(std::size_t rank) const noexcept {
-  return ranks_[rank].usable.load(std::memory_order_relaxed);
+std::uint8_t balancer::flags(std::size_t rank) const noexcept {
+  return ranks_[rank].flags.load(std::memory_order_relaxed);
+}
+
+void balancer::set_weight(std::size_t rank, std::uint32_t weight) {
+  std::lock_guard lock(pick_mutex_);
+  ranks_.at(rank).weight.store(std::max<std::uint32_t>(1, weight), std::memory_order_relaxed);
+}
+
+std::uint32_t balancer::weight(std::size_t rank) const noexcept {
+  return ranks_[rank].weight.load(std::memory_order_relaxed);
 }
 
 std::uint32_t balancer::inflight(std::size_t rank) const noexcept {
   return ranks_[rank].inflight.load(std::memory_order_relaxed);
+}
+
+std::uint64_t balancer::cost_inflight(std::size_t rank) const noexcept {
+  return ranks_[rank].cost.load(std::memory_order_relaxed);
 }
 
 std::uint64_t balancer::picks(std::size_t rank) const noexcept {
@@ -174,7 +331,7 @@ std::uint64_t balancer::picks(std::size_t rank) const noexcept {
 
 bool balancer::any_usable() const noexcept {
   return std::any_of(ranks_.begin(), ranks_.end(),
-                     [](const rank_state& r) { return r.usable.load(std::memory_order_relaxed); });
+                     [](const rank_state& r) { return r.flags.load(std::memory_order_relaxed) == 0; });
 }
 
 std::uint32_t balancer::inflight_skew() const noexcept {
@@ -182,7 +339,7 @@ std::uint32_t balancer::inflight_skew() const noexcept {
   std::uint32_t hi = 0;
   std::size_t usable_count = 0;
   for (const auto& r : ranks_) {
-    if (!r.usable.load(std::memory_order_relaxed)) continue;
+    if (r.flags.load(std::memory_order_relaxed) != 0) continue;
     const auto n = r.inflight.load(std::memory_order_relaxed);
     lo = std::min(lo, n);
     hi = std::max(hi, n);

@@ -2,18 +2,10 @@
 
 namespace dplb::balancer {
 
-std::optional<std::size_t> least_inflight::choose(std::span<const rank_view> ranks) {
-  const std::size_t n = ranks.size();
-  std::optional<std::size_t> best;
-  // Scanning in rotation order from next_ and keeping the first strict minimum breaks ties in
-  // rotation: equal ranks take turns instead of the lowest index winning every tie.
-  for (std::size_t step = 0; step < n; ++step) {
-    const std::size_t candidate = (next_ + step) % n;
-    if (!ranks[candidate].usable) continue;
-    if (!best || ranks[candidate].inflight < ranks[*best].inflight) best = candidate;
-  }
-  if (best) next_ = (*best + 1) % n;
-  return best;
+std::optional<std::size_t> least_inflight::choose(const pick_context&, std::span<const host_view> hosts) {
+  // Counting the request being placed (+1) is what makes weights split a burst in their ratio from the
+  // first request: with weights 2 and 1 on idle ranks, 1/2 < 1/1 sends the first to the heavier rank.
+  return lowest_in_rotation(hosts, next_, [](const host_view& h) { return (h.inflight + 1.0) / h.weight; });
 }
 
 }  // namespace dplb::balancer

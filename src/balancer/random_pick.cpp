@@ -1,19 +1,22 @@
 #include "dplb/balancer/random_pick.hpp"
 
-#include <algorithm>
-
 namespace dplb::balancer {
 
-std::optional<std::size_t> random_pick::choose(std::span<const rank_view> ranks) {
-  const auto usable = static_cast<std::size_t>(
-      std::count_if(ranks.begin(), ranks.end(), [](const rank_view& r) { return r.usable; }));
-  if (usable == 0) return std::nullopt;
-  // The k-th usable rank, k uniform: ranks that are down are skipped without biasing the others.
-  auto k = std::uniform_int_distribution<std::size_t>(0, usable - 1)(engine_);
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    if (ranks[i].usable && k-- == 0) return i;
+std::optional<std::size_t> random_pick::choose(const pick_context&, std::span<const host_view> hosts) {
+  double total = 0;
+  for (const auto& h : hosts) total += h.usable ? h.weight : 0.0;
+  if (total <= 0) return std::nullopt;
+  // A point on the line of the usable ranks' weights laid end to end: ranks that are down take no room,
+  // so they are skipped without biasing the others.
+  double point = std::uniform_real_distribution<double>(0, total)(engine_);
+  std::optional<std::size_t> last;
+  for (std::size_t i = 0; i < hosts.size(); ++i) {
+    if (!hosts[i].usable) continue;
+    last = i;
+    if (point < hosts[i].weight) return i;
+    point -= hosts[i].weight;
   }
-  return std::nullopt;  // unreachable: k < usable
+  return last;  // rounding left the point at the very end
 }
 
 }  // namespace dplb::balancer

@@ -13,6 +13,7 @@
 #include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -52,6 +53,7 @@ enum class value_kind {
   text,      // free text validated by the option's own setter
   choice,    // one of `choices`
   number,    // unsigned integer in [min, max]
+  decimal,   // a number with a fraction, validated by the option's own setter
   url_list,  // the backends: repeatable, comma-separated, taken whole from one source
 };
 
@@ -173,9 +175,43 @@ std::string parse_listen(std::string_view text, listen_address& out) {
   return {};
 }
 
+// The options after '#' in a backend URL: `dp=N` and `weight=W`, joined by '&', each at most once.
+std::string parse_backend_options(std::string_view fragment, backend_spec& out) {
+  static constexpr std::string_view expected = "expected #dp=N, #weight=W or #dp=N&weight=W after the URL";
+  bool seen_dp = false, seen_weight = false;
+  while (!fragment.empty()) {
+    const auto amp = std::min(fragment.find('&'), fragment.size());
+    const auto item = fragment.substr(0, amp);
+    fragment.remove_prefix(std::min(amp + 1, fragment.size()));
+    const auto eq = item.find('=');
+    const auto key = item.substr(0, eq);
+    // 0 stands for "missing or not a number": both options refuse it.
+    const std::uint64_t value =
+        eq == std::string_view::npos ? 0 : parse_unsigned(item.substr(eq + 1)).value_or(0);
+    if (key == "dp") {
+      if (std::exchange(seen_dp, true)) return "dp is given twice";
+      if (value < 1 || value > max_dp_per_backend) {
+        return "dp must be the number of DP ranks behind the URL, 1 to " + std::to_string(max_dp_per_backend);
+      }
+      out.dp = static_cast<std::uint32_t>(value);
+    } else if (key == "weight") {
+      if (std::exchange(seen_weight, true)) return "weight is given twice";
+      if (value < 1 || value > max_backend_weight) {
+        return "weight must be a whole number from 1 to " + std::to_string(max_backend_weight) +
+               " (to take a backend out of rotation, drain it)";
+      }
+      out.weight = static_cast<std::uint32_t>(value);
+    } else {
+      return "unknown option '" + std::string(item) + "'; " + std::string(expected);
+    }
+  }
+  return {};
+}
+
 // Validates one backend URL and writes its normal form, http://host:port, to `out`. Normalising (lower-case
 // host, explicit port, no trailing slash) is what makes the duplicate check meaningful.
-std::string parse_backend(std::string_view text, std::string& out) {
+std::string parse_backend(std::string_view text, backend_spec& spec) {
+  std::string& out = spec.url;
   static constexpr std::string_view example = "expected a URL like http://127.0.0.1:8100";
   const auto parsed = boost::urls::parse_uri(text);
   if (!parsed) return std::string(example);
@@ -185,12 +221,13 @@ std::string parse_backend(std::string_view text, std::string& out) {
   }
   if (u.scheme_id() != boost::urls::scheme::http) return std::string(example);
   if (!u.has_authority() || u.encoded_host().empty()) return std::string(example);
-  if (u.has_userinfo()) return "user info ('user@') is not supported; expected http://HOST:PORT";
+  if (u.has_userinfo()) {
+    return "user info ('user@') is not supported; for DP ranks behind one URL write http://HOST:PORT#dp=N";
+  }
   if (!u.encoded_path().empty() && u.encoded_path() != "/") {
     return "a path is not supported; give the engine's base URL, http://HOST:PORT";
   }
   if (u.has_query()) return "a query is not supported; expected http://HOST:PORT";
-  if (u.has_fragment()) return "a fragment is not supported; expected http://HOST:PORT";
 
   std::string host;
   switch (u.host_type()) {
@@ -218,7 +255,28 @@ std::string parse_backend(std::string_view text, std::string& out) {
     port = *p;
   }
   out = "http://" + host + ":" + std::to_string(port);
+  if (u.has_fragment()) {
+    if (u.encoded_fragment().empty()) return "an empty '#' is not supported; expected #dp=N or #weight=W";
+    return parse_backend_options(u.encoded_fragment(), spec);
+  }
   return {};
+}
+
+// A non-negative decimal number, at most 1000 (kv-pressure-weight).
+std::string parse_weight(std::string_view text, double& out) {
+  double value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || end != text.data() + text.size() || !std::isfinite(value) || value < 0 || value > 1000) {
+    return "expected a number from 0 to 1000, e.g. 6 or 2.5";
+  }
+  out = value;
+  return {};
+}
+
+std::string format_weight(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
 }
 
 std::string join(std::span<const std::string_view> items, std::string_view sep, std::string_view last_sep) {
@@ -273,24 +331,64 @@ constexpr std::array option_table{
         .env = "DPLB_BACKENDS",
         .key = "backends",
         .value_name = "URL",
-        .meaning = "Engine base URL, http://HOST:PORT (port 80 if omitted). Repeatable, and a value may be a "
-                   "comma-separated list; the order gives the ranks 0..K-1. Required.",
+        .meaning = "Engine base URL, http://HOST:PORT (port 80 if omitted), optionally followed by "
+                   "#dp=N (N DP ranks behind the URL, as `vllm serve --data-parallel-size N` serves them: dplb "
+                   "tells each request's rank in X-data-parallel-rank: 0..N-1) and/or #weight=W (each of its "
+                   "ranks gets W times the share of a weight-1 rank), e.g. http://h:8000#dp=4&weight=2. "
+                   "Repeatable, and a value may be a comma-separated list; ranks are numbered in this order "
+                   "over all backends (A#dp=2 then B: ranks 0 and 1 on A, 2 on B). Required.",
         .kind = value_kind::url_list,
         .show_default = [](const settings&) { return std::string("none (required)"); }},
     option_spec{.flag = "policy",
                 .env = "DPLB_POLICY",
                 .key = "policy",
-                .meaning = "How to pick a rank for each request. least-inflight: the rank with the fewest requests "
-                           "dplb has in flight there, ties taken in turn; round-robin: each rank in turn. Baselines "
-                           "for benchmarks, not for serving: random, and engine-stats (lowest 4*waiting+running from "
-                           "the engines' /metrics, read every --stats-interval, as vLLM's own client balances).",
+                .meaning = "How to pick a rank for each request; every policy honours the backends' weights. "
+                           "least-inflight: the rank with the fewest requests dplb has in flight there, ties taken "
+                           "in turn; round-robin: each rank in turn; least-load: dplb's in-flight count raised by "
+                           "what the engine reports (running + waiting from its /metrics, plus dplb's picks since "
+                           "that read), plus --kv-pressure-weight * waiting * max(0, KV-cache usage - 0.5), as "
+                           "vLLM scores its engines, but never below what dplb knows it sent; least-tokens: the "
+                           "fewest tokens outstanding (prompt tokens until the first response byte, plus "
+                           "max_tokens or --default-max-tokens until the end). Baselines for benchmarks, not for "
+                           "serving: random, and engine-stats (lowest 4*waiting+running from the engines' "
+                           "/metrics, read every --stats-interval, as vLLM's own client balances).",
                 .kind = value_kind::choice,
                 .choices = policy_names,
                 .set_text = [](settings& s, std::string_view v) { return (s.policy = v, std::string()); },
                 .show_default = [](const settings& s) { return s.policy; }},
-    ms_option<&settings::stats_interval>("stats-interval", "DPLB_STATS_INTERVAL", "stats_interval", 10, max_timeout_ms,
-                                  "Only for the engine-stats baseline policy: how often every engine's /metrics is read "
-                                  "(vLLM's DP coordinator publishes every 100 ms)."),
+    option_spec{.flag = "stats-interval",
+                .env = "DPLB_STATS_INTERVAL",
+                .key = "stats_interval",
+                .value_name = "MS",
+                .meaning = "How often every backend's /metrics is read for its engines' running, waiting and "
+                           "KV-cache numbers (exported as dplb_engine_*; least-load and engine-stats balance on "
+                           "them). vLLM's DP coordinator publishes every 100 ms. Numbers older than 3 intervals "
+                           "plus --health-check-timeout-ms are stale and ignored. By default the engines are read "
+                           "only for a policy that uses the numbers (a busy vLLM API server spends real time "
+                           "rendering /metrics); set it to read them under any policy. 0 = never.",
+                .kind = value_kind::number,
+                .min = 0,
+                .max = max_timeout_ms,
+                .unit = "ms",
+                .set_number = [](settings& s, std::uint64_t n) { s.stats_interval = std::chrono::milliseconds(n); },
+                .show_default =
+                    [](const settings&) { return std::string("100 with least-load or engine-stats, else 0"); }},
+    option_spec{.flag = "kv-pressure-weight",
+                .env = "DPLB_KV_PRESSURE_WEIGHT",
+                .key = "kv_pressure_weight",
+                .value_name = "W",
+                .meaning = "least-load: the weight of KV-cache pressure, W * waiting * max(0, usage - 0.5), added to "
+                           "a rank's load (vLLM's balancer uses 6); 0 ignores the KV cache.",
+                .kind = value_kind::decimal,
+                .set_text = [](settings& s, std::string_view v) { return parse_weight(v, s.kv_pressure_weight); },
+                .show_default = [](const settings& s) { return format_weight(s.kv_pressure_weight); }},
+    count_option<&settings::default_max_tokens>("default-max-tokens", "DPLB_DEFAULT_MAX_TOKENS", "default_max_tokens", "N", 1, 10'000'000, "tokens",
+                                  "least-tokens: the generation a request is assumed to cost when it sets neither "
+                                  "max_tokens nor max_completion_tokens."),
+    ms_option<&settings::slow_start>("slow-start", "DPLB_SLOW_START", "slow_start", 0, max_timeout_ms,
+                                  "A rank readmitted after failed health checks or an ejection starts at a tenth of "
+                                  "its weight and ramps up linearly over this long, so that a cold engine is not "
+                                  "flooded. 0 = off."),
     option_spec{.flag = "threads",
                 .env = "DPLB_THREADS",
                 .key = "threads",
@@ -594,6 +692,7 @@ std::vector<std::string> texts_from_json(const option_spec& o, const json& node,
   };
   switch (o.kind) {
     case value_kind::number:
+    case value_kind::decimal:
       // A fraction or a negative number is dumped and then refused with the range, like any bad number.
       if (!node.is_number()) throw wrong_type("a number");
       return {node.dump()};
@@ -608,6 +707,7 @@ std::vector<std::string> texts_from_json(const option_spec& o, const json& node,
       return texts;
     }
     default:
+      // A number where text is parsed as one (kv_pressure_weight) may be written as a JSON number.
       if (!node.is_string()) throw wrong_type("a string");
       return {node.get<std::string>()};
   }
@@ -647,8 +747,9 @@ std::string_view trim(std::string_view s) {
   return s.substr(first, s.find_last_not_of(" \t") - first + 1);
 }
 
-std::vector<std::string> parse_backends(const option_spec& o, const raw_value& v) {
-  std::vector<std::string> backends;
+std::vector<backend_spec> parse_backends(const option_spec& o, const raw_value& v) {
+  std::vector<backend_spec> backends;
+  std::size_t ranks = 0;
   std::map<std::string, std::pair<std::size_t, std::string>> rank_of;  // normal form -> rank, as written
   for (const std::string& text : v.texts) {
     std::size_t start = 0;
@@ -656,14 +757,19 @@ std::vector<std::string> parse_backends(const option_spec& o, const raw_value& v
       const std::size_t comma = std::min(text.find(',', start), text.size());
       const std::string_view entry = trim(std::string_view(text).substr(start, comma - start));
       if (entry.empty()) bad_value(o, v, text, "empty entry; expected http://HOST:PORT[,http://HOST:PORT...]");
-      std::string normal;
+      backend_spec normal;
       if (auto why = parse_backend(entry, normal); !why.empty()) bad_value(o, v, entry, why);
-      const auto [it, fresh] = rank_of.emplace(normal, std::pair{backends.size(), std::string(entry)});
+      const auto [it, fresh] = rank_of.emplace(normal.url, std::pair{ranks, std::string(entry)});
       if (!fresh) {
         // The same engine twice would silently get twice the share of requests.
         throw config_error("duplicate --backend '" + std::string(entry) + "'" + v.origin + ": same engine as rank " +
                            std::to_string(it->second.first) + " ('" + it->second.second +
                            "'); list each engine once");
+      }
+      ranks += normal.dp;
+      if (ranks > max_ranks) {
+        throw config_error("too many ranks" + v.origin + ": the backends add up to more than " +
+                           std::to_string(max_ranks) + " DP ranks");
       }
       backends.push_back(std::move(normal));
       if (comma == text.size()) break;
@@ -698,6 +804,7 @@ void apply(const option_spec& o, const raw_value& v, settings& s) {
       return;
     }
     case value_kind::text:
+    case value_kind::decimal:
       if (auto why = o.set_text(s, v.texts.front()); !why.empty()) bad_value(o, v, v.texts.front(), why);
       return;
     case value_kind::flag:

@@ -3,6 +3,9 @@
 #include <boost/beast/core/string.hpp>
 #include <boost/url/parse.hpp>
 
+#include <cstdint>
+#include <limits>
+
 #include "dplb/http/header_sanitizer.hpp"
 #include "dplb/http/wire_format.hpp"
 
@@ -45,6 +48,31 @@ bool to_origin_form(const http::request_head& head, admission& decision) {
   return true;
 }
 
+bool is_dp_rank_header(const http::field_view& field) noexcept {
+  return field.name == bhttp::field::unknown && boost::beast::iequals(field.name_string, "x-data-parallel-rank");
+}
+
+// The client's X-data-parallel-rank, read as vLLM reads it: an integer (a sign allowed; one beyond the
+// 64-bit range is kept as out of range), anything else ignored. Several lines must agree.
+bool read_pinned_rank(const http::field_list& fields, admission& decision) {
+  for (const auto& field : fields) {
+    if (!is_dp_rank_header(field)) continue;
+    std::string_view text = field.value;
+    const bool negative = text.starts_with('-');
+    if (negative || text.starts_with('+')) text.remove_prefix(1);
+    if (text.empty() || text.find_first_not_of("0123456789") != std::string_view::npos) continue;
+    std::int64_t value = 0;
+    for (const char c : text) {
+      value = value > (std::numeric_limits<std::int64_t>::max() - 9) / 10 ? std::numeric_limits<std::int64_t>::max()
+                                                                            : value * 10 + (c - '0');
+    }
+    if (negative) value = -value;
+    if (decision.pinned_rank && *decision.pinned_rank != value) return false;
+    decision.pinned_rank = value;
+  }
+  return true;
+}
+
 admission refuse(unsigned status, std::string_view message) {
   admission decision;
   decision.refusal_status = status;
@@ -83,6 +111,8 @@ admission admit(const http::request_head& head) {
     return refuse(400, "request's Connection header lists too many options");
   }
 
+  decision.pinned_rank_conflict = !read_pinned_rank(head.fields, decision);
+
   const auto path = path_of(decision.target());
   decision.route = path == "/metrics" ? request_route::metrics
                    : path == "/health" ? request_route::health
@@ -111,8 +141,10 @@ bool rewritten_upstream(const http::field_view& field) noexcept {
     case bhttp::field::via:
       return true;
     case bhttp::field::unknown:
+      // The client's X-data-parallel-rank picked a global rank in dplb; the engine gets its own index
+      // (a rank of a `#dp=N` backend) or none at all (a plain backend refuses any value but its own).
       return boost::beast::iequals(field.name_string, "x-forwarded-for") ||
-             boost::beast::iequals(field.name_string, "x-forwarded-proto");
+             boost::beast::iequals(field.name_string, "x-forwarded-proto") || is_dp_rank_header(field);
     default:
       return false;
   }

@@ -51,6 +51,7 @@ class request_accounting {
   // is relayed as it is (the engine's message is the useful one), but counts against the rank.
   void answered(unsigned status) {
     state_ = state::answered;
+    lease_.prompt_done();  // the engine has prefilled the prompt
     status_ = status;
     shared_.metrics.first_byte(rank_, clock_type::now() - picked_at_);
     if (status >= 500) {

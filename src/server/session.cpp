@@ -138,7 +138,10 @@ class session {
       case request_route::health: co_return co_await serve_own_path(method, "/health", keep_alive);
       case request_route::proxy: break;
     }
-    co_return co_await proxy(method, keep_alive);
+    if (decision.pinned_rank_conflict) {
+      co_return co_await reject(400, "request has X-data-parallel-rank headers that disagree; send one", keep_alive);
+    }
+    co_return co_await proxy(method, keep_alive, decision.pinned_rank);
   }
 
   // The rarer steps of reading a request are coroutines of their own, so that their state is not part of
@@ -253,7 +256,7 @@ class session {
 
   // A slot on a rank with --max-inflight-per-rank: at once, or after a FIFO wait in dplb's queue, bounded
   // by --queue-timeout-ms.
-  io::task<slot_result> wait_for_slot() {
+  io::task<slot_result> wait_for_slot(const balancer::pick_context& request, balancer::request_cost cost) {
     struct wait_state {
       explicit wait_state(const io::executor& ex) : timer(ex) {}
       io::steady_timer timer;
@@ -275,7 +278,7 @@ class session {
         state->timer.cancel();
       });
     };
-    auto lease = shared_.balancer.acquire_or_wait(deliver, waiter_id, queued);
+    auto lease = shared_.balancer.acquire_or_wait(request, cost, deliver, waiter_id, queued);
     if (lease) co_return slot_result{std::move(lease)};
     if (!queued) {
       co_return slot_result{{}, shared_.balancer.any_usable() ? slot_refusal::queue_full : slot_refusal::no_usable_rank};
@@ -306,16 +309,28 @@ class session {
 
   // Picks a rank, sends it the request and relays the response. Returns whether the client
   // connection may carry another request.
-  io::task<bool> proxy(bhttp::verb method, bool client_keep_alive) {
+  io::task<bool> proxy(bhttp::verb method, bool client_keep_alive, std::optional<std::int64_t> pinned) {
     const unsigned client_version = client_version_;
     set_upstream_framing(upstream_head_, method, request_body_.size());
+    balancer::pick_context request;
+    balancer::request_cost cost;
+    if (pinned) {
+      const auto ranks = shared_.topology.hosts.size();
+      if (*pinned < 0 || static_cast<std::uint64_t>(*pinned) >= ranks) {
+        shared_.metrics.rejected(400);
+        co_return co_await send_error(400, "X-data-parallel-rank " + std::to_string(*pinned) +
+                                               " is out of range: dplb serves ranks 0.." + std::to_string(ranks - 1),
+                                      client_keep_alive);
+      }
+      request.pinned_rank = static_cast<std::size_t>(*pinned);
+    }
     // Without --max-inflight-per-rank a slot is taken at once, without a coroutine of its own. (Not a
     // conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among them.)
     slot_result slot;
     if (shared_.balancer.queueing()) {
-      slot = co_await wait_for_slot();
+      slot = co_await wait_for_slot(request, cost);
     } else {
-      slot.lease = shared_.balancer.acquire();
+      slot.lease = shared_.balancer.acquire(request, cost);
       slot.refusal = slot_refusal::no_usable_rank;  // read only when there is no lease
     }
     auto lease = std::move(slot.lease);
@@ -328,11 +343,14 @@ class session {
     if (!lease) {
       const unsigned status = slot.refusal == slot_refusal::queue_full ? 429 : 503;
       shared_.metrics.rejected(status);
-      const char* why = slot.refusal == slot_refusal::queue_full
-                            ? "every rank is at --max-inflight-per-rank and dplb's queue is full; retry later"
-                        : slot.refusal == slot_refusal::queue_timeout
-                            ? "no rank slot freed within --queue-timeout-ms; retry later"
-                            : "no backend rank is usable; check the engines and their /health";
+      const std::string why =
+          slot.refusal == slot_refusal::queue_full
+              ? "every rank is at --max-inflight-per-rank and dplb's queue is full; retry later"
+          : slot.refusal == slot_refusal::queue_timeout ? "no rank slot freed within --queue-timeout-ms; retry later"
+          : request.pinned_rank
+              ? "rank " + std::to_string(*request.pinned_rank) + " (named by X-data-parallel-rank) is not usable now" +
+                    (shared_.balancer.usable(*request.pinned_rank) ? " (at --max-inflight-per-rank)" : "")
+              : "no backend rank is usable; check the engines and their /health";
       co_return co_await send_error(status, why, client_keep_alive, true);
     }
     const bool head_request = method == bhttp::verb::head;
@@ -371,11 +389,16 @@ class session {
         co_return false;
       }
       accounting.attempt_failed(attempt.kind, attempt.health);
-      if (attempt.retry_elsewhere && retries < settings_.max_retries) {
+      // A pinned request has one rank: it never moves to another.
+      if (attempt.retry_elsewhere && retries < settings_.max_retries && !request.pinned_rank) {
         // Nothing reached the engine's application and nothing reached the client: try another rank.
-        tried.resize(shared_.backends.size());
-        tried[accounting.rank()] = true;
-        if (auto next = shared_.balancer.acquire(tried)) {
+        // The ranks behind the same URL share the failed server: none of them is tried either.
+        const auto& hosts = shared_.topology.hosts;
+        const auto& failed = shared_.topology.backends[hosts[accounting.rank()].backend];
+        tried.resize(hosts.size());
+        std::fill_n(tried.begin() + static_cast<std::ptrdiff_t>(failed.first_rank), failed.dp, true);
+        request.avoid = &tried;
+        if (auto next = shared_.balancer.acquire(request, cost)) {
           spdlog::debug("rank {} failed ({}); retrying on rank {}", accounting.rank(), attempt.ec.message(),
                         next.rank());
           accounting.move_to(std::move(next));
@@ -414,7 +437,7 @@ class session {
       // Content-Length) is the only way left to tell the client the response is incomplete.
       accounting.finish(accounting.status());
       spdlog::warn("rank {} ({}) failed mid-response; the client sees a truncated response", rank,
-                   shared_.backends[rank].url);
+                   shared_.topology.hosts[rank].name);
       co_return false;
     }
     exchange.give_back_if_clean(rank);
@@ -432,7 +455,7 @@ class session {
     const unsigned status = not_delivered ? 503 : ec == beast::error::timeout ? 504 : 502;
     accounting.finish(status);
     const auto rank = accounting.rank();
-    const auto where = "backend rank " + std::to_string(rank) + " (" + shared_.backends[rank].url + ")";
+    const auto where = "backend rank " + std::to_string(rank) + " (" + shared_.topology.hosts[rank].name + ")";
     std::string message =
         not_delivered
             ? "no backend rank could take the request; the last tried, " + where +

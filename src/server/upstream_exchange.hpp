@@ -64,6 +64,7 @@ class upstream_exchange {
   // Sends the request (its head without the Host, and its body) to the rank and reads the final response
   // head.
   io::task<outcome> send(std::size_t rank, const upstream_head& head, std::string_view body, bool head_request) {
+    const upstream::host& target = worker_.shared.topology.hosts[rank];
     using clock_type = std::chrono::steady_clock;
     const auto head_timeout = settings_.upstream_first_byte_timeout.count() > 0 ? settings_.upstream_first_byte_timeout
                                                                                 : settings_.upstream_read_timeout;
@@ -71,9 +72,9 @@ class upstream_exchange {
       watch_.upstream = nullptr;  // the watcher must never see a connection that is about to be destroyed
       deadline_.guard(nullptr);   // nor the deadline
       // A re-send always takes a fresh connection: the engine may have dropped every pooled one (restart).
-      connection_ = attempt == 0 ? worker_.pool.take_idle(rank) : nullptr;
+      connection_ = attempt == 0 ? worker_.pool.take_idle(target.backend) : nullptr;
       if (!connection_) {
-        auto connected = co_await worker_.pool.connect(rank);
+        auto connected = co_await worker_.pool.connect(target.backend);
         if (!connected.connection) {
           // Nothing was sent: always safe to try another rank.
           co_return outcome{connected.error, "connect", upstream::request_outcome::connect_failure, true};
@@ -86,7 +87,7 @@ class upstream_exchange {
       if (watch_.client_gone) co_return outcome{boost::asio::error::operation_aborted, "client", {}, false};
 
       deadline_.expires_after(settings_.upstream_read_timeout);
-      const auto pieces = head.pieces(worker_.shared.backends[rank].host_line, body);
+      const auto pieces = head.pieces(target.request_lines, body);
       auto& socket = connection_->stream.socket();
       const auto now = write_now(socket, pieces);  // usually the whole request, without the event loop
       boost::system::error_code ec = now.ec;
@@ -152,7 +153,7 @@ class upstream_exchange {
     if (parser_->is_done() && parser_->keep_alive() && connection_->buffer.size() == 0 &&
         connection_->stream.socket().is_open()) {
       deadline_.guard(nullptr);
-      worker_.pool.give_back(rank, std::move(connection_));
+      worker_.pool.give_back(worker_.shared.topology.hosts[rank].backend, std::move(connection_));
     }
   }
 

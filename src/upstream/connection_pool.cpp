@@ -31,8 +31,8 @@ connection_pool::connection_pool(io::executor executor, const std::vector<backen
     : executor_(executor), backends_(backends), limits_(limits), idle_(backends.size()),
       sweep_timer_(executor) {}
 
-connection_ptr connection_pool::take_idle(std::size_t rank) {
-  auto& idle = idle_[rank];
+connection_ptr connection_pool::take_idle(std::size_t backend) {
+  auto& idle = idle_[backend];
   const auto now = std::chrono::steady_clock::now();
   while (!idle.empty()) {
     connection_ptr c = std::move(idle.back());
@@ -45,10 +45,10 @@ connection_ptr connection_pool::take_idle(std::size_t rank) {
   return nullptr;
 }
 
-io::task<connect_result> connection_pool::connect(std::size_t rank) {
+io::task<connect_result> connection_pool::connect(std::size_t backend) {
   auto c = std::make_unique<upstream_connection>(executor_);
   c->stream.expires_after(limits_.connect_timeout);
-  auto [ec, endpoint] = co_await c->stream.async_connect(backends_[rank].endpoints, io::as_result);
+  auto [ec, endpoint] = co_await c->stream.async_connect(backends_[backend].endpoints, io::as_result);
   if (ec) co_return connect_result{nullptr, ec};
   // Small requests and SSE events must leave at once, not wait for Nagle's algorithm.
   c->stream.socket().set_option(asio::ip::tcp::no_delay(true), ec);
@@ -62,18 +62,18 @@ io::task<connect_result> connection_pool::connect(std::size_t rank) {
   co_return connect_result{std::move(c), {}};
 }
 
-void connection_pool::give_back(std::size_t rank, connection_ptr connection) {
+void connection_pool::give_back(std::size_t backend, connection_ptr connection) {
   if (stopped_ || !connection) return;
-  auto& idle = idle_[rank];
-  if (idle.size() >= limits_.max_idle_per_rank) return;  // closes it: the pool stays bounded
+  auto& idle = idle_[backend];
+  if (idle.size() >= limits_.max_idle_per_rank * backends_[backend].dp) return;  // closes it: the pool stays bounded
   connection->stream.expires_never();
   connection->idle_since = std::chrono::steady_clock::now();
   connection->reused = true;
   idle.push_back(std::move(connection));
 }
 
-void connection_pool::drop_expired(std::size_t rank, std::chrono::steady_clock::time_point now) {
-  auto& idle = idle_[rank];
+void connection_pool::drop_expired(std::size_t backend, std::chrono::steady_clock::time_point now) {
+  auto& idle = idle_[backend];
   // Oldest first: everything before the first young connection has expired.
   std::size_t keep_from = 0;
   while (keep_from < idle.size() && now - idle[keep_from]->idle_since >= limits_.idle_timeout) ++keep_from;
@@ -85,7 +85,7 @@ void connection_pool::drop_expired(std::size_t rank, std::chrono::steady_clock::
 
 io::task<void> connection_pool::sweep_loop() {
   // Without the sweep, a connection the engine closed would sit in CLOSE_WAIT until the next request
-  // to that rank; the period is a quarter of the idle timeout so nothing lingers much beyond it. (One
+  // to that backend; the period is a quarter of the idle timeout so nothing lingers much beyond it. (One
   // MSG_PEEK read per idle connection per period.)
   const auto period = std::max(limits_.idle_timeout / 4, std::chrono::milliseconds(50));
   while (!stopped_) {
@@ -93,7 +93,7 @@ io::task<void> connection_pool::sweep_loop() {
     auto [ec] = co_await sweep_timer_.async_wait(io::as_result);
     if (ec || stopped_) break;
     const auto now = std::chrono::steady_clock::now();
-    for (std::size_t rank = 0; rank < idle_.size(); ++rank) drop_expired(rank, now);
+    for (std::size_t backend = 0; backend < idle_.size(); ++backend) drop_expired(backend, now);
   }
 }
 

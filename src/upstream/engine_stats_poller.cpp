@@ -66,35 +66,65 @@ std::optional<balancer::engine_load> parse_engine_load(std::string_view text) {
   return balancer::engine_load{to_count(waiting), to_count(running)};
 }
 
-engine_stats_poller::engine_stats_poller(const std::vector<backend>& backends, balancer::balancer& balancer,
+engine_stats_poller::engine_stats_poller(const topology& topology, balancer::balancer& balancer,
                                          std::chrono::milliseconds interval, std::chrono::milliseconds timeout)
-    : backends_(backends), balancer_(balancer), interval_(interval), timeout_(timeout) {}
+    : topology_(topology), balancer_(balancer), interval_(interval), timeout_(timeout), warned_(topology.backends.size()) {}
 
 void engine_stats_poller::start(const asio::any_io_executor& executor) {
   asio::co_spawn(executor, poll_loop(), asio::detached);
 }
 
+bool engine_stats_poller::readings_from_page(const backend& target, std::string_view page,
+                                             std::vector<balancer::engine_reading>& round) const {
+  if (target.dp != 1) return false;  // per-engine series: read with the per-engine parser
+  const auto load = parse_engine_load(page);
+  if (!load) return false;
+  round[target.first_rank].good = true;
+  round[target.first_rank].load = *load;
+  return true;
+}
+
+asio::awaitable<void> engine_stats_poller::read_backend(const backend& target,
+                                                        std::vector<balancer::engine_reading>& round,
+                                                        std::size_t& pending, asio::steady_timer& all_done) {
+  // Taken before the request leaves: whatever dplb sends the ranks from now on may be missing from the
+  // page, and the policies add it back (engine_view::picks_since_read).
+  const auto sent_at = std::chrono::steady_clock::now();
+  for (std::size_t r = target.first_rank; r < target.first_rank + target.dp; ++r) {
+    round[r] = balancer::engine_reading{};
+    round[r].picks_before_read = balancer_.picks(r);
+    round[r].read_at = sent_at;
+  }
+  const auto page = co_await fetch(target, "/metrics", "dplb-engine-stats", timeout_, 16u << 20);
+  const bool good = page && page->status == 200 && readings_from_page(target, page->body, round);
+  if (good) {
+    if (std::exchange(warned_[target.index], char{0})) spdlog::info("engine stats: {} answers again", target.url);
+  } else if (!std::exchange(warned_[target.index], char{1})) {
+    spdlog::warn("engine stats: no vllm:num_requests_waiting/running from {}; its ranks are balanced on dplb's "
+                 "own counts until it answers again", target.url);
+  }
+  if (--pending == 0) all_done.cancel();
+}
+
 asio::awaitable<void> engine_stats_poller::poll_loop() {
-  asio::steady_timer timer(co_await asio::this_coro::executor);
-  std::vector<balancer::engine_load> snapshot(backends_.size());
-  std::vector<char> warned(backends_.size(), 0);  // a rank that gave no numbers is logged once
+  auto executor = co_await asio::this_coro::executor;
+  asio::steady_timer timer(executor);
+  asio::steady_timer all_done(executor);
+  std::vector<balancer::engine_reading> round(topology_.hosts.size());
   for (;;) {
     const auto started = std::chrono::steady_clock::now();
-    // One rank after the other, then one publication: the policy sees every rank's numbers change at
-    // once, as a client of vLLM's coordinator does. A rank that does not answer keeps its last numbers.
-    for (std::size_t r = 0; r < backends_.size(); ++r) {
-      const auto page = co_await fetch(backends_[r], "/metrics", "dplb-engine-stats", timeout_, 16u << 20);
-      const auto load = page && page->status == 200 ? parse_engine_load(page->body) : std::nullopt;
-      if (load) {
-        snapshot[r] = *load;
-        if (std::exchange(warned[r], char{0})) spdlog::info("engine stats: rank {} ({}) answers again", r, backends_[r].url);
-      } else if (!std::exchange(warned[r], char{1})) {
-        spdlog::warn("engine stats: no vllm:num_requests_waiting/running from rank {} ({}); keeping its last "
-                     "numbers until it answers again", r, backends_[r].url);
-      }
-      if (stopped_.load(std::memory_order_relaxed)) co_return;
+    // Every backend at once, then one publication: the policy sees every rank's numbers change together,
+    // as a client of vLLM's coordinator does, and one slow engine (bounded by the timeout) delays the
+    // others' numbers by no more than it takes. The readers run on this thread and this frame outlives
+    // them: it waits for the last one.
+    std::size_t pending = topology_.backends.size();
+    all_done.expires_at(std::chrono::steady_clock::time_point::max());
+    for (const auto& target : topology_.backends) {
+      asio::co_spawn(executor, read_backend(target, round, pending, all_done), asio::detached);
     }
-    balancer_.publish_engine_stats(snapshot);
+    while (pending > 0) co_await all_done.async_wait(asio::as_tuple(asio::use_awaitable));
+    if (stopped_.load(std::memory_order_relaxed)) co_return;
+    balancer_.publish_engine_stats(round);
     timer.expires_at(started + interval_);
     auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
     if (ec || stopped_.load(std::memory_order_relaxed)) co_return;

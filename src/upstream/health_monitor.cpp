@@ -19,14 +19,15 @@ namespace dplb::upstream {
 namespace asio = boost::asio;
 constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
 
-health_monitor::health_monitor(const std::vector<backend>& backends, balancer::balancer& balancer,
+health_monitor::health_monitor(const topology& topology, balancer::balancer& balancer,
                                metrics::proxy_metrics& metrics, health_check_settings settings)
-    : backends_(backends), balancer_(balancer), metrics_(metrics), settings_(std::move(settings)),
-      ranks_(backends.size(), rank_health(settings_.policy)), streaks_(backends.size()) {}
+    : topology_(topology), balancer_(balancer), metrics_(metrics), settings_(std::move(settings)),
+      ranks_(topology.hosts.size(), rank_health(settings_.policy)), streaks_(topology.hosts.size()) {}
 
 void health_monitor::apply(std::size_t rank) {
   const auto& h = ranks_[rank];
-  balancer_.set_usable(rank, h.usable());
+  balancer_.set_flag(rank, balancer::host_flag::unhealthy, !h.healthy());
+  balancer_.set_flag(rank, balancer::host_flag::ejected, h.ejected());
   metrics_.rank_state(rank, h.healthy(), h.ejected());
 }
 
@@ -55,7 +56,7 @@ void health_monitor::record(std::size_t rank, request_outcome outcome) {
     const auto for_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
         *h.ejected_until() - std::chrono::steady_clock::now());
     spdlog::warn("rank {} ({}) ejected for {} ms after {} consecutive failed requests (ejection #{})", rank,
-                 backends_[rank].url, for_ms.count(), settings_.policy.ejection_threshold, h.times_ejected());
+                 topology_.hosts[rank].name, for_ms.count(), settings_.policy.ejection_threshold, h.times_ejected());
     metrics_.ejected(rank);
     apply(rank);
   }
@@ -98,7 +99,7 @@ asio::awaitable<void> health_monitor::tick_loop() {
       if (!ranks_[r].ejected()) continue;
       ranks_[r].tick(now);
       if (!ranks_[r].ejected()) {
-        spdlog::info("rank {} ({}) back from ejection", r, backends_[r].url);
+        spdlog::info("rank {} ({}) back from ejection", r, topology_.hosts[r].name);
         apply(r);
       }
     }
@@ -110,21 +111,23 @@ asio::awaitable<void> health_monitor::probe_loop() {
   asio::steady_timer timer(executor);
   for (;;) {
     const auto started = std::chrono::steady_clock::now();
-    // Probed one after the other: each is bounded by the probe timeout, and a slow rank must not hold
+    // Probed one after the other: each is bounded by the probe timeout, and a slow backend must not hold
     // the others' verdicts back by more than that.
-    for (std::size_t r = 0; r < backends_.size(); ++r) {
-      const bool ok = co_await probe(r);
+    for (const auto& target : topology_.backends) {
+      const bool ok = co_await probe(target);
       std::lock_guard lock(mutex_);
       if (stopped_) co_return;
-      auto& h = ranks_[r];
-      const bool was_healthy = h.healthy();
-      ok ? h.probe_succeeded() : h.probe_failed();
-      if (h.healthy() != was_healthy) {
-        if (h.healthy()) spdlog::info("rank {} ({}) is healthy again", r, backends_[r].url);
-        else spdlog::warn("rank {} ({}) is down: {} consecutive failed health checks", r, backends_[r].url,
-                          settings_.policy.unhealthy_threshold);
+      for (std::size_t r = target.first_rank; r < target.first_rank + target.dp; ++r) {
+        auto& h = ranks_[r];
+        const bool was_healthy = h.healthy();
+        ok ? h.probe_succeeded() : h.probe_failed();
+        if (h.healthy() != was_healthy) {
+          if (h.healthy()) spdlog::info("rank {} ({}) is healthy again", r, topology_.hosts[r].name);
+          else spdlog::warn("rank {} ({}) is down: {} consecutive failed health checks", r, topology_.hosts[r].name,
+                            settings_.policy.unhealthy_threshold);
+        }
+        apply(r);
       }
-      apply(r);
     }
     timer.expires_at(started + settings_.interval);
     auto [ec] = co_await timer.async_wait(as_result);
@@ -132,8 +135,8 @@ asio::awaitable<void> health_monitor::probe_loop() {
   }
 }
 
-asio::awaitable<bool> health_monitor::probe(std::size_t rank) {
-  const auto answer = co_await fetch(backends_[rank], settings_.path, "dplb-health-check", settings_.timeout, 64 * 1024);
+asio::awaitable<bool> health_monitor::probe(const backend& target) {
+  const auto answer = co_await fetch(target, settings_.path, "dplb-health-check", settings_.timeout, 64 * 1024);
   co_return answer && answer->status == 200;
 }
 

@@ -4,11 +4,13 @@
 //
 // Threading contract: every member may be called from any thread. acquire() holds a mutex for the
 // policy's choice and the increment together (a pick and its count are one step, so two threads can
-// never both see a rank as least loaded). Reads are lock-free atomics, and so are releases without
-// queueing; with queueing a release takes the mutex, so that a freed slot can never miss a waiter
-// (see balancer::release).
+// never both see a rank as least loaded). Reads are lock-free atomics, and so are releases unless
+// queueing is on or the policy hears releases; then a release takes the mutex, so that a freed slot can
+// never miss a waiter (see balancer::release). State changes (flags, weights, engine stats) take the
+// mutex: they are rare, and the policy hears them in order with its picks.
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -25,6 +27,13 @@ namespace dplb::balancer {
 
 class balancer;
 
+// What a request costs the rank it runs on, in tokens (least-tokens): the prompt until the response's
+// first byte (the prefill is done then), the generation until the end.
+struct request_cost {
+  std::uint32_t prompt = 0;
+  std::uint32_t decode = 0;
+};
+
 // One request's claim on a rank: counted in-flight from acquire() until the lease is destroyed or
 // released. Move-only RAII so that every exit path (normal end, client close, upstream error,
 // exception) gives the slot back exactly once.
@@ -39,21 +48,50 @@ class rank_lease {
 
   explicit operator bool() const noexcept { return owner_ != nullptr; }
   std::size_t rank() const noexcept { return rank_; }
+  // The prefill is over (the engine's first byte arrived): the prompt's tokens no longer weigh on the rank.
+  void prompt_done() noexcept;
   void release() noexcept;
 
  private:
   friend class balancer;
-  rank_lease(balancer* owner, std::size_t rank) noexcept : owner_(owner), rank_(rank) {}
+  rank_lease(balancer* owner, std::size_t rank, request_cost cost) noexcept
+      : owner_(owner), rank_(rank), cost_(cost) {}
   balancer* owner_ = nullptr;
   std::size_t rank_ = 0;
+  request_cost cost_;  // what is still counted on the rank
 };
 
 // Optional queueing in dplb (--max-inflight-per-rank): a rank at its limit takes no new request; when
 // every usable rank is full, requests wait in a FIFO queue and each freed slot goes to the oldest waiter,
-// so imbalance never hides in an engine's own queue.
+// so imbalance never hides in an engine's own queue. A request pinned to a rank waits in that rank's own
+// queue; the oldest waiter that a freed slot can serve gets it.
 struct queue_limits {
   std::uint32_t max_inflight_per_rank = 0;  // 0: no limit, no queueing
-  std::size_t max_waiting = 1024;           // beyond: refused at once
+  std::size_t max_waiting = 1024;           // beyond: refused at once (pinned and not, together)
+};
+
+struct host_timing {
+  // A rank readmitted after a health failure or an ejection starts at a tenth of its weight and ramps up
+  // linearly over this long (Envoy's slow start), so that it is not flooded while its caches are cold.
+  // 0: off.
+  std::chrono::milliseconds slow_start{0};
+  // Engine stats older than this are stale: the policies then ignore them and go by dplb's counts.
+  std::chrono::milliseconds stats_max_age{1'000};
+};
+
+// One engine-stats read of a rank, as the poller hands it over.
+struct engine_reading {
+  bool good = false;  // false: no usable answer this round (the last good one keeps aging)
+  engine_load load{};
+  std::uint64_t picks_before_read = 0;  // picks(rank) just before the read was sent
+  std::chrono::steady_clock::time_point read_at{};
+};
+
+// A rank's engine stats as exported (metrics, /ranks).
+struct engine_status {
+  bool ever = false;  // a good read arrived once
+  engine_load load{};
+  std::chrono::steady_clock::duration age{};
 };
 
 // A request waiting for a slot. `deliver` is called with the lease from whichever thread freed the slot,
@@ -61,25 +99,30 @@ struct queue_limits {
 // should only hand the lease over (e.g. post it to the waiter's executor), since it delays that thread.
 struct waiter {
   std::uint64_t id = 0;
+  request_cost cost;
   std::function<void(rank_lease)> deliver;
 };
 
 class balancer {
  public:
-  balancer(std::size_t rank_count, std::unique_ptr<policy> chosen_policy, queue_limits limits = {});
+  balancer(std::size_t rank_count, std::unique_ptr<policy> chosen_policy, queue_limits limits = {},
+           host_timing timing = {});
 
-  // Chooses a rank and counts the request on it; an empty lease when no rank is usable.
-  rank_lease acquire();
-  // The same, never choosing a rank whose entry in `excluded` is true: a retry after a failure there.
-  // A retry does not wait behind queued requests (it already had its turn).
-  rank_lease acquire(const std::vector<bool>& excluded);
+  // Chooses a rank and counts the request on it; an empty lease when no rank is usable (or, pinned, when
+  // its rank is not usable or full). A request with `avoid` set is a retry: it does not wait behind queued
+  // requests (it already had its turn).
+  rank_lease acquire(const pick_context& request = {}, request_cost cost = {});
 
-  // Marks a rank usable or not (health checks, ejection). In-flight requests on it are unaffected.
-  void set_usable(std::size_t rank, bool usable);
-  bool usable(std::size_t rank) const noexcept;
+  // Host state: flags (host_flag bits, each set or cleared on its own), weight.
+  void set_flag(std::size_t rank, host_flag flag, bool on);
+  std::uint8_t flags(std::size_t rank) const noexcept;
+  bool usable(std::size_t rank) const noexcept { return flags(rank) == 0; }
+  void set_weight(std::size_t rank, std::uint32_t weight);
+  std::uint32_t weight(std::size_t rank) const noexcept;
 
   std::size_t rank_count() const noexcept { return ranks_.size(); }
   std::uint32_t inflight(std::size_t rank) const noexcept;
+  std::uint64_t cost_inflight(std::size_t rank) const noexcept;
   std::uint64_t picks(std::size_t rank) const noexcept;  // requests ever sent to the rank
   bool any_usable() const noexcept;
 
@@ -88,15 +131,18 @@ class balancer {
 
   const policy& active_policy() const noexcept { return *policy_; }
 
-  // Hands a snapshot of every engine's reported load (indexed by rank) to the policy, under the pick
-  // lock. Only the engine-stats baseline looks at it; dplb's own counts are never touched by it.
-  void publish_engine_stats(std::span<const engine_load> snapshot);
+  // A round of engine-stats reads, indexed by rank. Each good reading replaces the rank's engine view; the
+  // policy also gets the full snapshot of every rank's latest numbers (the engine-stats baseline replaces
+  // its local estimate with it, as vLLM's client does). dplb's own counts are never touched by it.
+  void publish_engine_stats(std::span<const engine_reading> round);
+  engine_status engine_stats_of(std::size_t rank) const;
 
   // Queueing (only with max_inflight_per_rank > 0).
   bool queueing() const noexcept { return limits_.max_inflight_per_rank > 0; }
   // Takes a slot at once (returned), or enqueues `deliver` (empty lease, queued = true), or refuses
   // when the queue is full or no rank is usable (empty lease, queued = false).
-  rank_lease acquire_or_wait(std::function<void(rank_lease)> deliver, std::uint64_t& waiter_id, bool& queued);
+  rank_lease acquire_or_wait(const pick_context& request, request_cost cost, std::function<void(rank_lease)> deliver,
+                             std::uint64_t& waiter_id, bool& queued);
   // Removes a waiter that gave up; false when it was already served (its lease is on the way).
   bool cancel_wait(std::uint64_t waiter_id);
   std::size_t waiting() const noexcept { return waiting_.load(std::memory_order_relaxed); }
@@ -107,8 +153,11 @@ class balancer {
 
  private:
   friend class rank_lease;
-  void release(std::size_t rank) noexcept;
-  std::optional<std::size_t> pick_locked(const std::vector<bool>* excluded);
+  void release(std::size_t rank, request_cost cost) noexcept;
+  void release_cost(std::size_t rank, std::uint64_t tokens) noexcept;
+  std::optional<std::size_t> pick_locked(const pick_context& request, request_cost cost);
+  bool has_room_locked(std::size_t rank) const noexcept;
+  void refresh_view_locked(const pick_context& request);
   // A waiter's slot, assigned under the lock, handed over after it.
   struct delivery {
     std::function<void(rank_lease)> deliver;
@@ -116,24 +165,44 @@ class balancer {
   };
   void serve_waiters_locked(std::vector<delivery>& ready);
   static void deliver(std::vector<delivery>& ready) noexcept;
+  std::size_t queued_locked() const noexcept;
+  void count_waiting_locked() noexcept;
+
+  using clock = std::chrono::steady_clock;
 
   // A cache line per rank: each rank's count is written by every request on it, and ranks side by side
   // on one line would make the threads serving different ranks invalidate each other's reads.
   struct alignas(64) rank_state {
     std::atomic<std::uint32_t> inflight{0};
     std::atomic<std::uint64_t> picks{0};
-    std::atomic<bool> usable{true};
+    std::atomic<std::uint64_t> cost{0};
+    std::atomic<std::uint8_t> flags{0};
+    std::atomic<std::uint32_t> weight{1};
+  };
+  // What only the lock guards: rare writes, read by every pick.
+  struct rank_detail {
+    bool engine_ever = false;  // a good engine-stats read arrived once
+    engine_load engine;        // at the last good read
+    clock::time_point read_at{};
+    std::uint64_t picks_before_read = 0;
+    clock::time_point ramp_until{};  // slow start ends; epoch: not ramping
+    std::deque<waiter> pinned;       // waiters for this rank only
   };
 
   mutable std::mutex pick_mutex_;
   std::unique_ptr<policy> policy_;
   queue_limits limits_;
+  host_timing timing_;
   std::deque<waiter> queue_;               // guarded by pick_mutex_
-  std::atomic<std::size_t> waiting_{0};    // queue_.size() for metrics; never decides anything
+  std::atomic<std::size_t> waiting_{0};    // waiters, pinned or not, for metrics; never decides anything
   std::uint64_t next_waiter_id_ = 1;       // guarded by pick_mutex_
   bool closed_ = false;                    // guarded by pick_mutex_
-  std::vector<rank_state> ranks_;  // sized once; never resized (atomics are not movable)
-  std::vector<rank_view> view_;    // scratch for choose(); guarded by pick_mutex_
+  std::size_t ramping_ = 0;                // ranks in slow start; guarded by pick_mutex_
+  bool stats_seen_ = false;                // a good engine-stats read arrived; guarded by pick_mutex_
+  std::vector<rank_state> ranks_;   // sized once; never resized (atomics are not movable)
+  std::vector<rank_detail> detail_; // guarded by pick_mutex_
+  std::vector<host_view> view_;     // scratch for choose(); guarded by pick_mutex_
+  std::vector<engine_load> loads_;  // scratch for on_engine_stats(); guarded by pick_mutex_
 };
 
 }  // namespace dplb::balancer

@@ -3,12 +3,13 @@
 
 namespace dplb::balancer {
 
-// The usable rank with the fewest in-proxy in-flight requests. Ties are broken in rotation starting
-// just after the previous pick, so a burst onto idle, equal ranks is exactly round-robin, and under
-// uniform load max - min in-flight over usable ranks never exceeds 1.
+// The usable rank that would have the fewest in-proxy in-flight requests per unit of weight once it took
+// this one: lowest (inflight + 1) / weight. Ties are broken in rotation starting just after the previous
+// pick, so a burst onto idle, equal ranks is exactly round-robin, and under uniform load max - min
+// in-flight over usable ranks of equal weight never exceeds 1.
 class least_inflight final : public policy {
  public:
-  std::optional<std::size_t> choose(std::span<const rank_view> ranks) override;
+  std::optional<std::size_t> choose(const pick_context& request, std::span<const host_view> hosts) override;
   std::string_view name() const noexcept override { return "least-inflight"; }
 
  private:

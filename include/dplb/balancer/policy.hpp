@@ -1,7 +1,7 @@
 #pragma once
 // The load-balancing policy interface. A policy only chooses; the balancer owns the counts.
 //
-// Threading contract: the balancer calls choose() with its lock held, so a policy needs no
+// Threading contract: the balancer calls every member with its lock held, so a policy needs no
 // synchronisation of its own and may keep state (a rotation cursor, a stats snapshot) in plain members.
 // choose() must be fast and must not block: it runs once per request on the proxy's hot path.
 
@@ -10,36 +10,99 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <vector>
 
 namespace dplb::balancer {
 
-// One rank's load as its engine reports it (vLLM's /metrics gauges), for the engine-stats baseline.
+// One rank's load as its engine last reported it (vLLM's /metrics gauges).
 struct engine_load {
   std::uint32_t waiting = 0;  // vllm:num_requests_waiting
   std::uint32_t running = 0;  // vllm:num_requests_running
+  double kv_cache_usage = 0;  // vllm:kv_cache_usage_perc, 0..1
 };
 
-// What a policy sees of one rank when it chooses.
-struct rank_view {
-  std::uint32_t inflight = 0;  // requests dplb has sent to this rank and not yet finished
-  bool usable = true;          // false: down or ejected; never choose it
+// What a host's engine says of its load, as the policy may trust it.
+struct engine_view {
+  bool fresh = false;  // a good read newer than the staleness bound; else ignore the rest
+  engine_load load{};  // at that read
+  // Requests dplb sent to the rank after that read was taken: the engine had not seen them yet.
+  std::uint32_t picks_since_read = 0;
+};
+
+// States that keep a host out of rotation, as independent bits: the health checks, the outlier
+// ejection and the admin API each set their own, so none of them can undo another's verdict.
+enum host_flag : std::uint8_t {
+  unhealthy = 1,  // failed its active health checks
+  ejected = 2,    // passive outlier detection took it out for a while
+  draining = 4,   // the admin took it out: what is in flight finishes, nothing new starts
+  removed = 8,    // no longer configured
+};
+
+// What a policy sees of one host (one DP rank) when it chooses.
+struct host_view {
+  std::uint32_t inflight = 0;       // requests dplb has sent to this rank and not yet finished
+  std::uint64_t cost_inflight = 0;  // their cost in tokens (least-tokens), prompt parts released at first byte
+  double weight = 1;                // configured weight, scaled down while the rank ramps up (slow start)
+  std::uint8_t flags = 0;           // host_flag bits
+  bool usable = true;               // no flag, not avoided by this pick, below --max-inflight-per-rank
+  engine_view engine;
+};
+
+// What a policy may know of the request it places. The cost parts are filled only for a policy that
+// asks for request facts (policy::needs_request_facts), since reading them means parsing the body.
+struct pick_context {
+  std::string_view model{};
+  std::uint32_t prompt_tokens = 0;  // exact from token ids, else estimated from the text's length
+  std::uint32_t decode_tokens = 0;  // the most tokens it may generate: max_tokens (or the default) times n
+  std::string_view session_key{};
+  std::optional<std::size_t> pinned_rank{};  // the client named the rank: only it is a candidate
+  const std::vector<bool>* avoid = nullptr;  // ranks already tried by this request (a retry)
 };
 
 class policy {
  public:
   virtual ~policy() = default;
 
-  // Returns the index of the rank to send the next request to, or nullopt when no rank is usable.
-  // `ranks` is indexed by rank and holds the state just before this pick.
-  virtual std::optional<std::size_t> choose(std::span<const rank_view> ranks) = 0;
+  // Returns the index of the host to send the next request to, or nullopt when none is usable.
+  // `hosts` is indexed by rank and holds the state just before this pick; a host that is not usable
+  // must never be chosen.
+  virtual std::optional<std::size_t> choose(const pick_context& request, std::span<const host_view> hosts) = 0;
 
   // The name used on the command line and in logs, e.g. "round-robin".
   virtual std::string_view name() const noexcept = 0;
 
-  // Policies fed by engine stats say so; dplb then polls every engine's /metrics and hands each full
-  // snapshot (indexed by rank) to on_engine_stats(), under the same lock as choose().
+  // Policies fed by engine stats say so; every full snapshot (indexed by rank) is then also handed to
+  // on_engine_stats(), besides being shown in each host_view's engine part.
   virtual bool uses_engine_stats() const noexcept { return false; }
   virtual void on_engine_stats(std::span<const engine_load> /*snapshot*/) {}
+
+  // A policy that needs the request's model and token counts says so; the session then reads them from
+  // the body before the pick (a cost the count-based policies do not pay).
+  virtual bool needs_request_facts() const noexcept { return false; }
+
+  // Releases: off by default, since hearing them makes every release take the balancer's lock.
+  virtual bool hears_releases() const noexcept { return false; }
+  virtual void on_release(std::size_t /*rank*/) {}
+  // A host's flags changed (always heard: rare).
+  virtual void on_state_change(std::size_t /*rank*/, std::uint8_t /*flags*/) {}
 };
+
+// The usable host with the lowest score, ties broken in rotation: the scan starts at `next` and keeps
+// the first strict minimum, and `next` then moves just past the pick, so equal hosts take turns instead
+// of the lowest index winning every tie.
+template <class Score>
+std::optional<std::size_t> lowest_in_rotation(std::span<const host_view> hosts, std::size_t& next, Score score) {
+  const std::size_t n = hosts.size();
+  std::optional<std::size_t> best;
+  double best_score = 0;
+  for (std::size_t step = 0; step < n; ++step) {
+    const std::size_t candidate = (next + step) % n;
+    if (!hosts[candidate].usable) continue;
+    const double s = score(hosts[candidate]);
+    if (!best || s < best_score) best = candidate, best_score = s;
+  }
+  if (best) next = (*best + 1) % n;
+  return best;
+}
 
 }  // namespace dplb::balancer

@@ -7,12 +7,16 @@
 
 namespace dplb::balancer {
 
-// Every policy name dplb accepts, in the order --help lists them: the two real policies first, then the
-// two baselines kept for benchmarks (see docs/benchmarks.md).
-inline constexpr std::array<std::string_view, 4> policy_names{"round-robin", "least-inflight", "random",
-                                                             "engine-stats"};
+// Every policy name dplb accepts, in the order --help lists them: dplb's policies first, then the two
+// baselines kept for benchmarks (see docs/benchmarks.md).
+inline constexpr std::array<std::string_view, 6> policy_names{"round-robin", "least-inflight", "least-load",
+                                                             "least-tokens", "random",        "engine-stats"};
+
+struct policy_options {
+  double kv_weight = 6.0;  // least-load's weight of KV-cache pressure (--kv-pressure-weight)
+};
 
 // Makes the policy with that name; nullptr for an unknown name (config validation reports it).
-std::unique_ptr<policy> make_policy(std::string_view name);
+std::unique_ptr<policy> make_policy(std::string_view name, const policy_options& options = {});
 
 }  // namespace dplb::balancer

@@ -28,15 +28,36 @@ struct listen_address {
 
 enum class log_format { text, json };
 
+// One --backend entry: an engine server's base URL and what stands behind it. `http://h:8000#dp=4&weight=2`
+// is four DP ranks behind one URL (vLLM's internal load balancing, `vllm serve --data-parallel-size 4`),
+// each weighted 2. The fragment carries the options because it is the one part of a URL that never
+// reaches the server and that no URL parser confuses with the authority (`host:port@rank`, read as user
+// info, broke two other routers).
+struct backend_spec {
+  std::string url;           // normalised "http://host:port"
+  std::uint32_t dp = 1;      // DP ranks served behind the URL; each gets X-data-parallel-rank: 0..dp-1
+  std::uint32_t weight = 1;  // relative share of each of its ranks; every policy honours it
+
+  bool operator==(const backend_spec&) const = default;
+};
+inline constexpr std::uint32_t max_dp_per_backend = 1024;
+inline constexpr std::uint32_t max_backend_weight = 10'000;
+inline constexpr std::size_t max_ranks = 4096;  // over all backends
+
 struct settings {
   listen_address listen;
-  // Backend base URLs (http://host:port), in rank order: backends[i] is rank i.
-  std::vector<std::string> backends;
+  // Engine servers in rank order: ranks are numbered across them, so `A#dp=2, B` is ranks 0 and 1 on A
+  // and rank 2 on B.
+  std::vector<backend_spec> backends;
   // Balancing policy name (balancer::policy_names): "round-robin" or "least-inflight", or one of the
   // baselines kept for benchmarks, "random" and "engine-stats".
   std::string policy = "least-inflight";
-  // How often the engine-stats baseline reads every engine's /metrics (vLLM's coordinator: 100 ms).
-  std::chrono::milliseconds stats_interval{100};
+  // How often every backend's /metrics is read (vLLM's coordinator: 100 ms); 0 = never. Unset: 100 ms for
+  // a policy that uses engine stats, never for the others (see engine_stats_interval()).
+  std::optional<std::chrono::milliseconds> stats_interval;
+  double kv_pressure_weight = 6.0;         // least-load's weight of KV-cache pressure
+  std::uint32_t default_max_tokens = 256;  // least-tokens' generation cost of a request that sets no max
+  std::chrono::milliseconds slow_start{0}; // ramp-up of a readmitted rank; 0 = off
   // Worker threads, each with its own event loop and upstream connection pool. 0 = one per CPU core.
   unsigned threads = 0;
   std::string log_level = "info";  // trace, debug, info, warn, error, critical, off
@@ -90,6 +111,14 @@ struct settings {
 
   std::optional<std::string> config_file;  // the file that was read, if any (for the start-up log)
 };
+
+inline constexpr std::chrono::milliseconds default_stats_interval{100};
+
+// How often the engines' /metrics are read: as configured, else the default for a policy that balances on
+// engine stats (`uses_engine_stats`), else never (0).
+inline std::chrono::milliseconds engine_stats_interval(const settings& s, bool uses_engine_stats) {
+  return s.stats_interval.value_or(uses_engine_stats ? default_stats_interval : std::chrono::milliseconds(0));
+}
 
 // The process environment as name -> value (only DPLB_* entries matter). Tests pass their own.
 using environment = std::map<std::string, std::string>;

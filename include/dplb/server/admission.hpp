@@ -8,6 +8,8 @@
 #include <boost/asio/buffer.hpp>
 
 #include <array>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -26,6 +28,12 @@ struct admission {
   // or, in the rare case the path must be completed with a '/', a string of its own.
   std::string_view target_in_head;
   std::string owned_target;
+  // The rank the client named in X-data-parallel-rank (dplb's global numbering), when it sent an integer:
+  // checked against the rank count by the session. Not an integer: ignored, as vLLM ignores it.
+  std::optional<std::int64_t> pinned_rank;
+  // Several X-data-parallel-rank values that disagree: the session answers 400 once the body is read
+  // (the framing is sound, so the connection stays open).
+  bool pinned_rank_conflict = false;
 
   bool refused() const noexcept { return refusal_status != 0; }
   std::string_view target() const noexcept { return owned_target.empty() ? target_in_head : owned_target; }

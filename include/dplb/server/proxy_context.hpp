@@ -20,7 +20,7 @@ namespace dplb::server {
 // Shared by every thread; outlives every worker.
 struct shared_state {
   const config::settings& settings;
-  const std::vector<upstream::backend>& backends;
+  const upstream::topology& topology;
   balancer::balancer& balancer;
   metrics::proxy_metrics& metrics;
   upstream::health_monitor& health;

@@ -1,7 +1,9 @@
 #pragma once
 // Reusable keep-alive connections to the engines, one pool per worker thread (never shared between
-// threads, so it needs no locking). A connection is either idle in the pool or owned by exactly one
-// request; a request that cannot finish its response cleanly never gives its connection back.
+// threads, so it needs no locking), keyed by backend: the DP ranks behind one URL share its connections
+// (the rank travels in each request's X-data-parallel-rank, not in the connection). A connection is
+// either idle in the pool or owned by exactly one request; a request that cannot finish its response
+// cleanly never gives its connection back.
 
 #include <boost/beast/core/flat_buffer.hpp>
 #include <chrono>
@@ -28,7 +30,7 @@ using connection_ptr = std::unique_ptr<upstream_connection>;
 struct pool_limits {
   std::chrono::milliseconds connect_timeout{5'000};
   std::chrono::milliseconds idle_timeout{4'000};  // pooled connections older than this are closed
-  std::size_t max_idle_per_rank = 256;
+  std::size_t max_idle_per_rank = 256;  // a `#dp=N` backend keeps up to N times as many
 };
 
 // What connect() reports besides the connection, for metrics and error mapping.
@@ -42,31 +44,31 @@ class connection_pool {
   connection_pool(io::executor executor, const std::vector<backend>& backends,
                   pool_limits limits);
 
-  // The most recently used idle connection to the rank that is young enough and clean (the engine has
+  // The most recently used idle connection to the backend that is young enough and clean (the engine has
   // neither closed it nor sent anything on it while it waited), or null.
-  connection_ptr take_idle(std::size_t rank);
+  connection_ptr take_idle(std::size_t backend);
 
-  // Opens a new connection to the rank (trying each resolved endpoint), bounded by connect_timeout.
-  io::task<connect_result> connect(std::size_t rank);
+  // Opens a new connection to the backend (trying each resolved endpoint), bounded by connect_timeout.
+  io::task<connect_result> connect(std::size_t backend);
 
   // Returns a connection whose last response ended cleanly, that the engine keeps alive, and whose read
   // buffer is empty. Bytes the engine sends while it waits here answer no request, and an engine that
   // closes it would make the next request race the close: take_idle checks for either, and closes it.
-  void give_back(std::size_t rank, connection_ptr connection);
+  void give_back(std::size_t backend, connection_ptr connection);
 
   // Periodically closes idle connections that outlived idle_timeout; runs until stop().
   io::task<void> sweep_loop();
   void stop();
 
-  std::size_t idle_count(std::size_t rank) const { return idle_[rank].size(); }
+  std::size_t idle_count(std::size_t backend) const { return idle_[backend].size(); }
 
  private:
-  void drop_expired(std::size_t rank, std::chrono::steady_clock::time_point now);
+  void drop_expired(std::size_t backend, std::chrono::steady_clock::time_point now);
 
   io::executor executor_;
   const std::vector<backend>& backends_;
   pool_limits limits_;
-  std::vector<std::vector<connection_ptr>> idle_;  // per rank; back() is the most recently used
+  std::vector<std::vector<connection_ptr>> idle_;  // per backend; back() is the most recently used
   io::steady_timer sweep_timer_;
   bool stopped_ = false;
 };

@@ -10,17 +10,14 @@
 #include <atomic>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <optional>
 #include <string_view>
 #include <vector>
 
-#include "dplb/balancer/policy.hpp"
+#include "dplb/balancer/balancer.hpp"
 #include "dplb/upstream/backend.hpp"
-
-namespace dplb::balancer {
-class balancer;
-}
 
 namespace dplb::upstream {
 
@@ -31,19 +28,25 @@ std::optional<balancer::engine_load> parse_engine_load(std::string_view promethe
 
 class engine_stats_poller {
  public:
-  engine_stats_poller(const std::vector<backend>& backends, balancer::balancer& balancer,
-                      std::chrono::milliseconds interval, std::chrono::milliseconds timeout);
+  engine_stats_poller(const topology& topology, balancer::balancer& balancer, std::chrono::milliseconds interval,
+                      std::chrono::milliseconds timeout);
 
   void start(const boost::asio::any_io_executor& executor);
   void stop() noexcept { stopped_.store(true, std::memory_order_relaxed); }
 
  private:
   boost::asio::awaitable<void> poll_loop();
+  // Reads one backend's page into its ranks' slots of `round`; then counts itself done.
+  boost::asio::awaitable<void> read_backend(const backend& target, std::vector<balancer::engine_reading>& round,
+                                            std::size_t& pending, boost::asio::steady_timer& all_done);
+  // Fills the readings of the backend's ranks from its /metrics page; false when the page had no numbers.
+  bool readings_from_page(const backend& target, std::string_view page, std::vector<balancer::engine_reading>& round) const;
 
-  const std::vector<backend>& backends_;
+  const topology& topology_;
   balancer::balancer& balancer_;
   std::chrono::milliseconds interval_;
   std::chrono::milliseconds timeout_;
+  std::vector<char> warned_;  // per backend: its failure was logged (once, until it answers again)
   std::atomic<bool> stopped_{false};
 };
 

@@ -1,7 +1,9 @@
 #pragma once
-// Keeps the balancer's "usable" flag of every rank in line with the rank's health: active probes of
-// GET /health at a fixed interval, and the outcomes of real requests reported by the sessions (passive
-// outlier ejection). See rank_health.hpp for the rules.
+// Keeps the balancer's unhealthy and ejected flags of every rank in line with the rank's health: active
+// probes of GET /health at a fixed interval (one per backend: the DP ranks behind one URL share its API
+// server, so one probe speaks for all of them), and the outcomes of real requests reported by the
+// sessions (passive outlier ejection, per rank). See rank_health.hpp for the rules. It owns only those two
+// flags: a drain set by the admin API is never undone by a probe.
 //
 // Threading contract: record() may be called from any thread; a success on a rank with no failure
 // streak (nearly every request) is one atomic load, anything else takes a short lock. The probe and
@@ -37,7 +39,7 @@ struct health_check_settings {
 
 class health_monitor {
  public:
-  health_monitor(const std::vector<backend>& backends, balancer::balancer& balancer,
+  health_monitor(const topology& topology, balancer::balancer& balancer,
                  metrics::proxy_metrics& metrics, health_check_settings settings);
 
   // A request's outcome on a rank (any thread). May eject the rank.
@@ -53,10 +55,10 @@ class health_monitor {
  private:
   boost::asio::awaitable<void> probe_loop();
   boost::asio::awaitable<void> tick_loop();
-  boost::asio::awaitable<bool> probe(std::size_t rank);
-  void apply(std::size_t rank);  // pushes the rank's usability to the balancer; lock held
+  boost::asio::awaitable<bool> probe(const backend& target);
+  void apply(std::size_t rank);  // pushes the rank's flags to the balancer; lock held
 
-  const std::vector<backend>& backends_;
+  const topology& topology_;
   balancer::balancer& balancer_;
   metrics::proxy_metrics& metrics_;
   health_check_settings settings_;

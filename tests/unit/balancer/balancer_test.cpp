@@ -30,7 +30,7 @@ std::size_t spread(const std::vector<std::size_t>& v) {
 }  // namespace
 
 TEST_CASE("a burst of K*m requests lands exactly m on each rank", "[balancer]") {
-  const auto policy_name = GENERATE(as<std::string>{}, "round-robin", "least-inflight");
+  const auto policy_name = GENERATE(as<std::string>{}, "round-robin", "least-inflight", "least-load", "least-tokens");
   const std::size_t ranks = GENERATE(1u, 3u, 4u, 8u);
   const std::size_t per_rank = 64;
   balancer b(ranks, make_policy(policy_name));
@@ -44,7 +44,7 @@ TEST_CASE("a burst of K*m requests lands exactly m on each rank", "[balancer]") 
 }
 
 TEST_CASE("a burst that does not divide evenly differs by at most one", "[balancer]") {
-  const auto policy_name = GENERATE(as<std::string>{}, "round-robin", "least-inflight");
+  const auto policy_name = GENERATE(as<std::string>{}, "round-robin", "least-inflight", "least-load", "least-tokens");
   const std::size_t burst = GENERATE(250u, 255u, 257u, 1023u);
   balancer b(4, make_policy(policy_name));
   std::vector<rank_lease> held;
@@ -101,15 +101,15 @@ TEST_CASE("round-robin ignores load and keeps strict rotation", "[balancer]") {
 }
 
 TEST_CASE("unusable ranks get no requests, and none usable gives an empty lease", "[balancer]") {
-  const auto policy_name = GENERATE(as<std::string>{}, "round-robin", "least-inflight");
+  const auto policy_name = GENERATE(as<std::string>{}, "round-robin", "least-inflight", "least-load", "least-tokens");
   balancer b(4, make_policy(policy_name));
-  b.set_usable(1, false);
+  b.set_flag(1, dplb::balancer::host_flag::unhealthy, true);
   std::vector<rank_lease> held;
   for (int i = 0; i < 300; ++i) held.push_back(b.acquire());
   CHECK(b.picks(1) == 0);
   CHECK(counts_of(b) == std::vector<std::size_t>{100, 0, 100, 100});
   CHECK(b.inflight_skew() == 0);  // the unusable rank is not part of the skew
-  for (std::size_t r = 0; r < 4; ++r) b.set_usable(r, false);
+  for (std::size_t r = 0; r < 4; ++r) b.set_flag(r, dplb::balancer::host_flag::unhealthy, true);
   CHECK_FALSE(b.any_usable());
   CHECK_FALSE(b.acquire());
 }
@@ -130,7 +130,7 @@ TEST_CASE("a lease releases exactly once, also when moved", "[balancer]") {
 }
 
 TEST_CASE("concurrent picks from several threads stay exact", "[balancer]") {
-  const auto policy_name = GENERATE(as<std::string>{}, "round-robin", "least-inflight");
+  const auto policy_name = GENERATE(as<std::string>{}, "round-robin", "least-inflight", "least-load", "least-tokens");
   constexpr std::size_t threads = 4, per_thread = 1024, ranks = 4;
   balancer b(ranks, make_policy(policy_name));
   std::vector<std::vector<rank_lease>> held(threads);
@@ -167,12 +167,12 @@ TEST_CASE("the factory knows every listed policy and nothing else", "[balancer]"
 }
 
 TEST_CASE("a retry never goes back to an excluded rank", "[balancer]") {
-  const auto policy_name = GENERATE(as<std::string>{}, "round-robin", "least-inflight");
+  const auto policy_name = GENERATE(as<std::string>{}, "round-robin", "least-inflight", "least-load", "least-tokens");
   balancer b(3, make_policy(policy_name));
   std::vector<bool> excluded{true, false, true};
-  for (int i = 0; i < 10; ++i) CHECK(b.acquire(excluded).rank() == 1);
+  for (int i = 0; i < 10; ++i) CHECK(b.acquire({.avoid = &excluded}).rank() == 1);
   excluded[1] = true;
-  CHECK_FALSE(b.acquire(excluded));
+  CHECK_FALSE(b.acquire({.avoid = &excluded}));
   CHECK(b.acquire());  // the exclusion is per call only
 }
 
@@ -183,10 +183,10 @@ TEST_CASE("a hand-over that throws gives its slot back and strands no other wait
   std::uint64_t ids[2] = {};
   bool queued = false;
   // The first waiter's hand-over fails after taking the lease (as a post that cannot allocate would).
-  CHECK_FALSE(b.acquire_or_wait([](rank_lease l) { throw std::bad_alloc(); }, ids[0], queued));
+  CHECK_FALSE(b.acquire_or_wait({}, {}, [](rank_lease l) { throw std::bad_alloc(); }, ids[0], queued));
   REQUIRE(queued);
   std::vector<rank_lease> delivered;
-  CHECK_FALSE(b.acquire_or_wait([&](rank_lease l) { delivered.push_back(std::move(l)); }, ids[1], queued));
+  CHECK_FALSE(b.acquire_or_wait({}, {}, [&](rank_lease l) { delivered.push_back(std::move(l)); }, ids[1], queued));
   REQUIRE(queued);
   held.release();  // the slot goes to the first waiter, whose hand-over throws and releases it: the second gets it
   REQUIRE(delivered.size() == 1);
@@ -209,13 +209,13 @@ TEST_CASE("with a per-rank limit, requests queue FIFO and each freed slot goes t
   std::uint64_t ids[4] = {};
   bool queued = false;
   for (int w = 0; w < 3; ++w) {
-    auto now = b.acquire_or_wait([&, w](rank_lease l) { delivered.emplace_back(w, std::move(l)); }, ids[w], queued);
+    auto now = b.acquire_or_wait({}, {}, [&, w](rank_lease l) { delivered.emplace_back(w, std::move(l)); }, ids[w], queued);
     CHECK_FALSE(now);
     CHECK(queued);
   }
   CHECK(b.waiting() == 3);
   // The queue is bounded: a fourth waiter is refused at once.
-  auto refused = b.acquire_or_wait([](rank_lease) {}, ids[3], queued);
+  auto refused = b.acquire_or_wait({}, {}, [](rank_lease) {}, ids[3], queued);
   CHECK_FALSE(refused);
   CHECK_FALSE(queued);
 
@@ -239,9 +239,9 @@ TEST_CASE("without a limit nothing ever queues", "[balancer][queue]") {
   balancer b(2, make_policy("round-robin"));
   std::uint64_t id = 0;
   bool queued = true;
-  for (int i = 0; i < 100; ++i) CHECK(b.acquire_or_wait([](rank_lease) {}, id, queued));
-  b.set_usable(0, false);
-  b.set_usable(1, false);
-  CHECK_FALSE(b.acquire_or_wait([](rank_lease) {}, id, queued));
+  for (int i = 0; i < 100; ++i) CHECK(b.acquire_or_wait({}, {}, [](rank_lease) {}, id, queued));
+  b.set_flag(0, dplb::balancer::host_flag::unhealthy, true);
+  b.set_flag(1, dplb::balancer::host_flag::unhealthy, true);
+  CHECK_FALSE(b.acquire_or_wait({}, {}, [](rank_lease) {}, id, queued));
   CHECK_FALSE(queued);  // no usable rank: refused, not queued
 }

@@ -60,7 +60,7 @@ TEST_CASE("a slot freed while another thread enqueues always reaches the waiter"
       if (freeing == "release") {
         holder.release();
       } else {
-        b.set_usable(1, true);
+        b.set_flag(1, dplb::balancer::host_flag::unhealthy, false);
       }
       finished.store(round);
     }
@@ -69,7 +69,7 @@ TEST_CASE("a slot freed while another thread enqueues always reaches the waiter"
   constexpr unsigned rounds = 30'000;
   unsigned stranded = 0, queued_rounds = 0, completed = 0;
   for (unsigned round = 1; round <= rounds && clock_type::now() < deadline; ++round) {
-    if (freeing == "set_usable") b.set_usable(1, false);
+    if (freeing == "set_usable") b.set_flag(1, dplb::balancer::host_flag::unhealthy, true);
     holder = b.acquire();  // rank 0, the only usable one
     REQUIRE(holder);
     rank_lease delivered;
@@ -77,7 +77,7 @@ TEST_CASE("a slot freed while another thread enqueues always reaches the waiter"
     std::uint64_t id = 0;
     bool queued = false;
     started.store(round);
-    auto now = b.acquire_or_wait(
+    auto now = b.acquire_or_wait({}, {}, 
         [&](rank_lease lease) {
           delivered = std::move(lease);
           was_delivered.store(true);
@@ -120,7 +120,7 @@ TEST_CASE("a delivery that drops its lease does not deadlock the balancer", "[ba
   std::uint64_t ids[2] = {};
   bool queued = false;
   for (auto& id : ids) {
-    CHECK_FALSE(b->acquire_or_wait([deliveries](rank_lease) { ++*deliveries; }, id, queued));
+    CHECK_FALSE(b->acquire_or_wait({}, {}, [deliveries](rank_lease) { ++*deliveries; }, id, queued));
     REQUIRE(queued);
   }
   std::promise<void> released;
@@ -149,7 +149,7 @@ TEST_CASE("once closed, the queue drops its waiters and no release delivers to t
   std::uint64_t id = 0;
   bool queued = false;
   for (int i = 0; i < 2; ++i) {
-    CHECK_FALSE(b.acquire_or_wait(
+    CHECK_FALSE(b.acquire_or_wait({}, {}, 
         [executor = io->get_executor(), owned, &delivered](rank_lease lease) {
           ++delivered;
           boost::asio::post(executor, [lease = std::move(lease)] {});
@@ -166,9 +166,9 @@ TEST_CASE("once closed, the queue drops its waiters and no release delivers to t
   CHECK(delivered == 0);
   CHECK(b.inflight(0) == 0);
   // A free slot is still taken at once, but nothing queues any more.
-  auto busy = b.acquire_or_wait([&](rank_lease) { ++delivered; }, id, queued);
+  auto busy = b.acquire_or_wait({}, {}, [&](rank_lease) { ++delivered; }, id, queued);
   CHECK(busy);
-  CHECK_FALSE(b.acquire_or_wait([&](rank_lease) { ++delivered; }, id, queued));
+  CHECK_FALSE(b.acquire_or_wait({}, {}, [&](rank_lease) { ++delivered; }, id, queued));
   CHECK_FALSE(queued);
   CHECK(delivered == 0);
 }

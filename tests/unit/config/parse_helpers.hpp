@@ -24,6 +24,13 @@ inline settings run(const std::vector<std::string>& args, const environment& env
   return *result.run;
 }
 
+// The backends' URLs, in rank order (the tests of options other than #dp and #weight look at these).
+inline std::vector<std::string> urls_of(const std::vector<backend_spec>& backends) {
+  std::vector<std::string> urls;
+  for (const auto& b : backends) urls.push_back(b.url);
+  return urls;
+}
+
 // The message of the config_error that parsing throws; fails the test when nothing (or something else)
 // is thrown.
 inline std::string error_of(const std::vector<std::string>& args, const environment& env = {}) {

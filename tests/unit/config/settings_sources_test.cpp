@@ -27,6 +27,7 @@ namespace {
 using cfg::test::error_of;
 using cfg::test::parse;
 using cfg::test::run;
+using cfg::test::urls_of;
 
 // A fresh directory for config files, removed with everything in it when the test ends.
 class temp_dir {
@@ -87,7 +88,7 @@ std::vector<option_case> every_option() {
       {"listen", "127.0.0.2:9001", "127.0.0.2:9001",
        [](const cfg::settings& s) { return s.listen.host == "127.0.0.2" && s.listen.port == 9001; }},
       {"backend", "http://10.0.0.7:8100", json::array({"http://10.0.0.7:8100"}),
-       [](const cfg::settings& s) { return s.backends == std::vector<std::string>{"http://10.0.0.7:8100"}; }},
+       [](const cfg::settings& s) { return urls_of(s.backends) == std::vector<std::string>{"http://10.0.0.7:8100"}; }},
       {"policy", "round-robin", "round-robin", [](const cfg::settings& s) { return s.policy == "round-robin"; }},
       {"stats-interval", "300", 300, [](const cfg::settings& s) { return s.stats_interval == ms(300); }},
       {"threads", "12", 12, [](const cfg::settings& s) { return s.threads == 12; }},
@@ -193,13 +194,13 @@ TEST_CASE("the config file is named by --config or DPLB_CONFIG", "[config]") {
 
 TEST_CASE("the environment and the config file take backend lists in both spellings", "[config]") {
   const std::vector<std::string> ranks{"http://a:1", "http://b:2", "http://c:3"};
-  CHECK(run({}, {{"DPLB_BACKENDS", "http://a:1,http://b:2,http://c:3"}}).backends == ranks);
-  CHECK(run({}, {{"DPLB_BACKENDS", "http://a:1, http://b:2 ,http://c:3/"}}).backends == ranks);
+  CHECK(urls_of(run({}, {{"DPLB_BACKENDS", "http://a:1,http://b:2,http://c:3"}}).backends) == ranks);
+  CHECK(urls_of(run({}, {{"DPLB_BACKENDS", "http://a:1, http://b:2 ,http://c:3/"}}).backends) == ranks);
 
   temp_dir dir;
-  CHECK(run({"--config", dir.write_json("array.json", json{{"backends", ranks}})}).backends == ranks);
-  CHECK(run({"--config", dir.write_json("string.json", json{{"backends", "http://a:1,http://b:2,http://c:3"}})}).backends ==
-        ranks);
+  CHECK(urls_of(run({"--config", dir.write_json("array.json", json{{"backends", ranks}})}).backends) == ranks);
+  CHECK(urls_of(run({"--config", dir.write_json("string.json", json{{"backends", "http://a:1,http://b:2,http://c:3"}})})
+                    .backends) == ranks);
 }
 
 TEST_CASE("an empty environment variable counts as unset", "[config]") {
@@ -217,7 +218,7 @@ TEST_CASE("precedence: command line over environment", "[config]") {
                              {"DPLB_THREADS", "3"},
                              {"DPLB_LISTEN", "127.0.0.1:7000"}};
   const auto s = run({"--backend", "http://cli:1", "--policy", "least-inflight", "--threads", "5"}, env);
-  CHECK(s.backends == std::vector<std::string>{"http://cli:1"});  // replaced whole, not merged
+  CHECK(urls_of(s.backends) == std::vector<std::string>{"http://cli:1"});  // replaced whole, not merged
   CHECK(s.policy == "least-inflight");
   CHECK(s.threads == 5);
   CHECK(s.listen.host == "127.0.0.1");  // per option: not given on the command line, so from the environment
@@ -231,7 +232,7 @@ TEST_CASE("precedence: environment over config file", "[config]") {
                                                        {"threads", 3},
                                                        {"log_level", "debug"}});
   const auto s = run({"--config", file}, {{"DPLB_BACKENDS", "http://env:1"}, {"DPLB_POLICY", "least-inflight"}});
-  CHECK(s.backends == std::vector<std::string>{"http://env:1"});
+  CHECK(urls_of(s.backends) == std::vector<std::string>{"http://env:1"});
   CHECK(s.policy == "least-inflight");
   CHECK(s.threads == 3);  // only in the file
   CHECK(s.log_level == "debug");
@@ -242,7 +243,7 @@ TEST_CASE("precedence: command line over config file", "[config]") {
   const std::string file = dir.write_json(
       "dplb.json", json{{"backends", "http://file:1,http://file:2"}, {"policy", "round-robin"}, {"threads", 3}});
   const auto s = run({"--config", file, "--backend", "http://cli:9", "--threads", "7"});
-  CHECK(s.backends == std::vector<std::string>{"http://cli:9"});
+  CHECK(urls_of(s.backends) == std::vector<std::string>{"http://cli:9"});
   CHECK(s.threads == 7);
   CHECK(s.policy == "round-robin");  // only in the file
 }
@@ -260,7 +261,7 @@ TEST_CASE("precedence: all three sources and the default, option by option", "[c
   const auto s = run({"--threads", "3"}, env);
   CHECK(s.threads == 3);                       // command line
   CHECK(s.policy == "least-inflight");         // environment
-  CHECK(s.backends == std::vector<std::string>{"http://env:1"});
+  CHECK(urls_of(s.backends) == std::vector<std::string>{"http://env:1"});
   CHECK(s.listen.host == "127.0.0.1");         // file
   CHECK(s.listen.port == 1111);
   CHECK(s.log_level == "info");                // default
@@ -278,7 +279,7 @@ TEST_CASE("a value overridden by a higher-precedence source is not validated", "
 
 TEST_CASE("bad values from the environment name the option, the variable and the value", "[config]") {
   CHECK(error_of({"--backend", a_backend}, {{"DPLB_POLICY", "fastest"}}) ==
-        "invalid --policy 'fastest' (from DPLB_POLICY): expected round-robin, least-inflight, random or "
+        "invalid --policy 'fastest' (from DPLB_POLICY): expected round-robin, least-inflight, least-load, least-tokens, random or "
         "engine-stats");
   CHECK(error_of({"--backend", a_backend}, {{"DPLB_THREADS", "many"}}) ==
         "invalid --threads 'many' (from DPLB_THREADS): expected a whole number from 0 to 256 (threads)");
@@ -346,7 +347,7 @@ TEST_CASE("unknown config keys are errors that name the key", "[config]") {
     const std::string file = dir.write_json("dplb.json", json{{"backends", {a_backend}}, {"tls_certificate", "x.pem"}});
     const std::string msg = error_of({"--config", file});
     CHECK_THAT(msg, Catch::StartsWith("unknown key 'tls_certificate' in config file '" + file + "'; known keys: "));
-    CHECK_THAT(msg, Catch::Contains("listen, backends, policy, stats_interval, threads, log_level, log_format"));
+    CHECK_THAT(msg, Catch::Contains("listen, backends, policy, stats_interval, kv_pressure_weight, default_max_tokens, slow_start, threads, log_level, log_format"));
     CHECK_THAT(msg, Catch::Contains("upstream_max_idle_per_rank"));
   }
   SECTION("the file cannot name another config file") {
@@ -407,7 +408,7 @@ TEST_CASE("an empty backends list in the file counts as none", "[config]") {
   const std::string file = dir.write_json("dplb.json", json{{"backends", json::array()}});
   CHECK(error_of({"--config", file}) ==
         "no backend given: pass --backend http://HOST:PORT (repeatable) or set DPLB_BACKENDS");
-  CHECK(run({"--config", file}, {{"DPLB_BACKENDS", a_backend}}).backends == std::vector<std::string>{a_backend});
+  CHECK(urls_of(run({"--config", file}, {{"DPLB_BACKENDS", a_backend}}).backends) == std::vector<std::string>{a_backend});
 }
 
 TEST_CASE("the shipped example config file is valid and complete", "[config]") {
@@ -415,7 +416,7 @@ TEST_CASE("the shipped example config file is valid and complete", "[config]") {
   INFO(example.string());
   REQUIRE(std::filesystem::exists(example));
   const auto s = run({"--config", example.string()});
-  CHECK(s.backends == std::vector<std::string>{"http://127.0.0.1:8100", "http://127.0.0.1:8101",
+  CHECK(urls_of(s.backends) == std::vector<std::string>{"http://127.0.0.1:8100", "http://127.0.0.1:8101",
                                                "http://127.0.0.1:8102", "http://127.0.0.1:8103"});
   // Complete: one key per option that a file can set.
   std::ifstream in(example);

@@ -23,15 +23,18 @@ struct monitored {
       : balancer(ranks, balancer::make_policy("least-inflight")) {
     for (std::size_t r = 0; r < ranks; ++r) {
       urls.push_back("http://127.0.0.1:" + std::to_string(9000 + r));
-      backends.push_back(upstream::backend{r, urls.back(), "127.0.0.1", static_cast<std::uint16_t>(9000 + r),
-                                           "127.0.0.1:" + std::to_string(9000 + r),
-                                           "Host: 127.0.0.1:" + std::to_string(9000 + r) + "\r\n", {}});
+      auto& b = topology.backends.emplace_back();
+      b.index = b.first_rank = r;
+      b.url = urls.back();
+      auto& h = topology.hosts.emplace_back();
+      h.rank = h.backend = r;
+      h.name = urls.back();
     }
     metrics.emplace(urls, balancer, "least-inflight");
-    health.emplace(backends, balancer, *metrics, upstream::health_check_settings{.interval = std::chrono::milliseconds(0), .policy = policy});
+    health.emplace(topology, balancer, *metrics, upstream::health_check_settings{.interval = std::chrono::milliseconds(0), .policy = policy});
   }
   std::vector<std::string> urls;
-  std::vector<upstream::backend> backends;
+  upstream::topology topology;
   balancer::balancer balancer;
   std::optional<metrics::proxy_metrics> metrics;
   std::optional<upstream::health_monitor> health;

@@ -1,0 +1,21 @@
+#include "dplb/balancer/least_load.hpp"
+
+#include <algorithm>
+
+namespace dplb::balancer {
+
+double least_load::load_of(const host_view& host) const noexcept {
+  double load = host.inflight;
+  if (host.engine.fresh) {
+    const auto& e = host.engine.load;
+    const double reported = static_cast<double>(e.running) + e.waiting + host.engine.picks_since_read;
+    load = std::max(load, reported) + kv_weight_ * e.waiting * std::max(0.0, e.kv_cache_usage - 0.5);
+  }
+  return load;
+}
+
+std::optional<std::size_t> least_load::choose(const pick_context&, std::span<const host_view> hosts) {
+  return lowest_in_rotation(hosts, next_, [this](const host_view& h) { return (load_of(h) + 1.0) / h.weight; });
+}
+
+}  // namespace dplb::balancer
