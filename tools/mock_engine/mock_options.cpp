@@ -254,10 +254,10 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
   po::options_description simulation("Simulated serving (see below; each needs --simulate)");
   simulation.add_options()
     ("simulate", po::bool_switch(),
-     "simulate a continuous-batching engine per rank (default off: per-request timers)")
+     "simulate a continuous-batching engine per DP engine (default off: per-request timers)")
     ("dp-lockstep", po::bool_switch(),
-     "all ranks step together, as MoE DP ranks: step time = slowest rank's padded batch, idle ranks run "
-     "dummy batches (default off: a clock per rank)")
+     "all engines of the process (every rank's --dp engines) step together, as MoE DP ranks: step time = "
+     "slowest engine's padded batch, idle engines run dummy batches (default off: a clock per engine)")
     ("time-scale", po::value<double>()->value_name("X")->default_value(defaults.time_scale, "1"),
      "simulated time runs X times faster than wall time, X in [0.001, 10000]")
     ("start-after", po::value<std::int64_t>()->value_name("N")->default_value(0),
@@ -268,7 +268,7 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
      "KV-cache capacity per engine in tokens: vllm:kv_cache_usage_perc = tokens held by the running "
      "requests (prompt prefilled + generated) / N, at most 1 (a gauge only: nothing is ever preempted)")
     ("max-num-seqs", po::value<std::int64_t>()->value_name("N")->default_value(defaults.engine.max_num_seqs),
-     "requests running at once per rank; the rest wait")
+     "requests running at once per engine; the rest wait")
     ("max-num-batched-tokens", po::value<std::int64_t>()->value_name("N")->default_value(
        defaults.engine.max_num_batched_tokens),
      "tokens a step may process (decodes 1 each, prompts chunked into the rest), >= --max-num-seqs; "
