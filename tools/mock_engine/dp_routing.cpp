@@ -26,8 +26,7 @@ std::optional<std::int64_t> parse_integer(std::string_view text) {
 
 }  // namespace
 
-std::variant<any_engine, unsigned, std::string> read_dp_rank_header(std::optional<std::string_view> header,
-                                                                    unsigned engines, unsigned own_rank) {
+engine_wish read_dp_rank_header(std::optional<std::string_view> header, unsigned engines, unsigned own_rank) {
   if (!header) return any_engine{};
   const auto value = parse_integer(*header);
   if (!value) return any_engine{};

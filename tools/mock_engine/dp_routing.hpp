@@ -22,10 +22,12 @@ inline constexpr std::string_view dp_rank_header = "x-data-parallel-rank";
 // No preference (no header, or not an integer): the port balances.
 struct any_engine {};
 
-// What the header asks of a port with `engines` engines whose first global rank is `own_rank`: an
-// engine index, any engine, or the message of the 400 for a value this port does not serve.
-std::variant<any_engine, unsigned, std::string> read_dp_rank_header(std::optional<std::string_view> header,
-                                                                    unsigned engines, unsigned own_rank);
+// What a request asks of its port: any engine, the engine of that index, or (a value the port does
+// not serve) the message of the 400 that refuses it.
+using engine_wish = std::variant<any_engine, unsigned, std::string>;
+
+// The header as read by a port with `engines` engines whose global rank is `own_rank` (--dp 1).
+engine_wish read_dp_rank_header(std::optional<std::string_view> header, unsigned engines, unsigned own_rank);
 
 // The internal LB: the engine with the fewest requests in flight, the lowest index on a tie.
 // `in_flight(j)` gives engine j's count; engines >= 1.

@@ -15,9 +15,9 @@
 #include <charconv>
 #include <chrono>
 #include <optional>
-#include <variant>
 #include <string>
 #include <string_view>
+#include <variant>
 
 #include "disconnect_watch.hpp"
 #include "dp_routing.hpp"
@@ -120,8 +120,8 @@ class connection final : public closable_connection {
   asio::awaitable<void> ignore_until_closed();
   asio::awaitable<void> reset_connection();
   asio::awaitable<bool> serve(request& req);
-  std::variant<any_engine, unsigned, std::string> dp_wish(const request& req) const;
-  engine_state& choose_engine(const std::variant<any_engine, unsigned, std::string>& wish) const;
+  engine_wish dp_wish(const request& req) const;
+  engine_state& choose_engine(const engine_wish& wish) const;
   asio::awaitable<bool> serve_routed_generation(const request& req, api_kind kind);
   asio::awaitable<bool> reply(const request& req, http::status status, std::string_view content_type,
                               std::string body, std::string_view allow = {});
@@ -357,13 +357,13 @@ asio::awaitable<bool> connection::reply(const request& req, http::status status,
 }
 
 // X-data-parallel-rank as the port reads it (dp_routing.hpp).
-std::variant<any_engine, unsigned, std::string> connection::dp_wish(const request& req) const {
+engine_wish connection::dp_wish(const request& req) const {
   return read_dp_rank_header(dp_rank_header_of(req), static_cast<unsigned>(rank_.engines.size()), rank_.index);
 }
 
 // The engine named, or the least busy one (the port's internal LB); a refused value counts as none
 // (only completions and chat refuse it, before calling this).
-engine_state& connection::choose_engine(const std::variant<any_engine, unsigned, std::string>& wish) const {
+engine_state& connection::choose_engine(const engine_wish& wish) const {
   if (const auto* named = std::get_if<unsigned>(&wish)) return rank_.engines[*named];
   const auto j = least_busy(static_cast<unsigned>(rank_.engines.size()), [this](unsigned e) {
     return rank_.engines[e].metrics.requests_in_flight.load(std::memory_order_relaxed);

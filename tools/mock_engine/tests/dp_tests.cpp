@@ -15,7 +15,7 @@ using namespace dplb::mock;
 
 namespace {
 
-using wish = std::variant<any_engine, unsigned, std::string>;
+using wish = engine_wish;
 
 bool names(const wish& w, unsigned engine) {
   const auto* named = std::get_if<unsigned>(&w);
