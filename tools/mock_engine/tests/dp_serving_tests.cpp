@@ -154,7 +154,7 @@ TEST_CASE("mock dp: without the header the port picks the engine with the fewest
   CHECK(routed(s, 0, 2) == 2);
 }
 
-TEST_CASE("mock dp: /metrics shows each engine once with engine=\"j\"; overrides and raw text from the admin port",
+TEST_CASE("mock dp: /metrics shows each engine once with its engine label, overrides and raw text from the admin port",
           "[mock][dp]") {
   mock_engine mock(2, {"--dp", "2"});
   const auto port = mock.ports()[1];

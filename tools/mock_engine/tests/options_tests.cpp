@@ -37,7 +37,7 @@ TEST_CASE("options: without --simulate the mock is as before", "[options]") {
   CHECK_FALSE(p.result.options->dp_lockstep);
 }
 
-TEST_CASE("options: --dp sets the DP engines per port; one by default", "[options]") {
+TEST_CASE("options: --dp sets the DP engines per port, one by default", "[options]") {
   auto p = parse({});
   REQUIRE(p.result.options);
   CHECK(p.result.options->dp == 1);
