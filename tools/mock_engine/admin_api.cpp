@@ -1,6 +1,7 @@
 #include "admin_api.hpp"
 
 #include <charconv>
+#include <optional>
 
 #include "openai_api.hpp"
 
@@ -11,23 +12,25 @@ admin_answer bad_request(std::string_view message, std::string_view param = {}) 
   return {400, "application/json", error_body(message, "BadRequestError", 400, param)};
 }
 
-// The value of `rank` in a query string ("rank=2&x=y"), checked against the rank count.
-std::variant<unsigned, admin_answer> rank_of(std::string_view query, unsigned ranks) {
-  const std::string expected = "rank must be an integer in [0, " + std::to_string(ranks - 1) + "]";
+// The value of `name` in a query string ("rank=2&x=y"), checked against `count`.
+std::variant<unsigned, admin_answer> index_of(std::string_view query, std::string_view name, unsigned count) {
+  const std::string expected =
+      std::string(name) + " must be an integer in [0, " + std::to_string(count - 1) + "]";
+  const std::string prefix = std::string(name) + "=";
   while (!query.empty()) {
     const auto amp = query.find('&');
     const auto pair = query.substr(0, amp);
     query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
-    if (!pair.starts_with("rank=")) continue;
-    const auto text = pair.substr(5);
-    unsigned rank = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), rank);
-    if (ec != std::errc() || end != text.data() + text.size() || rank >= ranks) {
-      return bad_request(expected + ", got \"" + std::string(text) + "\"", "rank");
+    if (!pair.starts_with(prefix)) continue;
+    const auto text = pair.substr(prefix.size());
+    unsigned index = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), index);
+    if (ec != std::errc() || end != text.data() + text.size() || index >= count) {
+      return bad_request(expected + ", got \"" + std::string(text) + "\"", name);
     }
-    return rank;
+    return index;
   }
-  return bad_request("missing ?rank=<i>: " + expected, "rank");
+  return bad_request("missing ?" + std::string(name) + "=<i>: " + expected, name);
 }
 
 admin_answer method_not_allowed(std::string_view allowed) {
@@ -36,45 +39,75 @@ admin_answer method_not_allowed(std::string_view allowed) {
       error_body("Method Not Allowed (allowed: " + std::string(allowed) + ")", "MethodNotAllowedError", 405)};
 }
 
+// A route: the action of each method it allows (methods it does not list get 405).
+struct route {
+  std::string_view path;
+  std::string_view allowed;  // for the 405's message
+  std::optional<admin_action> get, post, del;
+};
+
+// Which query indices an action needs.
+bool names_rank(admin_action action) {
+  return action != admin_action::clear_overrides && action != admin_action::get_stats;
+}
+bool names_engine(admin_action action) {
+  return action == admin_action::get_override || action == admin_action::set_override;
+}
+
 }  // namespace
 
 std::variant<admin_command, admin_answer> parse_admin_request(std::string_view method,
                                                               std::string_view target, std::string_view body,
-                                                              unsigned ranks) {
+                                                              unsigned ranks, unsigned engines) {
   const auto query_at = target.find('?');
   const auto path = target.substr(0, query_at);
   const auto query = query_at == std::string_view::npos ? std::string_view{} : target.substr(query_at + 1);
 
-  admin_command command;
-  if (path == "/fault") {
-    if (method == "GET") {
-      command.action = admin_action::get_fault;
-    } else if (method == "POST") {
-      command.action = admin_action::set_fault;
-    } else if (method == "DELETE") {
-      command.action = admin_action::clear_fault;
-    } else {
-      return method_not_allowed("GET, POST, DELETE");
-    }
-  } else if (path == "/fault/clear") {
-    if (method != "POST") return method_not_allowed("POST");
-    command.action = admin_action::clear_fault;
-  } else if (path == "/metrics") {
-    if (method != "GET") return method_not_allowed("GET");
-    command.action = admin_action::get_metrics;
-  } else {
+  using enum admin_action;
+  static const route routes[] = {
+      {"/fault", "GET, POST, DELETE", get_fault, set_fault, clear_fault},
+      {"/fault/clear", "POST", std::nullopt, clear_fault, std::nullopt},
+      {"/metrics", "GET", get_metrics, std::nullopt, std::nullopt},
+      {"/metrics/override", "GET, POST, DELETE", get_override, set_override, clear_overrides},
+      {"/metrics/raw", "POST, DELETE", std::nullopt, set_raw_metrics, clear_raw_metrics},
+      {"/stats", "GET", get_stats, std::nullopt, std::nullopt},
+  };
+  const route* found = nullptr;
+  for (const auto& r : routes) {
+    if (r.path == path) found = &r;
+  }
+  if (found == nullptr) {
     return admin_answer{404, "application/json",
                         error_body("Not Found: " + std::string(path), "NotFoundError", 404)};
   }
+  const auto action = method == "GET" ? found->get : method == "POST" ? found->post
+                                                   : method == "DELETE" ? found->del
+                                                                        : std::nullopt;
+  if (!action) return method_not_allowed(found->allowed);
 
-  auto rank = rank_of(query, ranks);
-  if (auto* error = std::get_if<admin_answer>(&rank)) return std::move(*error);
-  command.rank = std::get<unsigned>(rank);
+  admin_command command;
+  command.action = *action;
+  if (names_rank(command.action)) {
+    auto rank = index_of(query, "rank", ranks);
+    if (auto* error = std::get_if<admin_answer>(&rank)) return std::move(*error);
+    command.rank = std::get<unsigned>(rank);
+  }
+  if (names_engine(command.action)) {
+    auto engine = index_of(query, "engine", engines);
+    if (auto* error = std::get_if<admin_answer>(&engine)) return std::move(*error);
+    command.engine = std::get<unsigned>(engine);
+  }
 
-  if (command.action == admin_action::set_fault) {
+  if (command.action == set_fault) {
     auto patch = parse_fault_patch(body);
     if (auto* error = std::get_if<std::string>(&patch)) return bad_request(*error);
     command.patch = std::get<fault_patch>(patch);
+  } else if (command.action == set_override) {
+    auto patch = parse_gauge_override_patch(body);
+    if (auto* error = std::get_if<std::string>(&patch)) return bad_request(*error);
+    command.override_patch = std::get<gauge_override_patch>(patch);
+  } else if (command.action == set_raw_metrics) {
+    command.raw_metrics = std::string(body);
   }
   return command;
 }

@@ -6,22 +6,43 @@
 //   POST   /fault?rank=<i>        body: JSON object of fault fields to set (absent fields unchanged)
 //   DELETE /fault?rank=<i>        back to normal behaviour; POST /fault/clear?rank=<i> is the same
 //   GET    /metrics?rank=<i>      the rank's /metrics text, readable even while the rank is faulted
-// Answers are JSON: 200 with the state, 400/404/405 with vLLM's error shape.
+//   GET|POST /metrics/override?rank=<i>&engine=<j>   engine j's gauge overrides; POST sets the fields
+//                                  of a JSON body (metrics_override.hpp) and answers the new state
+//   DELETE /metrics/override       clears every override of every engine
+//   POST   /metrics/raw?rank=<i>   the rank's /metrics answers exactly the body, until
+//   DELETE /metrics/raw?rank=<i>   ... this
+//   GET    /stats                  per port and engine: requests routed, and the recent requests
+// Answers are JSON (but /metrics): 200 with the state, 400/404/405 with vLLM's error shape.
 
 #include <string>
 #include <string_view>
 #include <variant>
 
 #include "faults.hpp"
+#include "metrics_override.hpp"
 
 namespace dplb::mock {
 
-enum class admin_action { get_fault, set_fault, clear_fault, get_metrics };
+enum class admin_action {
+  get_fault,
+  set_fault,
+  clear_fault,
+  get_metrics,
+  get_override,
+  set_override,
+  clear_overrides,
+  set_raw_metrics,
+  clear_raw_metrics,
+  get_stats,
+};
 
 struct admin_command {
   admin_action action = admin_action::get_fault;
-  unsigned rank = 0;
-  fault_patch patch;  // set_fault only
+  unsigned rank = 0;    // the actions that name a rank
+  unsigned engine = 0;  // get_override and set_override
+  fault_patch patch;    // set_fault only
+  gauge_override_patch override_patch;  // set_override only
+  std::string raw_metrics;              // set_raw_metrics only
 };
 
 struct admin_answer {
@@ -31,10 +52,10 @@ struct admin_answer {
 };
 
 // A command to execute, or the error answer for a request that is not one (bad path, method, rank or
-// body). `ranks` is the number of ranks served.
+// body). `ranks` is the number of ranks (ports) served, `engines` the DP engines of each.
 std::variant<admin_command, admin_answer> parse_admin_request(std::string_view method,
                                                               std::string_view target, std::string_view body,
-                                                              unsigned ranks);
+                                                              unsigned ranks, unsigned engines);
 
 // The error answer for a command that failed while executing (e.g. a port that cannot be re-bound).
 admin_answer admin_failure(unsigned status, std::string_view message);

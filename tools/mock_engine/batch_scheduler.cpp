@@ -31,6 +31,7 @@ void batch_scheduler::submit(request_id id, std::uint64_t prompt_tokens, std::ui
 bool batch_scheduler::abort(request_id id) {
   const auto same = [id](const request& r) { return r.id == id; };
   if (const auto at = std::find_if(running_.begin(), running_.end(), same); at != running_.end()) {
+    kv_tokens_ -= at->kv;
     running_.erase(at);  // erase, not swap: admission order is the scheduling order
     return true;
   }
@@ -78,13 +79,18 @@ void batch_scheduler::end_step(std::uint32_t padded, std::vector<token_event>& o
     if (r.scheduled == 0) continue;  // admitted after the budget ran out, or not scheduled
     if (r.prefill_left != 0) {
       r.prefill_left -= r.scheduled;
+      r.kv += r.scheduled;
+      kv_tokens_ += r.scheduled;
       r.scheduled = 0;
       if (r.prefill_left != 0) continue;  // more chunks to come: no token yet
     } else {
       r.scheduled = 0;
     }
     --r.tokens_left;
+    ++r.kv;
+    ++kv_tokens_;
     out.push_back(token_event{r.id, r.tokens_left == 0});
+    if (r.tokens_left == 0) kv_tokens_ -= r.kv;  // finished: its blocks are freed
   }
   std::erase_if(running_, [](const request& r) { return r.tokens_left == 0; });
 }

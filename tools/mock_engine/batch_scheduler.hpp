@@ -89,12 +89,17 @@ class batch_scheduler {
   std::uint64_t padded_tokens() const { return padded_tokens_; }
   std::uint64_t real_tokens() const { return real_tokens_; }
 
+  // Tokens whose KV the admitted requests hold now: prompt tokens prefilled plus tokens produced, over
+  // the running requests (waiting ones hold none). What vllm:kv_cache_usage_perc is a fraction of.
+  std::uint64_t kv_tokens() const { return kv_tokens_; }
+
  private:
   struct request {
     request_id id;
     std::uint64_t prefill_left;  // prompt tokens not yet prefilled; 0 = decoding
     std::uint64_t tokens_left;   // tokens still to produce
     std::uint64_t scheduled;     // tokens scheduled in the step in flight (0 = not in it)
+    std::uint64_t kv = 0;        // tokens of KV it holds (prefilled and produced), counted in kv_tokens_
   };
 
   const engine_config config_;
@@ -105,6 +110,7 @@ class batch_scheduler {
   std::uint64_t steps_ = 0;
   std::uint64_t padded_tokens_ = 0;
   std::uint64_t real_tokens_ = 0;
+  std::uint64_t kv_tokens_ = 0;
 };
 
 }  // namespace dplb::mock::sim

@@ -25,6 +25,9 @@ std::string render_echo_report(const received_request& request) {
   report["body_size"] = request.body.size();
   report["body_fnv1a64"] = std::move(fingerprint);
   report["chunked"] = request.chunked;
+  report["engine"] = request.engine;
+  report["x_data_parallel_rank"] =
+      request.dp_rank_header ? ordered_json(std::string(*request.dp_rank_header)) : ordered_json(nullptr);
   // Header bytes are whatever the client sent; replace invalid UTF-8 rather than fail.
   return report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

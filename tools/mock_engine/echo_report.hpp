@@ -2,6 +2,7 @@
 // The /mock/echo answer: what the engine received, so tests can check what a proxy forwarded.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -25,9 +26,12 @@ struct received_request {
   std::vector<std::pair<std::string_view, std::string_view>> headers;  // received order and spelling
   std::string_view body;
   bool chunked = false;  // the body came with Transfer-Encoding: chunked
+  unsigned engine = 0;   // the DP engine of the port that answered (its index on the port)
+  std::optional<std::string_view> dp_rank_header;  // X-data-parallel-rank as received, if any
 };
 
-// {"method":..,"target":..,"headers":[[name,value],..],"body_size":N,"body_fnv1a64":"<16 hex>","chunked":b}
+// {"method":..,"target":..,"headers":[[name,value],..],"body_size":N,"body_fnv1a64":"<16 hex>","chunked":b,
+//  "engine":j,"x_data_parallel_rank":"<value>"|null}
 std::string render_echo_report(const received_request& request);
 
 }  // namespace dplb::mock

@@ -1,5 +1,7 @@
 #include "engine_metrics.hpp"
 
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 
 namespace dplb::mock {
@@ -19,68 +21,25 @@ void append_label_value(std::string& out, std::string_view value) {
   }
 }
 
-class text_writer {
- public:
-  text_writer(std::string_view engine, std::string_view model_name) : engine_(engine), model_(model_name) {}
+// Sample values as prometheus_client prints them: Python's repr of a float ("3.0", "0.25", "1e-05").
+std::string real(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
+  char text[32];
+  const auto end = std::to_chars(text, text + sizeof text, value).ptr;
+  std::string out(text, end);
+  if (out.find_first_of(".e") == std::string::npos) out += ".0";
+  return out;
+}
 
-  void family(std::string_view name, std::string_view type, std::string_view help) {
-    out_.append("# HELP ").append(name).append(" ").append(help).append("\n");
-    out_.append("# TYPE ").append(name).append(" ").append(type).append("\n");
-  }
+std::string integer(std::int64_t value) { return std::to_string(value) + ".0"; }
 
-  // name{engine="..",<extra_label>,model_name=".."} value; extra_label sorts between the two.
-  void vllm_sample(std::string_view name, std::int64_t value, std::string_view extra_label = {}) {
-    out_.append(name).append("{engine=\"");
-    append_label_value(out_, engine_);
-    out_.append("\",");
-    if (!extra_label.empty()) out_.append(extra_label).append(",");
-    out_.append("model_name=\"");
-    append_label_value(out_, model_);
-    out_.append("\"} ");
-    append_value(value);
-  }
-
-  void mock_sample(std::string_view name, std::int64_t value) {
-    out_.append(name).append("{engine=\"");
-    append_label_value(out_, engine_);
-    out_.append("\"} ");
-    append_value(value);
-  }
-
-  // A nanosecond count, printed in seconds.
-  void mock_seconds(std::string_view name, std::int64_t nanoseconds) {
-    out_.append(name).append("{engine=\"");
-    append_label_value(out_, engine_);
-    out_.append("\"} ");
-    char text[32];
-    const int n = std::snprintf(text, sizeof text, "%.9f\n", static_cast<double>(nanoseconds) / 1e9);
-    out_.append(text, static_cast<std::size_t>(n));
-  }
-
-  // A whole series (its HELP and TYPE lines, then its one sample), naming it once.
-  void vllm_series(std::string_view name, std::string_view type, std::string_view help, std::int64_t value,
-                   std::string_view extra_label = {}) {
-    family(name, type, help);
-    vllm_sample(name, value, extra_label);
-  }
-  void mock_series(std::string_view name, std::string_view type, std::string_view help, std::int64_t value) {
-    family(name, type, help);
-    mock_sample(name, value);
-  }
-  void mock_seconds_counter(std::string_view name, std::string_view help, std::int64_t nanoseconds) {
-    family(name, "counter", help);
-    mock_seconds(name, nanoseconds);
-  }
-
-  std::string take() { return std::move(out_); }
-
- private:
-  void append_value(std::int64_t value) { out_.append(std::to_string(value)).append(".0\n"); }
-
-  std::string_view engine_;
-  std::string_view model_;
-  std::string out_;
-};
+// A nanosecond count, printed in seconds.
+std::string seconds(std::uint64_t nanoseconds) {
+  char text[32];
+  const int n = std::snprintf(text, sizeof text, "%.9f", static_cast<double>(nanoseconds) / 1e9);
+  return {text, static_cast<std::size_t>(n)};
+}
 
 std::int64_t load(const std::atomic<std::uint64_t>& counter) {
   return static_cast<std::int64_t>(counter.load(std::memory_order_relaxed));
@@ -88,54 +47,138 @@ std::int64_t load(const std::atomic<std::uint64_t>& counter) {
 
 std::int64_t load(const std::atomic<std::int64_t>& gauge) { return gauge.load(std::memory_order_relaxed); }
 
+// Writes families in the order asked; each family's samples follow its HELP and TYPE lines, one per
+// engine for the per-engine series, so that a port of N engines is one valid exposition.
+class text_writer {
+ public:
+  text_writer(std::string_view port_label, const std::vector<engine_view>& engines, std::string_view model_name)
+      : port_label_(port_label), engines_(engines), model_(model_name) {}
+
+  // name{engine="..",<extra_label>,model_name=".."} per engine; extra_label sorts between the two.
+  template <class Value>
+  void vllm_series(std::string_view name, std::string_view type, std::string_view help, Value value_of,
+                   std::string_view extra_label = {}) {
+    family(name, type, help);
+    for (const auto& engine : engines_) {
+      out_.append(name).append("{engine=\"");
+      append_label_value(out_, engine.label);
+      out_.append("\",");
+      if (!extra_label.empty()) out_.append(extra_label).append(",");
+      out_.append("model_name=\"");
+      append_label_value(out_, model_);
+      out_.append("\"} ").append(value_of(engine)).append("\n");
+    }
+  }
+
+  // name{engine=".."} per engine.
+  template <class Value>
+  void engine_series(std::string_view name, std::string_view type, std::string_view help, Value value_of) {
+    family(name, type, help);
+    for (const auto& engine : engines_) sample(name, engine.label, value_of(engine));
+  }
+
+  // name{engine="<port label>"}, or name alone without a port label.
+  void port_series(std::string_view name, std::string_view type, std::string_view help, std::int64_t value) {
+    family(name, type, help);
+    sample(name, port_label_, integer(value));
+  }
+
+  std::string take() { return std::move(out_); }
+
+ private:
+  void family(std::string_view name, std::string_view type, std::string_view help) {
+    out_.append("# HELP ").append(name).append(" ").append(help).append("\n");
+    out_.append("# TYPE ").append(name).append(" ").append(type).append("\n");
+  }
+
+  void sample(std::string_view name, std::string_view engine, const std::string& value) {
+    out_.append(name);
+    if (!engine.empty()) {
+      out_.append("{engine=\"");
+      append_label_value(out_, engine);
+      out_.append("\"}");
+    }
+    out_.append(" ").append(value).append("\n");
+  }
+
+  std::string_view port_label_;
+  const std::vector<engine_view>& engines_;
+  std::string_view model_;
+  std::string out_;
+};
+
+// An engine counter as a sample value.
+template <class Counter>
+auto counted(Counter engine_metrics::*member) {
+  return [member](const engine_view& e) { return integer(load(e.metrics.*member)); };
+}
+
 }  // namespace
 
-std::string render_metrics(const engine_metrics& m, std::string_view engine, std::string_view model_name) {
-  text_writer w(engine, model_name);
+std::string render_metrics(const port_metrics& p, std::string_view port_label,
+                           const std::vector<engine_view>& engines, std::string_view model_name) {
+  text_writer w(port_label, engines, model_name);
   w.vllm_series("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
-                load(m.requests_running));
+                [](const engine_view& e) {
+                  return integer(e.overrides.running.value_or(load(e.metrics.requests_running)));
+                });
   // Without --simulate every admitted request runs at once, and this stays 0.
   w.vllm_series("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-                load(m.requests_waiting));
-  w.vllm_series("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", 0);
-  w.vllm_series("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", load(m.prompt_tokens));
+                [](const engine_view& e) {
+                  return integer(e.overrides.waiting.value_or(load(e.metrics.requests_waiting)));
+                });
+  w.vllm_series("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+                [](const engine_view& e) {
+                  return real(e.overrides.kv_cache_usage.value_or(
+                      e.metrics.kv_cache_usage.load(std::memory_order_relaxed)));
+                });
+  w.vllm_series("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+                counted(&engine_metrics::prompt_tokens));
   w.vllm_series("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
-                load(m.generation_tokens));
+                counted(&engine_metrics::generation_tokens));
   w.vllm_series("vllm:request_success_total", "counter", "Count of successfully processed requests.",
-                load(m.requests_succeeded), "finished_reason=\"length\"");
+                counted(&engine_metrics::requests_succeeded), "finished_reason=\"length\"");
 
-  w.mock_series("mock_requests_received_total", "counter",
+  w.port_series("mock_requests_received_total", "counter",
                 "Requests whose head reached this rank (any path but /metrics), dropped and reset ones included.",
-                load(m.requests_received));
-  w.mock_series("mock_requests_aborted_total", "counter",
-                "Generation and /mock/stream requests whose client went away before the end.",
-                load(m.requests_aborted));
-  w.mock_series("mock_requests_dropped_total", "counter", "Requests closed unanswered by --close-on-request.",
-                load(m.requests_dropped));
-  w.mock_series("mock_requests_reset_total", "counter",
+                load(p.requests_received));
+  w.engine_series("mock_requests_aborted_total", "counter",
+                  "Generation and /mock/stream requests whose client went away before the end.",
+                  counted(&engine_metrics::requests_aborted));
+  w.port_series("mock_requests_dropped_total", "counter", "Requests closed unanswered by --close-on-request.",
+                load(p.requests_dropped));
+  w.port_series("mock_requests_reset_total", "counter",
                 "Requests whose connection was reset (RST) by the reset_on_request or reset_after_events fault.",
-                load(m.requests_reset));
-  w.mock_series("mock_health_checks_total", "counter", "GET and HEAD /health requests received.",
-                load(m.health_checks));
-  w.mock_series("mock_metrics_scrapes_total", "counter",
+                load(p.requests_reset));
+  w.port_series("mock_health_checks_total", "counter", "GET and HEAD /health requests received.",
+                load(p.health_checks));
+  w.port_series("mock_metrics_scrapes_total", "counter",
                 "GET /metrics requests received on the rank's own port (a balancer reading engine stats).",
-                load(m.metrics_scrapes));
-  w.mock_series("mock_connections_accepted_total", "counter", "Connections accepted.", load(m.connections_accepted));
-  w.mock_series("mock_connections_open", "gauge", "Connections open now.", load(m.connections_open));
-  w.mock_series("mock_connections_closed_by_fault_total", "counter",
-                "Open connections closed by the \"listening\": false fault.", load(m.connections_closed_by_fault));
-  if (m.simulated) {
-    w.mock_series("mock_steps_total", "counter", "Simulated engine steps run, dummy steps included.",
-                  load(m.sim_steps));
-    w.mock_series("mock_padded_tokens_total", "counter",
-                  "Sum over steps of the CUDA-graph-padded batch this rank ran (under lockstep, the group's).",
-                  load(m.sim_padded_tokens));
-    w.mock_series("mock_real_tokens_total", "counter", "Sum over steps of the requests this rank scheduled.",
-                  load(m.sim_real_tokens));
-    w.mock_seconds_counter("mock_step_seconds_total", "Simulated seconds spent in steps.", load(m.sim_step_ns));
-    w.mock_seconds_counter("mock_step_lag_seconds_total",
-                           "Wall seconds between each step's due end and its handling, summed: the event loop's delay.",
-                           load(m.sim_lag_ns));
+                load(p.metrics_scrapes));
+  w.port_series("mock_connections_accepted_total", "counter", "Connections accepted.", load(p.connections_accepted));
+  w.port_series("mock_connections_open", "gauge", "Connections open now.", load(p.connections_open));
+  w.port_series("mock_connections_closed_by_fault_total", "counter",
+                "Open connections closed by the \"listening\": false fault.", load(p.connections_closed_by_fault));
+  w.engine_series("mock_requests_routed_total", "counter",
+                  "Completions and chat requests given to this engine (X-data-parallel-rank or the port's balancing).",
+                  counted(&engine_metrics::requests_routed));
+  w.engine_series("mock_requests_routed_by_header_total", "counter",
+                  "Completions and chat requests that named this engine in X-data-parallel-rank.",
+                  counted(&engine_metrics::requests_routed_by_header));
+  if (!engines.empty() && engines.front().metrics.simulated) {
+    w.engine_series("mock_steps_total", "counter", "Simulated engine steps run, dummy steps included.",
+                    counted(&engine_metrics::sim_steps));
+    w.engine_series("mock_padded_tokens_total", "counter",
+                    "Sum over steps of the CUDA-graph-padded batch this rank ran (under lockstep, the group's).",
+                    counted(&engine_metrics::sim_padded_tokens));
+    w.engine_series("mock_real_tokens_total", "counter", "Sum over steps of the requests this rank scheduled.",
+                    counted(&engine_metrics::sim_real_tokens));
+    w.engine_series("mock_step_seconds_total", "counter", "Simulated seconds spent in steps.",
+                    [](const engine_view& e) { return seconds(e.metrics.sim_step_ns.load(std::memory_order_relaxed)); });
+    w.engine_series(
+        "mock_step_lag_seconds_total", "counter",
+        "Wall seconds between each step's due end and its handling, summed: the event loop's delay.",
+        [](const engine_view& e) { return seconds(e.metrics.sim_lag_ns.load(std::memory_order_relaxed)); });
   }
   return w.take();
 }

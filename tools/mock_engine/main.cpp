@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
     for (std::size_t rank = 0; rank < server.ports().size(); ++rank) {
       std::cout << "mock-engine rank " << rank << " listening on " << options.host << ':'
                 << server.ports()[rank] << std::endl;
+      // Only with --dp > 1, so that the output of a --dp 1 mock stays what tools already parse.
+      if (options.dp > 1) std::cout << "mock-engine rank " << rank << " serves " << options.dp << " DP engines" << std::endl;
     }
     std::cout << "mock-engine admin listening on " << options.host << ':' << server.admin_port() << std::endl;
     std::cout << "mock-engine ready" << std::endl;

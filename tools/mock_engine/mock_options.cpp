@@ -17,12 +17,27 @@ namespace po = boost::program_options;
 
 // Everything about the mock that the option list alone does not say; the tests and the demo depend on it.
 constexpr const char* help_epilogue = R"(
-Start-up: once every rank and the admin port listen, stdout gets one line per rank, the admin line,
-then a last line:
+Start-up: once every rank and the admin port listen, stdout gets one line per rank (with --dp N > 1
+each followed by a line saying so), the admin line, then a last line:
   mock-engine rank <i> listening on <host>:<port>
+  mock-engine rank <i> serves <N> DP engines
   mock-engine admin listening on <host>:<admin-port>
   mock-engine ready
-SIGTERM or SIGINT closes everything and exits 0. Every response carries `x-mock-rank: <i>`.
+SIGTERM or SIGINT closes everything and exits 0. Every response carries `x-mock-rank: <i>`; those
+answered by an engine (completions, chat, /mock/echo, /mock/stream) also `x-mock-engine: <j>`, the
+engine's index on its port.
+
+DP engines (--ranks K --dp N): K ports, rank i on port+i, each serving N DP engines (vLLM's internal
+LB, `vllm serve --data-parallel-size N` behind one URL); each engine is a full engine of its own
+(metrics, and with --simulate its own scheduler; --dp-lockstep steps all K*N together).
+  X-data-parallel-rank: j (any case) on completions/chat sends the request to engine j of the port.
+  With --dp N > 1 an integer outside [0, N) gets 400 {"error":{"message":..,"type":"BadRequestError",
+  "param":null,"code":400}} before any work (a plain answer, even for stream=true). With --dp 1
+  (vLLM's external LB) the port accepts 0 or its own global rank i; any other integer gets the 400.
+  A value that is not an integer is ignored, as vLLM does. Without a usable header the port picks
+  the engine with the fewest completions/chat in flight (read, not yet answered), the lowest index
+  on a tie: back-to-back requests on an idle port all go to engine 0. /mock/echo and /mock/stream
+  are routed the same way (an out-of-range value is ignored there).
 
 Endpoints (per rank):
   POST /v1/completions, /v1/chat/completions   vLLM/OpenAI formats, streaming (SSE, one event per
@@ -39,9 +54,18 @@ Endpoints (per rank):
       vllm:generation_tokens_total, vllm:request_success_total and the mock_* counters:
       mock_requests_received_total, _aborted_total, _dropped_total, _reset_total,
       mock_health_checks_total, mock_metrics_scrapes_total, mock_connections_accepted_total, mock_connections_open,
-      mock_connections_closed_by_fault_total; each with the label engine="<i>").
+      mock_connections_closed_by_fault_total, mock_requests_routed_total,
+      mock_requests_routed_by_header_total). With --dp 1 every series has the label engine="<i>", i
+      the rank. With --dp N > 1 the vLLM series, mock_requests_aborted_total and _routed_* (and the
+      simulation's) appear once per engine, engine="<j>" (j = 0..N-1, the engine's index on the port,
+      as vLLM's internal LB labels them); the port's own mock_* series (received, dropped, reset,
+      health checks, scrapes, connections) have no label. vllm:kv_cache_usage_perc: with --simulate
+      the running requests' tokens (prompt prefilled + generated) / --kv-cache-tokens, at most 1;
+      0 without.
   /mock/echo       (any method) JSON: method, target, headers (in received order), body_size,
-                   body_fnv1a64 (FNV-1a 64, 16 hex digits), chunked (request body was chunked).
+                   body_fnv1a64 (FNV-1a 64, 16 hex digits), chunked (request body was chunked),
+                   engine (the engine that answered), x_data_parallel_rank (the header's value, or
+                   null).
   /mock/echo-body  (any method) the request body back, application/octet-stream.
   /mock/stream?events=N&interval_ms=M&bytes=B   N SSE events (default 10, 0 ms, 0 bytes), one per
                    chunk every M ms: data: {"i":<0..N-1>,"t_us":<CLOCK_MONOTONIC us at write>,
@@ -65,7 +89,8 @@ Simulated serving (--simulate; off by default, and then none of this applies):
   only while it has work. With --dp-lockstep all ranks of the process step together, as MoE DP ranks
   do: a step runs while any rank has work, idle ranks run a dummy batch (counted as 1), every rank
   pads to the largest padded batch, and the longest prefill sets the rest of the step.
-  Not simulated: KV-cache capacity (never full, never preempts; kv_cache_usage_perc stays 0),
+  Not simulated: KV-cache capacity (never full, never preempts; kv_cache_usage_perc only reports
+  the running requests' tokens over --kv-cache-tokens),
   prefix caching, speculative decoding, stop strings (ignore_eos always), the DP wave start latency.
   Defaults model a large MoE (DeepSeek-V3 class) served with DP attention + expert parallelism, one
   H100/H200-class GPU per rank: a step costs a fixed 15 ms (the rank's share of the weights read,
@@ -101,6 +126,18 @@ Fault injection, on the admin port (always up, whatever the faults; answers JSON
                                 changes nothing); answers the new state
   DELETE /fault?rank=<i>        back to normal (also POST /fault/clear?rank=<i>); answers the state
   GET    /metrics?rank=<i>      the rank's /metrics text (reachable while the rank is faulted)
+  POST   /metrics/override?rank=<i>&engine=<j>   body {"running":5,"waiting":7,"kv_cache_usage":0.9}
+                                (any subset; null = back to the real value): engine j of rank i
+                                reports these gauges until cleared; answers the engine's overrides
+                                (GET: the same without changing them). engine= is required (0 with --dp 1)
+  DELETE /metrics/override      clears every override of every engine
+  POST   /metrics/raw?rank=<i>  the rank's /metrics (and GET /metrics?rank=<i>) answers exactly the
+                                request body from now on (garbage, NaN, missing series...)
+  DELETE /metrics/raw?rank=<i>  back to the real text
+  GET    /stats                 {"ports":[{"rank":i,"port":P,"engines":[{"engine":j,"requests_routed":n,
+                                "requests_routed_by_header":h,"requests_in_flight":f},..],"recent":[{"engine":j,
+                                "x_data_parallel_rank":"<value>"|null},..]},..]}: completions/chat per engine, and
+                                the port's last 1024 of them, oldest first ("engine":null: refused, 400)
   Bad rank, unknown field or bad value: 400 {"error":{"message":..,"type":"BadRequestError",..}}.
   Fields (default = normal behaviour):
     health_status N       GET /health answers N (200..599), empty body. Default 200.
@@ -191,7 +228,11 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
     ("host", po::value<std::string>()->value_name("ADDR")->default_value(defaults.host), "address every rank listens on")
     ("port", po::value<std::int64_t>()->value_name("PORT")->default_value(defaults.port),
      "rank i listens on port+i; 0 = an ephemeral port per rank")
-    ("ranks", po::value<std::int64_t>()->value_name("K")->default_value(defaults.ranks), "number of DP ranks served")
+    ("ranks", po::value<std::int64_t>()->value_name("K")->default_value(defaults.ranks),
+     "number of ports (DP ranks, vLLM's external LB: one server per rank)")
+    ("dp", po::value<std::int64_t>()->value_name("N")->default_value(defaults.dp),
+     "DP engines behind each port (vLLM's internal LB: --data-parallel-size N behind one URL); "
+     "X-data-parallel-rank: j picks engine j, else the least busy engine (see below)")
     ("model", po::value<std::string>()->value_name("NAME")->default_value(defaults.model),
      "served model name (another `model` in a request gets vLLM's 404)")
     ("ttft-ms", po::value<std::int64_t>()->value_name("MS")->default_value(defaults.ttft.count()),
@@ -213,17 +254,21 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
   po::options_description simulation("Simulated serving (see below; each needs --simulate)");
   simulation.add_options()
     ("simulate", po::bool_switch(),
-     "simulate a continuous-batching engine per rank (default off: per-request timers)")
+     "simulate a continuous-batching engine per DP engine (default off: per-request timers)")
     ("dp-lockstep", po::bool_switch(),
-     "all ranks step together, as MoE DP ranks: step time = slowest rank's padded batch, idle ranks run "
-     "dummy batches (default off: a clock per rank)")
+     "all engines of the process (every rank's --dp engines) step together, as MoE DP ranks: step time = "
+     "slowest engine's padded batch, idle engines run dummy batches (default off: a clock per engine)")
     ("time-scale", po::value<double>()->value_name("X")->default_value(defaults.time_scale, "1"),
      "simulated time runs X times faster than wall time, X in [0.001, 10000]")
     ("start-after", po::value<std::int64_t>()->value_name("N")->default_value(0),
      "no step runs until N requests have arrived, over all ranks (they then start together: a burst's "
      "t=0, independent of how fast the client sent it); 0 = step at once")
+    ("kv-cache-tokens", po::value<std::int64_t>()->value_name("N")->default_value(
+       static_cast<std::int64_t>(defaults.kv_cache_tokens)),
+     "KV-cache capacity per engine in tokens: vllm:kv_cache_usage_perc = tokens held by the running "
+     "requests (prompt prefilled + generated) / N, at most 1 (a gauge only: nothing is ever preempted)")
     ("max-num-seqs", po::value<std::int64_t>()->value_name("N")->default_value(defaults.engine.max_num_seqs),
-     "requests running at once per rank; the rest wait")
+     "requests running at once per engine; the rest wait")
     ("max-num-batched-tokens", po::value<std::int64_t>()->value_name("N")->default_value(
        defaults.engine.max_num_batched_tokens),
      "tokens a step may process (decodes 1 each, prompts chunked into the rest), >= --max-num-seqs; "
@@ -260,6 +305,8 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
     if (options.port != 0 && options.port + options.ranks - 1 > 65535) {
       throw std::invalid_argument("--port + --ranks - 1 must not exceed 65535");
     }
+    options.dp = static_cast<unsigned>(bounded(vm, "dp", 1, 1024));
+    if (options.ranks * options.dp > 4096) throw std::invalid_argument("--ranks * --dp must not exceed 4096");
     options.model = vm["model"].as<std::string>();
     if (options.model.empty()) throw std::invalid_argument("--model must not be empty");
     options.ttft = std::chrono::milliseconds(bounded(vm, "ttft-ms", 0, max_ms));
@@ -275,7 +322,7 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
     options.simulate = vm["simulate"].as<bool>();
     if (!options.simulate) {
       for (const char* name :
-           {"dp-lockstep", "time-scale", "start-after", "max-num-seqs", "max-num-batched-tokens", "step-base-us",
+           {"dp-lockstep", "time-scale", "start-after", "kv-cache-tokens", "max-num-seqs", "max-num-batched-tokens", "step-base-us",
             "step-us-per-token", "prefill-us-per-token", "cudagraph-sizes"}) {
         if (vm.count(name) != 0 && !vm[name].defaulted())
           throw std::invalid_argument("--" + std::string(name) + " needs --simulate");
@@ -293,6 +340,8 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
     }
     options.start_after = static_cast<std::uint64_t>(
         bounded(vm, "start-after", 0, std::numeric_limits<std::int64_t>::max()));
+    options.kv_cache_tokens = static_cast<std::uint64_t>(
+        bounded(vm, "kv-cache-tokens", 1, std::numeric_limits<std::int64_t>::max()));
     auto& engine = options.engine;
     engine.max_num_seqs = static_cast<std::uint32_t>(bounded(vm, "max-num-seqs", 1, 65536));
     engine.max_num_batched_tokens =

@@ -15,7 +15,10 @@ namespace dplb::mock {
 struct mock_options {
   std::string host = "127.0.0.1";         // IP literal or a name resolved at start-up
   std::uint16_t port = 8100;              // rank i listens on port + i; 0 = an ephemeral port per rank
-  unsigned ranks = 1;                     // data-parallel ranks served by this one process
+  unsigned ranks = 1;                     // ports served by this one process (vLLM's external LB)
+  // DP engines behind each port (vLLM's internal LB, `--data-parallel-size N` behind one URL): each a
+  // full engine of its own; X-data-parallel-rank picks one, else the port balances (dp_routing.hpp).
+  unsigned dp = 1;
   std::string model = "mock-model";       // the only model name accepted and listed
   std::chrono::milliseconds ttft{0};      // wait before the first token
   std::chrono::milliseconds itl{0};       // wait between two tokens
@@ -40,6 +43,9 @@ struct mock_options {
   // No step runs until this many requests have arrived (all ranks together): a burst benchmark's t=0,
   // so that how fast the client delivers the burst does not leak into the engine's timing. 0 = off.
   std::uint64_t start_after = 0;
+  // The KV-cache capacity, in tokens, that vllm:kv_cache_usage_perc is a fraction of (a gauge only: the
+  // scheduler never runs out of it). Needs `simulate`.
+  std::uint64_t kv_cache_tokens = 1 << 20;
   // The simulated engine: max_num_seqs, max_num_batched_tokens, capture sizes and step costs, with the
   // defaults of batch_scheduler.hpp (a large MoE, one modern GPU per rank; --help says why).
   sim::engine_config engine;

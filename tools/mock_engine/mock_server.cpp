@@ -38,6 +38,7 @@ using reuse_port = asio::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT
 
 constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
 constexpr std::string_view metrics_type = "text/plain; version=0.0.4; charset=utf-8";
+constexpr std::string_view json_type = "application/json";
 
 // Thousands of concurrent streams need thousands of descriptors; the usual soft limit is 1024.
 void raise_open_file_limit() {
@@ -199,15 +200,36 @@ struct mock_server::impl final : admin_handler {
 // Runs on thread 0, like every admin request, so that changes apply in the order they arrive.
 asio::awaitable<admin_answer> mock_server::impl::handle(std::string_view method, std::string_view target,
                                                         std::string_view body) {
-  auto parsed = parse_admin_request(method, target, body, static_cast<unsigned>(ranks.size()));
+  auto parsed = parse_admin_request(method, target, body, static_cast<unsigned>(ranks.size()), options.dp);
   if (auto* answer = std::get_if<admin_answer>(&parsed)) co_return std::move(*answer);
-  const auto& command = std::get<admin_command>(parsed);
+  auto& command = std::get<admin_command>(parsed);
   auto& rank = ranks[command.rank];
+  auto& engine = rank.engines[command.engine];
   switch (command.action) {
     case admin_action::get_metrics:
-      co_return admin_answer{200, metrics_type, render_metrics(rank.metrics, rank.label, options.model)};
+      co_return admin_answer{200, metrics_type, port_metrics_text(rank, options.model)};
     case admin_action::get_fault:
-      co_return admin_answer{200, "application/json", render_fault_settings(rank.faults.load())};
+      co_return admin_answer{200, json_type, render_fault_settings(rank.faults.load())};
+    case admin_action::get_override:
+      co_return admin_answer{200, json_type, render_gauge_overrides(engine.overrides.load())};
+    case admin_action::set_override: {
+      gauge_overrides after;
+      engine.overrides.update([&](gauge_overrides& o) { after = o = patched(o, command.override_patch); });
+      co_return admin_answer{200, json_type, render_gauge_overrides(after)};
+    }
+    case admin_action::clear_overrides:
+      for (auto& each_rank : ranks) {
+        for (auto& each_engine : each_rank.engines) each_engine.overrides.store({});
+      }
+      co_return admin_answer{200, json_type, render_gauge_overrides({})};
+    case admin_action::set_raw_metrics:
+      rank.raw_metrics.store(std::move(command.raw_metrics));
+      co_return admin_answer{200, json_type, "{}"};
+    case admin_action::clear_raw_metrics:
+      rank.raw_metrics.store(std::nullopt);
+      co_return admin_answer{200, json_type, "{}"};
+    case admin_action::get_stats:
+      co_return admin_answer{200, json_type, render_stats(ranks, ports)};
     case admin_action::set_fault:
     case admin_action::clear_fault:
       break;
@@ -229,7 +251,7 @@ asio::awaitable<admin_answer> mock_server::impl::handle(std::string_view method,
                                        std::to_string(ports[command.rank]) + ": " + ec.message());
     }
   }
-  co_return admin_answer{200, "application/json", render_fault_settings(after)};
+  co_return admin_answer{200, json_type, render_fault_settings(after)};
 }
 
 // Opens or closes a rank on every thread, each on its own thread, and completes once all are done, so
@@ -276,7 +298,7 @@ mock_server::mock_server(const mock_options& options) : impl_(std::make_unique<i
   const auto address = resolve_host(*s.contexts.front(), options.host);
 
   for (unsigned r = 0; r < options.ranks; ++r) {
-    auto& rank = s.ranks.emplace_back(r);
+    auto& rank = s.ranks.emplace_back(r, options.dp, r * options.dp);
     auto& per_thread = s.listeners.emplace_back();
     tcp::endpoint endpoint(address, options.port == 0 ? 0 : static_cast<std::uint16_t>(options.port + r));
     for (unsigned t = 0; t < options.threads; ++t) {
@@ -295,8 +317,15 @@ mock_server::mock_server(const mock_options& options) : impl_(std::make_unique<i
   }
 
   if (options.simulate) {
-    s.simulation = std::make_unique<sim_engine>(*s.contexts.front(), options, s.ranks);
-    for (auto& rank : s.ranks) rank.simulation = s.simulation.get();
+    // Every engine of every port is a scheduler of its own, numbered by sim_index.
+    std::vector<engine_metrics*> engines;
+    for (auto& rank : s.ranks) {
+      for (auto& engine : rank.engines) engines.push_back(&engine.metrics);
+    }
+    s.simulation = std::make_unique<sim_engine>(*s.contexts.front(), options, std::move(engines));
+    for (auto& rank : s.ranks) {
+      for (auto& engine : rank.engines) engine.simulation = s.simulation.get();
+    }
   }
 
   tcp::acceptor admin(*s.contexts.front());

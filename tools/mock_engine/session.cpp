@@ -14,10 +14,13 @@
 #include <boost/beast/http.hpp>
 #include <charconv>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 
 #include "disconnect_watch.hpp"
+#include "dp_routing.hpp"
 #include "echo_report.hpp"
 #include "faults.hpp"
 #include "openai_api.hpp"
@@ -51,6 +54,7 @@ constexpr auto reset_drain_limit = std::chrono::seconds(1);
 constexpr auto reset_drain_poll = std::chrono::milliseconds(1);
 
 constexpr std::string_view mock_rank_header = "x-mock-rank";
+constexpr std::string_view mock_engine_header = "x-mock-engine";  // the engine's index on its port
 constexpr std::string_view json_type = "application/json";
 constexpr std::string_view sse_type = "text/event-stream; charset=utf-8";
 constexpr std::string_view metrics_type = "text/plain; version=0.0.4; charset=utf-8";
@@ -64,6 +68,13 @@ std::string_view sv(beast::string_view s) { return {s.data(), s.size()}; }
 std::int64_t unix_seconds() {
   using namespace std::chrono;
   return duration_cast<seconds>(system_clock::now().time_since_epoch()).count();
+}
+
+// X-data-parallel-rank as received, if present.
+std::optional<std::string_view> dp_rank_header_of(const request& req) {
+  const auto field = req.find(dp_rank_header);
+  if (field == req.end()) return std::nullopt;
+  return sv(field->value());
 }
 
 bool is_read_only(http::verb method) { return method == http::verb::get || method == http::verb::head; }
@@ -109,6 +120,9 @@ class connection final : public closable_connection {
   asio::awaitable<void> ignore_until_closed();
   asio::awaitable<void> reset_connection();
   asio::awaitable<bool> serve(request& req);
+  engine_wish dp_wish(const request& req) const;
+  engine_state& choose_engine(const engine_wish& wish) const;
+  asio::awaitable<bool> serve_routed_generation(const request& req, api_kind kind);
   asio::awaitable<bool> reply(const request& req, http::status status, std::string_view content_type,
                               std::string body, std::string_view allow = {});
   asio::awaitable<bool> serve_generation(const request& req, api_kind kind);
@@ -135,6 +149,7 @@ class connection final : public closable_connection {
   template <class Body>
   void stamp(http::response<Body>& res, const request& req) const {
     res.set(mock_rank_header, rank_.label);
+    if (engine_ != nullptr) res.set(mock_engine_header, std::to_string(engine_->index));
     res.keep_alive(req.keep_alive());
   }
 
@@ -144,6 +159,7 @@ class connection final : public closable_connection {
   std::string sim_out_;        // with --simulate: the events of one write, capacity reused
   const mock_options& options_;
   rank_state& rank_;
+  engine_state* engine_ = nullptr;  // the engine serving the current request, once chosen
   open_connection open_;
   registration registration_;
   bool closed_by_fault_ = false;  // by close_by_fault()
@@ -262,17 +278,23 @@ asio::awaitable<bool> connection::serve(request& req) {
   const auto path = target.substr(0, query_at);
   const auto query = query_at == std::string_view::npos ? std::string_view{} : target.substr(query_at + 1);
   const auto method = req.method();
+  engine_ = nullptr;
 
   if (is_generation_path(path)) {
     if (method != http::verb::post) {
       co_return co_await reply(req, http::status::method_not_allowed, json_type,
                                std::string(method_not_allowed_body), "POST");
     }
-    co_return co_await serve_generation(req,
-                                        path == "/v1/completions" ? api_kind::completions : api_kind::chat);
+    co_return co_await serve_routed_generation(
+        req, path == "/v1/completions" ? api_kind::completions : api_kind::chat);
+  }
+  if (path == "/mock/echo" || path == "/mock/stream") {
+    // Engine work of a kind: they go where a generation request would (a refused header is ignored).
+    engine_ = &choose_engine(dp_wish(req));
   }
   if (path == "/mock/echo") {
-    received_request received{sv(req.method_string()), target, {}, req.body(), req.chunked()};
+    received_request received{sv(req.method_string()), target, {}, req.body(), req.chunked(), engine_->index,
+                              dp_rank_header_of(req)};
     received.headers.reserve(16);
     for (const auto& field : req) received.headers.emplace_back(sv(field.name_string()), sv(field.value()));
     co_return co_await reply(req, http::status::ok, json_type, render_echo_report(received));
@@ -297,7 +319,7 @@ asio::awaitable<bool> connection::serve(request& req) {
     content_type = {};
     status = static_cast<http::status>(rank_.faults.health_status());
   } else if (path == "/metrics") {
-    body = render_metrics(rank_.metrics, rank_.label, options_.model);
+    body = port_metrics_text(rank_, options_.model);
     content_type = metrics_type;
   } else if (path == "/v1/models") {
     body = models_body(options_.model, unix_seconds());
@@ -334,11 +356,47 @@ asio::awaitable<bool> connection::reply(const request& req, http::status status,
   co_return !ec && res.keep_alive();
 }
 
+// X-data-parallel-rank as the port reads it (dp_routing.hpp).
+engine_wish connection::dp_wish(const request& req) const {
+  return read_dp_rank_header(dp_rank_header_of(req), static_cast<unsigned>(rank_.engines.size()), rank_.index);
+}
+
+// The engine named, or the least busy one (the port's internal LB); a refused value counts as none
+// (only completions and chat refuse it, before calling this).
+engine_state& connection::choose_engine(const engine_wish& wish) const {
+  if (const auto* named = std::get_if<unsigned>(&wish)) return rank_.engines[*named];
+  const auto j = least_busy(static_cast<unsigned>(rank_.engines.size()), [this](unsigned e) {
+    return rank_.engines[e].metrics.requests_in_flight.load(std::memory_order_relaxed);
+  });
+  return rank_.engines[j];
+}
+
+// Completions/chat: X-data-parallel-rank is checked before anything else (a value this port does not
+// serve gets vLLM's 400 at once, even for a stream); then the request is the chosen engine's.
+asio::awaitable<bool> connection::serve_routed_generation(const request& req, api_kind kind) {
+  const auto wish = dp_wish(req);
+  const auto header = dp_rank_header_of(req);
+  routed_request logged{std::nullopt, header ? std::optional(std::string(*header)) : std::nullopt};
+  if (const auto* refusal = std::get_if<std::string>(&wish)) {
+    rank_.log(std::move(logged));
+    co_return co_await reply(req, http::status::bad_request, json_type,
+                             error_body(*refusal, "BadRequestError", 400));
+  }
+  engine_ = &choose_engine(wish);
+  logged.engine = engine_->index;
+  rank_.log(std::move(logged));
+  auto& m = engine_->metrics;
+  m.requests_routed.fetch_add(1, std::memory_order_relaxed);
+  if (std::holds_alternative<unsigned>(wish)) m.requests_routed_by_header.fetch_add(1, std::memory_order_relaxed);
+  const in_flight_claim claim(m);
+  co_return co_await serve_generation(req, kind);
+}
+
 asio::awaitable<bool> connection::serve_generation(const request& req, api_kind kind) {
   // The faults that come before any answer, in the order a test would expect: a stall, then a status.
   if (const auto stall = rank_.faults.stall(); stall.count() > 0) {
     if (!co_await unless_disconnected(stream_.socket(), sleep_until(steady_clock::now() + stall))) {
-      if (!closed_by_fault_) rank_.metrics.requests_aborted.fetch_add(1, std::memory_order_relaxed);
+      if (!closed_by_fault_) engine_->metrics.requests_aborted.fetch_add(1, std::memory_order_relaxed);
       co_return false;
     }
   }
@@ -360,9 +418,9 @@ asio::awaitable<bool> connection::serve_generation(const request& req, api_kind 
                          : std::string{};
   const response_renderer renderer(kind, request_id.empty() ? counted_id : request_id, unix_seconds(),
                                    options_.model);
-  generation_tracker tracker(rank_.metrics, gen.prompt_tokens);
+  generation_tracker tracker(engine_->metrics, gen.prompt_tokens);
   bool ok = false;
-  if (rank_.simulation != nullptr) {
+  if (engine_->simulation != nullptr) {
     ok = co_await serve_simulated(req, gen, renderer, tracker);
   } else if (gen.stream) {
     ok = co_await stream_tokens(req, gen, renderer, tracker);
@@ -441,7 +499,7 @@ asio::awaitable<bool> connection::answer_at_once(const request& req, const gener
 asio::awaitable<bool> connection::serve_simulated(const request& req, const generation_request& gen,
                                                   const response_renderer& renderer,
                                                   generation_tracker& tracker) {
-  sim_request simulated(*rank_.simulation, rank_.index, gen.prompt_tokens, gen.max_tokens, gen.stream,
+  sim_request simulated(*engine_->simulation, engine_->sim_index, gen.prompt_tokens, gen.max_tokens, gen.stream,
                         timer_);
   if (!gen.stream) {
     if (!co_await unless_disconnected(stream_.socket(), await_simulated(simulated.state()))) co_return false;
@@ -543,7 +601,7 @@ asio::awaitable<bool> connection::serve_stream_probe(const request& req, std::st
   } else {
     ok = co_await emit_probe_events(*params, finished);
   }
-  if (!finished && !closed_by_fault_) rank_.metrics.requests_aborted.fetch_add(1, std::memory_order_relaxed);
+  if (!finished && !closed_by_fault_) engine_->metrics.requests_aborted.fetch_add(1, std::memory_order_relaxed);
   co_return ok&& req.keep_alive();
 }
 

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <utility>
 
-#include "rank_state.hpp"
+#include "engine_metrics.hpp"
 
 namespace dplb::mock {
 namespace {
@@ -19,10 +19,10 @@ constexpr unsigned max_steps_per_turn = 16;
 
 }  // namespace
 
-sim_stream::sim_stream(sim::request_id id, unsigned rank, std::uint64_t prompt_tokens,
+sim_stream::sim_stream(sim::request_id id, unsigned engine, std::uint64_t prompt_tokens,
                        std::uint64_t max_tokens, bool wake_each_token, asio::steady_timer& waker)
     : id_(id),
-      rank_(rank),
+      engine_(engine),
       prompt_tokens_(prompt_tokens),
       max_tokens_(max_tokens),
       wake_each_token_(wake_each_token),
@@ -30,44 +30,46 @@ sim_stream::sim_stream(sim::request_id id, unsigned rank, std::uint64_t prompt_t
       context_(&asio::query(waker.get_executor(), asio::execution::context)),
       waker_(&waker) {}
 
-// One clock and the ranks it steps: all of them with --dp-lockstep, else one.
+// One clock and the engines it steps: all of them with --dp-lockstep, else one.
 struct sim_engine::clock_state {
-  clock_state(asio::io_context& context, const sim::engine_config& config, std::vector<unsigned> member_ranks,
+  clock_state(asio::io_context& context, const sim::engine_config& config, std::vector<unsigned> member_engines,
               std::vector<sim::batch_scheduler*> members)
-      : timer(context), ranks(std::move(member_ranks)), clock(config, std::move(members)) {}
+      : timer(context), engines(std::move(member_engines)), clock(config, std::move(members)) {}
 
   asio::steady_timer timer;
-  std::vector<unsigned> ranks;
+  std::vector<unsigned> engines;
   sim::lockstep_clock clock;
   bool kick_pending = false;  // a kick is posted: arrivals in the same event-loop turn start one step
 };
 
-sim_engine::sim_engine(asio::io_context& context, const mock_options& options, std::deque<rank_state>& ranks)
+sim_engine::sim_engine(asio::io_context& context, const mock_options& options,
+                       std::vector<engine_metrics*> engines)
     : context_(context),
-      ranks_(ranks),
+      engines_(std::move(engines)),
+      kv_cache_tokens_(static_cast<double>(options.kv_cache_tokens)),
       time_scale_(options.time_scale),
       start_after_(options.start_after),
       epoch_(steady_clock::now()) {
   const auto& config = options.engine;
-  for (std::size_t r = 0; r < ranks.size(); ++r) {
+  for (auto* metrics : engines_) {
     schedulers_.push_back(std::make_unique<sim::batch_scheduler>(config));
-    ranks[r].metrics.simulated = true;
+    metrics->simulated = true;
   }
+  const auto count = static_cast<unsigned>(engines_.size());
   if (options.dp_lockstep) {
     std::vector<unsigned> all;
     std::vector<sim::batch_scheduler*> members;
-    for (std::size_t r = 0; r < ranks.size(); ++r) {
-      all.push_back(static_cast<unsigned>(r));
-      members.push_back(schedulers_[r].get());
+    for (unsigned e = 0; e < count; ++e) {
+      all.push_back(e);
+      members.push_back(schedulers_[e].get());
     }
     clocks_.push_back(std::make_unique<clock_state>(context, config, std::move(all), std::move(members)));
-    clock_of_rank_.assign(ranks.size(), 0);
+    clock_of_engine_.assign(count, 0);
   } else {
-    for (std::size_t r = 0; r < ranks.size(); ++r) {
-      clocks_.push_back(
-          std::make_unique<clock_state>(context, config, std::vector<unsigned>{static_cast<unsigned>(r)},
-                                        std::vector<sim::batch_scheduler*>{schedulers_[r].get()}));
-      clock_of_rank_.push_back(static_cast<unsigned>(r));
+    for (unsigned e = 0; e < count; ++e) {
+      clocks_.push_back(std::make_unique<clock_state>(context, config, std::vector<unsigned>{e},
+                                                      std::vector<sim::batch_scheduler*>{schedulers_[e].get()}));
+      clock_of_engine_.push_back(e);
     }
   }
   tokens_.reserve(1024);
@@ -93,8 +95,8 @@ void sim_engine::abort(std::shared_ptr<sim_stream> stream) {
 
 void sim_engine::enqueue(std::shared_ptr<sim_stream> stream) {
   if (clocks_.empty()) return;  // shut down meanwhile
-  const auto rank = stream->rank_;
-  schedulers_[rank]->submit(stream->id_, stream->prompt_tokens_, stream->max_tokens_);
+  const auto engine = stream->engine_;
+  schedulers_[engine]->submit(stream->id_, stream->prompt_tokens_, stream->max_tokens_);
   streams_.emplace(stream->id_, std::move(stream));
   ++arrived_;
   if (arrived_ < start_after_) return;  // held: the burst is not all here yet
@@ -107,22 +109,22 @@ void sim_engine::enqueue(std::shared_ptr<sim_stream> stream) {
     }
     return;
   }
-  auto& clock = *clocks_[clock_of_rank_[rank]];
+  auto& clock = *clocks_[clock_of_engine_[engine]];
   // Not published here: like vLLM's scheduler stats, the gauges change once per step, so a request
   // that arrives mid-step shows in vllm:num_requests_waiting only when that step ends. A balancer
   // reading them is always at least that far behind, as it is against a real engine.
   if (!clock.clock.stepping() && !clock.kick_pending) {
     // Not at once: requests read in the same turn of the event loop (a burst) join the same first step.
     clock.kick_pending = true;
-    asio::post(context_, [this, c = clock_of_rank_[rank]] { kick(c); });
+    asio::post(context_, [this, c = clock_of_engine_[engine]] { kick(c); });
   }
 }
 
 void sim_engine::remove(const sim_stream& stream) {
   if (clocks_.empty()) return;
   if (streams_.erase(stream.id_) == 0) return;  // finished meanwhile
-  schedulers_[stream.rank_]->abort(stream.id_);
-  publish(*clocks_[clock_of_rank_[stream.rank_]]);
+  schedulers_[stream.engine_]->abort(stream.id_);
+  publish(*clocks_[clock_of_engine_[stream.engine_]]);
 }
 
 void sim_engine::kick(unsigned clock) {
@@ -161,8 +163,8 @@ void sim_engine::on_step_end(unsigned clock) {
     const auto lag_ns =
         static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(lag).count());
     c.clock.end_step(tokens_);
-    for (const auto rank : c.ranks) {
-      auto& m = ranks_[rank].metrics;
+    for (const auto engine : c.engines) {
+      auto& m = *engines_[engine];
       m.sim_step_ns.fetch_add(step_ns, std::memory_order_relaxed);
       m.sim_lag_ns.fetch_add(lag_ns, std::memory_order_relaxed);
     }
@@ -205,14 +207,16 @@ void sim_engine::deliver(const std::vector<sim::token_event>& tokens) {
 }
 
 void sim_engine::publish(const clock_state& clock) {
-  for (const auto rank : clock.ranks) {
-    const auto& s = *schedulers_[rank];
-    auto& m = ranks_[rank].metrics;
+  for (const auto engine : clock.engines) {
+    const auto& s = *schedulers_[engine];
+    auto& m = *engines_[engine];
     m.requests_running.store(static_cast<std::int64_t>(s.running()), std::memory_order_relaxed);
     m.requests_waiting.store(static_cast<std::int64_t>(s.waiting()), std::memory_order_relaxed);
     m.sim_steps.store(s.steps(), std::memory_order_relaxed);
     m.sim_padded_tokens.store(s.padded_tokens(), std::memory_order_relaxed);
     m.sim_real_tokens.store(s.real_tokens(), std::memory_order_relaxed);
+    m.kv_cache_usage.store(std::min(1.0, static_cast<double>(s.kv_tokens()) / kv_cache_tokens_),
+                           std::memory_order_relaxed);
   }
 }
 
@@ -227,11 +231,11 @@ steady_clock::time_point sim_engine::wall_time(sim::sim_time t) const {
                       static_cast<std::int64_t>(std::llround(static_cast<double>(t.count()) / time_scale_)));
 }
 
-sim_request::sim_request(sim_engine& engine, unsigned rank, std::uint64_t prompt_tokens,
+sim_request::sim_request(sim_engine& engine, unsigned scheduler, std::uint64_t prompt_tokens,
                          std::uint64_t max_tokens, bool stream, asio::steady_timer& waker)
     : engine_(engine),
-      stream_(
-          std::make_shared<sim_stream>(engine.next_id(), rank, prompt_tokens, max_tokens, stream, waker)) {
+      stream_(std::make_shared<sim_stream>(engine.next_id(), scheduler, prompt_tokens, max_tokens, stream,
+                                           waker)) {
   engine_.submit(stream_);
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // Simulated serving (--simulate), the I/O shell around the pure core (batch_scheduler.hpp,
-// lockstep_clock.hpp): one scheduler per rank and one steady_timer per clock (one for the process with
-// --dp-lockstep, else one per rank), all on the event loop of thread 0. Sessions, on any thread, submit
+// lockstep_clock.hpp): one scheduler per DP engine (each engine of each port) and one steady_timer per
+// clock (one for the process with --dp-lockstep, else one per engine), all on the event loop of thread 0. Sessions, on any thread, submit
 // requests and are woken at most once per step in which their request produced a token (a late loop
 // ends several due steps at once: one wake for all); no timer per token and no timer per request.
 //
@@ -16,7 +16,6 @@
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -27,7 +26,7 @@
 
 namespace dplb::mock {
 
-struct rank_state;
+struct engine_metrics;
 class sim_engine;
 
 // One simulated request as its session sees it. The engine (thread 0) counts `produced`, which the
@@ -35,7 +34,7 @@ class sim_engine;
 class sim_stream {
  public:
   // `waker` is the session's timer; its executor is the session's thread.
-  sim_stream(sim::request_id id, unsigned rank, std::uint64_t prompt_tokens, std::uint64_t max_tokens,
+  sim_stream(sim::request_id id, unsigned engine, std::uint64_t prompt_tokens, std::uint64_t max_tokens,
              bool wake_each_token, boost::asio::steady_timer& waker);
 
   // Tokens produced so far (each at the end of a step), up to max_tokens.
@@ -53,7 +52,7 @@ class sim_stream {
   }
 
   const sim::request_id id_;
-  const unsigned rank_;
+  const unsigned engine_;  // the scheduler's index
   const std::uint64_t prompt_tokens_;
   const std::uint64_t max_tokens_;
   const bool wake_each_token_;  // false (non-streaming): only the last token wakes the session
@@ -65,8 +64,10 @@ class sim_stream {
 
 class sim_engine {
  public:
-  // Runs on `context` (thread 0's); `ranks` and the options must outlive the engine.
-  sim_engine(boost::asio::io_context& context, const mock_options& options, std::deque<rank_state>& ranks);
+  // Runs on `context` (thread 0's); engines[i] is the metrics of scheduler i (every DP engine of every
+  // port); they and the options must outlive the engine.
+  sim_engine(boost::asio::io_context& context, const mock_options& options,
+             std::vector<engine_metrics*> engines);
   ~sim_engine();
   sim_engine(const sim_engine&) = delete;
   sim_engine& operator=(const sim_engine&) = delete;
@@ -96,14 +97,15 @@ class sim_engine {
   std::chrono::steady_clock::time_point wall_time(sim::sim_time t) const;
 
   boost::asio::io_context& context_;
-  std::deque<rank_state>& ranks_;
+  const std::vector<engine_metrics*> engines_;  // [scheduler]
+  const double kv_cache_tokens_;
   const double time_scale_;
   const std::uint64_t start_after_;  // --start-after: steps are held until this many requests arrived
   std::uint64_t arrived_ = 0;        // requests submitted so far (thread 0)
   const std::chrono::steady_clock::time_point epoch_;              // simulated time 0
-  std::vector<std::unique_ptr<sim::batch_scheduler>> schedulers_;  // [rank]
+  std::vector<std::unique_ptr<sim::batch_scheduler>> schedulers_;  // [engine]
   std::vector<std::unique_ptr<clock_state>> clocks_;
-  std::vector<unsigned> clock_of_rank_;
+  std::vector<unsigned> clock_of_engine_;
   std::unordered_map<sim::request_id, std::shared_ptr<sim_stream>> streams_;  // submitted, not finished
   std::vector<sim::token_event> tokens_;                                      // reused by every step
   std::atomic<sim::request_id> next_id_{1};
@@ -117,7 +119,8 @@ class sim_engine {
 // `stream`, else only at the last token) and must not be waited on by anything else meanwhile.
 class sim_request {
  public:
-  sim_request(sim_engine& engine, unsigned rank, std::uint64_t prompt_tokens, std::uint64_t max_tokens,
+  // `scheduler`: the engine's sim_index.
+  sim_request(sim_engine& engine, unsigned scheduler, std::uint64_t prompt_tokens, std::uint64_t max_tokens,
               bool stream, boost::asio::steady_timer& waker);
   ~sim_request();
   sim_request(const sim_request&) = delete;

@@ -37,6 +37,26 @@ TEST_CASE("options: without --simulate the mock is as before", "[options]") {
   CHECK_FALSE(p.result.options->dp_lockstep);
 }
 
+TEST_CASE("options: --dp sets the DP engines per port, one by default", "[options]") {
+  auto p = parse({});
+  REQUIRE(p.result.options);
+  CHECK(p.result.options->dp == 1);
+  p = parse({"--ranks", "2", "--dp", "4"});
+  REQUIRE(p.result.options);
+  CHECK(p.result.options->ranks == 2);
+  CHECK(p.result.options->dp == 4);
+  for (const char* bad : {"0", "-1", "1025"}) {
+    INFO(bad);
+    CHECK_FALSE(parse({"--dp", bad}).result.options);
+  }
+  CHECK_FALSE(parse({"--ranks", "8", "--dp", "1000"}).result.options);  // more than 4096 engines
+  p = parse({"--simulate", "--kv-cache-tokens", "1000"});
+  REQUIRE(p.result.options);
+  CHECK(p.result.options->kv_cache_tokens == 1000);
+  CHECK_FALSE(parse({"--kv-cache-tokens", "1000"}).result.options);  // needs --simulate
+  CHECK_FALSE(parse({"--simulate", "--kv-cache-tokens", "0"}).result.options);
+}
+
 TEST_CASE("options: --simulate defaults", "[options]") {
   const auto p = parse({"--simulate"});
   REQUIRE(p.result.options);
@@ -45,6 +65,7 @@ TEST_CASE("options: --simulate defaults", "[options]") {
   CHECK_FALSE(o.dp_lockstep);
   CHECK(o.time_scale == 1.0);
   CHECK(o.start_after == 0);
+  CHECK(o.kv_cache_tokens == 1 << 20);
   CHECK(o.engine.max_num_seqs == 256);
   CHECK(o.engine.max_num_batched_tokens == 8192);
   CHECK(o.engine.step_base == 15ms);
@@ -115,7 +136,9 @@ TEST_CASE("options: --help shows every simulation flag with its default", "[opti
   for (const char* text : {"--simulate", "--dp-lockstep", "--time-scale X (=1)", "--start-after N (=0)", "--max-num-seqs N (=256)",
                            "--max-num-batched-tokens N (=8192)", "--step-base-us US (=15000)",
                            "--step-us-per-token US (=150)", "--prefill-us-per-token US (=20)",
-                           "--cudagraph-sizes", "mock_padded_tokens_total", "mock_step_lag_seconds_total"}) {
+                           "--cudagraph-sizes", "mock_padded_tokens_total", "mock_step_lag_seconds_total",
+                           "--dp N (=1)", "--kv-cache-tokens N (=1048576)", "X-data-parallel-rank",
+                           "/metrics/override", "/metrics/raw", "GET    /stats", "x-mock-engine"}) {
     INFO(text);
     CHECK(p.out.find(text) != std::string::npos);
   }

@@ -253,6 +253,35 @@ TEST_CASE("an aborted request leaves the queue or the batch and produces nothing
   CHECK(s.real_tokens() == 2);  // the aborted one's work was done all the same
 }
 
+TEST_CASE("kv_tokens counts the prefilled and produced tokens of admitted requests", "[sim]") {
+  engine_config c = decode_only();
+  c.max_num_seqs = 1;
+  c.max_num_batched_tokens = 4;
+  batch_scheduler s(c);
+  s.submit(1, 6, 2);
+  s.submit(2, 3, 1);  // waits: max_num_seqs 1, so it holds no KV yet
+  std::vector<token_event> out;
+  s.begin_step();
+  CHECK(s.kv_tokens() == 0);  // counted when the step ends, as the tokens it computed
+  s.end_step(1, out);
+  CHECK(s.kv_tokens() == 4);  // the first chunk
+  s.begin_step();
+  s.end_step(1, out);
+  CHECK(s.kv_tokens() == 6 + 1);  // the rest of the prompt and the first token
+  s.begin_step();
+  s.end_step(1, out);  // its last token: finished, its KV freed
+  CHECK(s.kv_tokens() == 0);
+  s.begin_step();  // request 2 admitted
+  s.end_step(1, out);
+  CHECK(s.kv_tokens() == 0);  // 3 prefilled + 1 token, and finished at once
+  s.submit(3, 2, 5);
+  s.begin_step();
+  s.end_step(1, out);
+  CHECK(s.kv_tokens() == 3);
+  CHECK(s.abort(3));
+  CHECK(s.kv_tokens() == 0);
+}
+
 TEST_CASE("a lockstep step takes the slowest rank's padded batch, idle ranks run a dummy", "[sim]") {
   const engine_config c = decode_only();
   fixture f(c, 4, true);
