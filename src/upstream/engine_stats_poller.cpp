@@ -8,63 +8,12 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <spdlog/spdlog.h>
 
-#include <charconv>
-#include <cmath>
-
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/upstream/http_fetch.hpp"
 
 namespace dplb::upstream {
 
 namespace asio = boost::asio;
-
-namespace {
-
-// The sample value of a line that starts with `name` followed by a label set or a space; nullopt for
-// any other line (another metric, a comment, a longer name sharing the prefix).
-std::optional<double> sample_of(std::string_view line, std::string_view name) {
-  if (!line.starts_with(name)) return std::nullopt;
-  line.remove_prefix(name.size());
-  if (line.starts_with('{')) {
-    // Label values may hold any character but an unescaped quote, so the label set ends at the first
-    // '}' outside quotes.
-    bool quoted = false;
-    std::size_t i = 1;
-    for (; i < line.size(); ++i) {
-      if (line[i] == '\\' && quoted) ++i;
-      else if (line[i] == '"') quoted = !quoted;
-      else if (line[i] == '}' && !quoted) break;
-    }
-    if (i >= line.size()) return std::nullopt;
-    line.remove_prefix(i + 1);
-  }
-  if (!line.starts_with(' ')) return std::nullopt;
-  while (line.starts_with(' ')) line.remove_prefix(1);
-  double value = 0;
-  const auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), value);
-  if (ec != std::errc{} || !std::isfinite(value) || value < 0) return std::nullopt;
-  return value;
-}
-
-std::uint32_t to_count(double sum) {
-  return sum >= 4e9 ? 4'000'000'000u : static_cast<std::uint32_t>(std::llround(sum));
-}
-
-}  // namespace
-
-std::optional<balancer::engine_load> parse_engine_load(std::string_view text) {
-  double waiting = 0, running = 0;
-  bool seen = false;
-  while (!text.empty()) {
-    const auto eol = text.find('\n');
-    const auto line = text.substr(0, eol);
-    text.remove_prefix(eol == std::string_view::npos ? text.size() : eol + 1);
-    if (const auto v = sample_of(line, "vllm:num_requests_waiting")) waiting += *v, seen = true;
-    else if (const auto v = sample_of(line, "vllm:num_requests_running")) running += *v, seen = true;
-  }
-  if (!seen) return std::nullopt;
-  return balancer::engine_load{to_count(waiting), to_count(running)};
-}
 
 engine_stats_poller::engine_stats_poller(const std::vector<backend>& backends, balancer::balancer& balancer,
                                          std::chrono::milliseconds interval, std::chrono::milliseconds timeout)

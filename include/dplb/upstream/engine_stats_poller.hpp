@@ -11,23 +11,17 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <chrono>
-#include <optional>
-#include <string_view>
 #include <vector>
 
 #include "dplb/balancer/policy.hpp"
 #include "dplb/upstream/backend.hpp"
+#include "dplb/upstream/engine_metrics_parser.hpp"  // parse_engine_load
 
 namespace dplb::balancer {
 class balancer;
 }
 
 namespace dplb::upstream {
-
-// The waiting and running counts in a vLLM /metrics page (Prometheus text), each summed over all its
-// series (one per engine label and model). nullopt when the page has neither gauge, e.g. an engine run
-// with --disable-log-stats.
-std::optional<balancer::engine_load> parse_engine_load(std::string_view prometheus_text);
 
 class engine_stats_poller {
  public:
