@@ -1,6 +1,7 @@
 #include "dplb/upstream/engine_metrics_parser.hpp"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
 
@@ -137,9 +138,27 @@ std::uint32_t to_count(double sum) {
 
 // What parse_engine_samples() gathers for one engine before choosing between the two KV cache names.
 struct engine_tally {
-  bool seen = false;
   engine_sample sample;
   std::optional<double> old_kv_cache_usage;
+};
+
+// The tallies of the engines seen so far, in order of first appearance, and where each engine's is: a
+// fixed 8 KiB index, so memory grows with the engines a page shows, whatever their label values.
+class engine_tallies {
+ public:
+  engine_tally& of(std::uint32_t engine) {
+    auto& slot = slot_of_[engine];
+    if (slot == 0) {
+      tallies_.emplace_back().sample.engine = engine;
+      slot = static_cast<std::uint16_t>(tallies_.size());
+    }
+    return tallies_[slot - 1];
+  }
+  std::vector<engine_tally>& all() { return tallies_; }
+
+ private:
+  std::array<std::uint16_t, max_engine_label + 1> slot_of_{};  // 1 + index in tallies_, 0: not seen
+  std::vector<engine_tally> tallies_;
 };
 
 void max_into(std::optional<double>& into, double value) {
@@ -160,16 +179,13 @@ std::optional<balancer::engine_load> parse_engine_load(std::string_view text) {
 }
 
 std::vector<engine_sample> parse_engine_samples(std::string_view text) {
-  // Indexed by engine label; it grows to the largest label seen, at most max_engine_label + 1 entries.
-  std::vector<engine_tally> tallies;
+  engine_tallies tallies;
   for_each_sample(text, [&](const sample& s) {
     const bool counts = s.name == running_name || s.name == waiting_name;
     if (!counts && s.name != kv_usage_name && s.name != old_kv_usage_name) return;
     const auto engine = engine_of(s.labels);
     if (!engine) return;
-    if (*engine >= tallies.size()) tallies.resize(*engine + 1);
-    auto& t = tallies[*engine];
-    t.seen = true;
+    auto& t = tallies.of(*engine);
     if (s.name == running_name) t.sample.running += s.value;
     else if (s.name == waiting_name) t.sample.waiting += s.value;
     else if (s.name == kv_usage_name) max_into(t.sample.kv_cache_usage, s.value);
@@ -177,13 +193,12 @@ std::vector<engine_sample> parse_engine_samples(std::string_view text) {
     t.sample.has_counts |= counts;
   });
   std::vector<engine_sample> samples;
-  for (std::uint32_t engine = 0; engine < tallies.size(); ++engine) {
-    auto& t = tallies[engine];
-    if (!t.seen) continue;
-    t.sample.engine = engine;
+  samples.reserve(tallies.all().size());
+  for (auto& t : tallies.all()) {
     if (!t.sample.kv_cache_usage) t.sample.kv_cache_usage = t.old_kv_cache_usage;
     samples.push_back(t.sample);
   }
+  std::sort(samples.begin(), samples.end(), [](const auto& a, const auto& b) { return a.engine < b.engine; });
   return samples;
 }
 
