@@ -1,16 +1,15 @@
 #include "dplb/server/request_facts.hpp"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <array>
 #include <limits>
+#include <utility>
+
+#include "json_reader.hpp"
 
 namespace dplb::server {
 
 namespace {
-
-using json = nlohmann::json;
 
 // Where a value sits, as far as the rules in the header are concerned; `other` for everything they do
 // not read.
@@ -55,8 +54,7 @@ std::uint32_t clamp_u32(std::uint64_t v) {
   return static_cast<std::uint32_t>(std::min<std::uint64_t>(v, std::numeric_limits<std::uint32_t>::max()));
 }
 
-// A JSON integer of any size: nlohmann hands integers to three callbacks (unsigned, negative, and as a
-// double when beyond 64 bits); the rules only care about the sign and the magnitude, saturated.
+// A JSON integer of any size, as the reader reports it: its sign and its magnitude, saturated.
 struct whole_number {
   bool negative = false;
   std::uint64_t magnitude = 0;
@@ -70,33 +68,21 @@ struct whole_number {
   }
 };
 
-// The SAX handler: tracks where the parser is (a short stack of the frames above, then a depth count
-// in skipped containers) and keeps the running counts; builds no DOM and copies no string but the model.
+// The reader's handler (json_reader.hpp): tracks where the reader is (a short stack of the frames
+// above, then a depth count in skipped containers) and keeps the running counts; copies no string but
+// the model.
 class facts_handler {
  public:
-  bool null() { return leaf(false); }
-  bool boolean(bool) { return leaf(false); }
-  bool binary(json::binary_t&) { return leaf(false); }
-  bool number_unsigned(json::number_unsigned_t v) { return integer({false, v}); }
-  bool number_integer(json::number_integer_t v) {
-    // Non-negative integers arrive as unsigned; a negative one's magnitude without overflow.
-    return integer({v < 0, v < 0 ? 0 - static_cast<std::uint64_t>(v) : static_cast<std::uint64_t>(v)});
-  }
-  bool number_float(json::number_float_t, const json::string_t& literal) {
-    // An integer literal too long for 64 bits arrives here: still an integer, saturated (a huge
-    // max_tokens clamps rather than vanishes). A fraction or an exponent is not an integer.
-    if (literal.find_first_of(".eE") == json::string_t::npos) {
-      return integer({literal.starts_with('-'), std::numeric_limits<std::uint64_t>::max()});
-    }
-    return leaf(false);
-  }
-  bool string(json::string_t& s);
-  bool key(json::string_t& k);
-  bool start_object(std::size_t);
-  bool start_array(std::size_t);
+  bool literal() { return leaf(false); }
+  bool fraction() { return leaf(false); }
+  // A huge integer is still an integer, saturated: a huge max_tokens clamps rather than vanishes.
+  bool integer(bool negative, std::uint64_t magnitude) { return integer({negative, magnitude}); }
+  bool string(std::string_view s);
+  bool key(std::string_view k);
+  bool start_object();
+  bool start_array();
   bool end_object();
   bool end_array() { return leave(); }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
 
   request_facts result() &&;
 
@@ -166,10 +152,10 @@ bool facts_handler::integer(whole_number n) {
   return true;
 }
 
-bool facts_handler::string(json::string_t& s) {
+bool facts_handler::string(std::string_view s) {
   const place p = take_place();
   switch (p) {
-    case place::model: facts_.model = std::move(s); break;
+    case place::model: facts_.model = s; break;
     case place::prompt: prompt_tokens_ = estimate_tokens(s); break;
     case place::prompt_item:
       prompt_tokens_ += estimate_tokens(s);
@@ -185,7 +171,7 @@ bool facts_handler::string(json::string_t& s) {
 
 // A key of one of the objects walked into: says where its value goes, and clears what an earlier
 // occurrence of the same key set (the last one wins).
-bool facts_handler::key(json::string_t& k) {
+bool facts_handler::key(std::string_view k) {
   if (skipped_ > 0 || depth_ == 0) return true;
   switch (frames_[depth_ - 1]) {
     case frame::top:
@@ -221,7 +207,7 @@ bool facts_handler::key(json::string_t& k) {
   return true;
 }
 
-bool facts_handler::start_object(std::size_t) {
+bool facts_handler::start_object() {
   const place p = take_place();
   if (p == place::root) {
     object_ = true;
@@ -239,7 +225,7 @@ bool facts_handler::start_object(std::size_t) {
   return skip();
 }
 
-bool facts_handler::start_array(std::size_t) {
+bool facts_handler::start_array() {
   switch (take_place()) {
     case place::root: return false;  // not an object: nothing to read, stop here
     case place::prompt:
@@ -294,12 +280,9 @@ request_facts facts_handler::result() && {
 }  // namespace
 
 request_facts inspect_request_body(std::string_view body) noexcept {
-  // nlohmann's lexer takes a NUL byte between tokens for the end of the input (C strings), so it would
-  // accept `{...}\0garbage`; a raw NUL is never valid JSON (in a string it must be escaped).
-  if (body.find('\0') != std::string_view::npos) return {};
   try {
     facts_handler handler;
-    if (!json::sax_parse(body.data(), body.data() + body.size(), &handler)) return {};
+    if (!json::reader(body).read(handler)) return {};
     return std::move(handler).result();
   } catch (...) {
     return {};  // allocation failure: nothing known

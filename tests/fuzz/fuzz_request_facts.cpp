@@ -3,9 +3,9 @@
 //  - the invariants of request_facts: nothing but defaults unless the body is a JSON object, exact
 //    prompt counts only from one, 1 <= choices <= max_choices;
 //  - agreement with a reference written the obvious way: nlohmann's DOM (whole-body parse, then lookups
-//    in the resulting object), so that the SAX handler's path tracking is checked against the rules in
-//    request_facts.hpp and not only for self-consistency. The DOM keeps the last of repeated keys, as
-//    the rules do.
+//    in the resulting object). This checks both halves of inspect_request_body: its own JSON reader
+//    accepts exactly what nlohmann accepts, and its handler's path tracking follows the rules in
+//    request_facts.hpp. The DOM keeps the last of repeated keys, as the rules do.
 // Any difference traps with both results printed.
 
 #include <nlohmann/json.hpp>
@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <string_view>
 
 #include "dplb/server/request_facts.hpp"
@@ -49,11 +50,18 @@ std::uint32_t clamp_u32(std::uint64_t v) {
   return static_cast<std::uint32_t>(std::min<std::uint64_t>(v, std::numeric_limits<std::uint32_t>::max()));
 }
 
+// A non-negative integer (-0 included, which the DOM keeps as a signed 0).
+std::optional<std::uint64_t> non_negative(const json& v) {
+  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+  if (v.is_number_integer() && v.get<std::int64_t>() == 0) return 0;
+  return std::nullopt;  // negatives, fractions, other types
+}
+
 std::optional<std::uint32_t> token_limit(const json& body, const char* key) {
   const auto it = body.find(key);
   if (it == body.end()) return std::nullopt;
-  if (it->is_number_unsigned()) return clamp_u32(it->get<std::uint64_t>());
-  return std::nullopt;  // negatives are number_integer, fractions number_float
+  if (const auto v = non_negative(*it)) return clamp_u32(*v);
+  return std::nullopt;
 }
 
 // "prompt": its token count and whether it was token ids only.
@@ -95,10 +103,22 @@ std::uint64_t messages_tokens(const json& messages) {
   return tokens;
 }
 
-request_facts reference(std::string_view body) {
-  if (body.find('\0') != std::string_view::npos) return {};
-  const json j = json::parse(body.begin(), body.end(), nullptr, false);
-  if (!j.is_object()) return {};  // discarded (invalid) or not an object
+// The DOM of a body: null when it is not valid JSON, nullopt when the two readers may differ on it by
+// design: nlohmann refuses a number beyond a double's range (`1e400`), which is valid JSON (RFC 8259
+// leaves the range to the implementation) and which Python's json, in vLLM, reads as inf.
+std::optional<json> dom_of(std::string_view body) {
+  if (body.find('\0') != std::string_view::npos) return json();  // nlohmann stops at a NUL, as at the end
+  try {
+    return json::parse(body.begin(), body.end());
+  } catch (const json::out_of_range&) {
+    return std::nullopt;
+  } catch (const json::exception&) {
+    return json();
+  }
+}
+
+request_facts reference(const json& j) {
+  if (!j.is_object()) return {};
   request_facts f;
   f.json_object = true;
   if (const auto it = j.find("model"); it != j.end() && it->is_string()) f.model = it->get<std::string>();
@@ -111,8 +131,10 @@ request_facts reference(std::string_view body) {
   }
   f.max_tokens = token_limit(j, "max_completion_tokens");
   if (!f.max_tokens) f.max_tokens = token_limit(j, "max_tokens");
-  if (const auto it = j.find("n"); it != j.end() && it->is_number_unsigned() && it->get<std::uint64_t>() >= 1) {
-    f.choices = static_cast<std::uint32_t>(std::min<std::uint64_t>(it->get<std::uint64_t>(), dplb::server::max_choices));
+  if (const auto it = j.find("n"); it != j.end()) {
+    if (const auto n = non_negative(*it); n && *n >= 1) {
+      f.choices = static_cast<std::uint32_t>(std::min<std::uint64_t>(*n, dplb::server::max_choices));
+    }
   }
   if (const auto it = j.find("data_parallel_rank"); it != j.end()) {
     if (it->is_number_unsigned()) {
@@ -126,13 +148,14 @@ request_facts reference(std::string_view body) {
   return f;
 }
 
-// The DOM turns an integer literal beyond 64 bits into a double, where the rules still read it as an
-// integer (a huge max_tokens clamps): the reference cannot tell those apart from `1e30`.
+// The DOM turns an integer literal beyond 64 bits (or below INT64_MIN: 19 digits may be enough) into a
+// double, where the rules still read it as an integer (a huge max_tokens clamps): the reference cannot
+// tell those apart from `1e30`.
 bool has_integer_beyond_64_bits(std::string_view body) {
   std::size_t run = 0;
   for (const char c : body) {
     run = c >= '0' && c <= '9' ? run + 1 : 0;
-    if (run >= 20) return true;
+    if (run >= 19) return true;
   }
   return false;
 }
@@ -147,7 +170,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (got.choices < 1 || got.choices > dplb::server::max_choices) fail("choices out of range", {}, got);
 
   if (has_integer_beyond_64_bits(body)) return 0;
-  const request_facts expected = reference(body);
-  if (got != expected) fail("SAX reading differs from the DOM reference", expected, got);
+  const auto dom = dom_of(body);
+  if (!dom) return 0;
+  const request_facts expected = reference(*dom);
+  if (got != expected) fail("inspect_request_body differs from the DOM reference", expected, got);
   return 0;
 }

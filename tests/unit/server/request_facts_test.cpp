@@ -205,3 +205,40 @@ TEST_CASE("deep nesting neither overflows the stack nor is mistaken for the top 
   // The same, unterminated.
   CHECK(inspect_request_body(deep.substr(0, deep.size() / 2)) == request_facts{});
 }
+
+TEST_CASE("the JSON grammar is enforced: numbers, literals, strings, UTF-8", "[request-facts]") {
+  const request_facts none;
+  for (const char* number : {"01", "1.", ".5", "+1", "-", "1e", "1e+", "-a", "0x1", "1.5.3", "--1", "NaN", "Infinity"}) {
+    INFO("number: " << number);
+    CHECK(inspect_request_body(std::string(R"({"n": )") + number + "}") == none);
+  }
+  for (const char* literal : {"tru", "nul", "True", "nulll", "falsey"}) {
+    INFO("literal: " << literal);
+    CHECK(inspect_request_body(std::string(R"({"stream": )") + literal + "}") == none);
+  }
+  CHECK(inspect_request_body("{\"prompt\": \"a\tb\"}") == none);            // a raw control character
+  CHECK(inspect_request_body(R"({"prompt": "\x41"})") == none);               // not a JSON escape
+  CHECK(inspect_request_body(R"({"prompt": "\u12"})") == none);
+  CHECK(inspect_request_body(R"({"prompt": "\ud83d"})") == none);            // a lone high surrogate
+  CHECK(inspect_request_body(R"({"prompt": "\ude00"})") == none);            // a lone low surrogate
+  CHECK(inspect_request_body(R"({"prompt": "\ud83d\u0041"})") == none);
+  CHECK(inspect_request_body("{\"prompt\": \"\xc0\xaf\"}") == none);         // overlong
+  CHECK(inspect_request_body("{\"prompt\": \"\xed\xa0\x80\"}") == none);     // an encoded surrogate
+  CHECK(inspect_request_body("{\"prompt\": \"\xf4\x90\x80\x80\"}") == none); // above U+10FFFF
+  CHECK(inspect_request_body("{\"prompt\": \"\xe6\x97\"}") == none);         // cut short
+  CHECK(inspect_request_body("{\"model\": \"m\"} \xef\xbb\xbf") == none);
+  CHECK(inspect_request_body(R"({"model" "m"})") == none);
+  CHECK(inspect_request_body(R"({"model": "m" "n": 1})") == none);
+  CHECK(inspect_request_body(R"({"a": [1 2]})") == none);
+  CHECK(inspect_request_body(R"({"a": [1,]})") == none);
+  CHECK(inspect_request_body(R"({"a": {]})") == none);
+  CHECK(inspect_request_body(R"({1: 2})") == none);
+  CHECK(inspect_request_body(R"({"a": 1} // comment)") == none);
+  // Accepted: a byte order mark first, escapes in keys, \u0000, 4-byte UTF-8, -0, numbers beyond a double.
+  CHECK(inspect_request_body(R"({"temperature": 1e400, "top_p": -1e-400, "model": "m"})").model == "m");
+  CHECK(inspect_request_body("\xef\xbb\xbf{\"model\": \"m\"}").model == "m");
+  CHECK(inspect_request_body(R"({"mod\u0065l": "\u006d\/\n"})").model == "m/\n");
+  CHECK(inspect_request_body(R"({"prompt": "a\u0000b"})").prompt_tokens == 1);
+  CHECK(inspect_request_body("{\"prompt\": \"\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf\"}").prompt_tokens == 2);
+  CHECK(inspect_request_body(R"({"max_tokens": -0, "n": 2E+1, "x": [-0.5e-3, 0, true, false, null]})").max_tokens == 0u);
+}
