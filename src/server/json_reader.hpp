@@ -19,6 +19,8 @@
 //   fraction()                - a number with a fraction or an exponent
 //   literal()                 - true, false or null
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -201,6 +203,9 @@ bool reader::read_number(Handler& h) {
   if (*p_ == '0') {
     ++p_;
   } else {
+    // 19 digits cannot overflow 64 bits: only a longer number needs the saturating loop.
+    const char* const unchecked_end = p_ + std::min<std::ptrdiff_t>(19, end_ - p_);
+    for (; p_ != unchecked_end && *p_ >= '0' && *p_ <= '9'; ++p_) magnitude = magnitude * 10 + static_cast<std::uint64_t>(*p_ - '0');
     constexpr auto max = std::numeric_limits<std::uint64_t>::max();
     for (; digit(); ++p_) {
       const auto d = static_cast<std::uint64_t>(*p_ - '0');
