@@ -49,10 +49,10 @@ class reader {
   template <typename Handler>
   bool close_or_next(Handler& h, bool& next);
   std::optional<std::string_view> read_string();
-  std::optional<std::string_view> read_escaped_string(const char* start);
   bool append_escape();
   std::optional<std::uint32_t> read_hex4();
   bool read_literal(std::string_view word);
+  std::size_t utf8_length_here() const;
   void skip_whitespace();
 
   const char* p_;
@@ -69,9 +69,9 @@ constexpr std::uint64_t highs = 0x8080808080808080ull;
 // Whether any of 8 bytes needs a look in a string: a quote, a backslash, a control character or a
 // non-ASCII byte. (v - ones*n) & ~v & highs is non-zero exactly when some byte of v is below n.
 inline bool special_in(std::uint64_t v) {
-  const auto below = [v](std::uint64_t n) { return (v - ones * n) & ~v & highs; };
-  const std::uint64_t quote = v ^ (ones * '"'), backslash = v ^ (ones * '\\');
-  return (below(0x20) | ((quote - ones) & ~quote & highs) | ((backslash - ones) & ~backslash & highs) | (v & highs)) != 0;
+  const auto below = [](std::uint64_t w, std::uint64_t n) { return (w - ones * n) & ~w & highs; };
+  const std::uint64_t quote = v ^ (ones * '"'), backslash = v ^ (ones * '\\');  // zero bytes where they are
+  return (below(v, 0x20) | below(quote, 1) | below(backslash, 1) | (v & highs)) != 0;
 }
 
 // The length of the valid UTF-8 sequence that starts at p with a byte >= 0x80, 0 when it is not one
@@ -205,7 +205,9 @@ bool reader::read_number(Handler& h) {
   } else {
     // 19 digits cannot overflow 64 bits: only a longer number needs the saturating loop.
     const char* const unchecked_end = p_ + std::min<std::ptrdiff_t>(19, end_ - p_);
-    for (; p_ != unchecked_end && *p_ >= '0' && *p_ <= '9'; ++p_) magnitude = magnitude * 10 + static_cast<std::uint64_t>(*p_ - '0');
+    for (; p_ != unchecked_end && *p_ >= '0' && *p_ <= '9'; ++p_) {
+      magnitude = magnitude * 10 + static_cast<std::uint64_t>(*p_ - '0');
+    }
     constexpr auto max = std::numeric_limits<std::uint64_t>::max();
     for (; digit(); ++p_) {
       const auto d = static_cast<std::uint64_t>(*p_ - '0');
@@ -227,8 +229,12 @@ bool reader::read_number(Handler& h) {
   return integral ? h.integer(minus && magnitude != 0, magnitude) : h.fraction();
 }
 
+// A string, p_ at its opening quote: a view of the text when it has no escapes, else of its decoded
+// copy in decoded_, where the runs between escapes are appended whole.
 inline std::optional<std::string_view> reader::read_string() {
-  const char* const start = ++p_;  // past the opening quote
+  const char* const start = ++p_;
+  const char* run = start;  // once there was an escape: the first byte not yet appended to decoded_
+  bool escaped = false;
   for (;;) {
     // Plain ASCII eight bytes at a time: a prompt is mostly that.
     while (end_ - p_ >= 8) {
@@ -239,39 +245,24 @@ inline std::optional<std::string_view> reader::read_string() {
     }
     if (p_ == end_) return std::nullopt;
     const auto c = static_cast<unsigned char>(*p_);
-    if (c == '"') return std::string_view(start, static_cast<std::size_t>(p_++ - start));
-    if (c == '\\') return read_escaped_string(start);
-    if (c < 0x20) return std::nullopt;
-    if (c < 0x80) {
-      ++p_;
-      continue;
-    }
-    const auto n = detail::utf8_length(reinterpret_cast<const unsigned char*>(p_), reinterpret_cast<const unsigned char*>(end_));
-    if (n == 0) return std::nullopt;
-    p_ += n;
-  }
-}
-
-// The rest of a string that has an escape (p_ is at it), decoded into decoded_.
-inline std::optional<std::string_view> reader::read_escaped_string(const char* start) {
-  decoded_.assign(start, p_);
-  while (p_ != end_) {
-    const auto c = static_cast<unsigned char>(*p_);
     if (c == '"') {
-      ++p_;
+      if (!escaped) return std::string_view(start, static_cast<std::size_t>(p_++ - start));
+      decoded_.append(run, p_++);
       return std::string_view(decoded_);
     }
     if (c == '\\') {
+      if (!escaped) decoded_.clear();
+      escaped = true;
+      decoded_.append(run, p_);
       if (!append_escape()) return std::nullopt;
+      run = p_;
       continue;
     }
     if (c < 0x20) return std::nullopt;
-    const std::size_t n = c < 0x80 ? 1 : detail::utf8_length(reinterpret_cast<const unsigned char*>(p_), reinterpret_cast<const unsigned char*>(end_));
+    const std::size_t n = c < 0x80 ? 1 : utf8_length_here();
     if (n == 0) return std::nullopt;
-    decoded_.append(p_, n);
     p_ += n;
   }
-  return std::nullopt;
 }
 
 // One escape sequence, p_ at its backslash; a \u high surrogate must be followed by a \u low one.
@@ -316,6 +307,10 @@ inline std::optional<std::uint32_t> reader::read_hex4() {
     else return std::nullopt;
   }
   return v;
+}
+
+inline std::size_t reader::utf8_length_here() const {
+  return detail::utf8_length(reinterpret_cast<const unsigned char*>(p_), reinterpret_cast<const unsigned char*>(end_));
 }
 
 inline bool reader::read_literal(std::string_view word) {

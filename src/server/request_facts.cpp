@@ -73,8 +73,8 @@ struct whole_number {
 // the model.
 class facts_handler {
  public:
-  bool literal() { return leaf(false); }
-  bool fraction() { return leaf(false); }
+  bool literal() { return leaf(); }
+  bool fraction() { return leaf(); }
   // A huge integer is still an integer, saturated: a huge max_tokens clamps rather than vanishes.
   bool integer(bool negative, std::uint64_t magnitude) { return integer({negative, magnitude}); }
   bool string(std::string_view s);
@@ -89,7 +89,7 @@ class facts_handler {
  private:
   place take_place();
   bool integer(whole_number n);
-  bool leaf(bool token_id);
+  bool leaf();
   bool enter(frame f);
   bool skip();
   bool leave();
@@ -127,10 +127,10 @@ place facts_handler::take_place() {
   return place::other;
 }
 
-// A value that is not an integer; in a prompt array it makes the count an estimate.
-bool facts_handler::leaf(bool token_id) {
+// A literal or a fraction: read nowhere, but in a prompt array it makes the count an estimate.
+bool facts_handler::leaf() {
   const place p = take_place();
-  if ((p == place::prompt_item || p == place::prompt_id) && !token_id) prompt_ids_only_ = false;
+  if (p == place::prompt_item || p == place::prompt_id) prompt_ids_only_ = false;
   return true;
 }
 
@@ -142,7 +142,7 @@ bool facts_handler::integer(whole_number n) {
       if (!n.negative) (p == place::max_tokens ? max_tokens_ : max_completion_tokens_) = clamp_u32(n.magnitude);
       break;
     case place::choices:
-      if (!n.negative && n.magnitude >= 1) facts_.choices = static_cast<std::uint32_t>(std::min<std::uint64_t>(n.magnitude, max_choices));
+      if (!n.negative && n.magnitude >= 1) facts_.choices = clamp_u32(std::min<std::uint64_t>(n.magnitude, max_choices));
       break;
     case place::data_parallel_rank: facts_.data_parallel_rank = n.as_int64(); break;
     case place::prompt_item:

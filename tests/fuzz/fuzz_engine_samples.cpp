@@ -39,7 +39,8 @@ void check_invariants(const std::vector<engine_sample>& samples) {
     if (i > 0 && samples[i - 1].engine >= s.engine) fail("engines not strictly increasing", s.engine);
     if (s.engine > dplb::upstream::max_engine_label) fail("engine above max_engine_label", s.engine);
     if (!usable_count(s.running) || !usable_count(s.waiting)) fail("unusable count", s.engine);
-    if (s.kv_cache_usage && !(*s.kv_cache_usage >= 0 && *s.kv_cache_usage <= 1)) fail("KV usage outside [0, 1]", s.engine);
+    const bool kv_in_range = !s.kv_cache_usage || (*s.kv_cache_usage >= 0 && *s.kv_cache_usage <= 1);
+    if (!kv_in_range) fail("KV usage outside [0, 1]", s.engine);
     if (!s.has_counts && (s.running != 0 || s.waiting != 0)) fail("counts without has_counts", s.engine);
     if (!s.has_counts && !s.kv_cache_usage) fail("an entry with nothing in it", s.engine);
   }

@@ -17,8 +17,8 @@ constexpr auto u32_max = std::numeric_limits<std::uint32_t>::max();
 
 TEST_CASE("a vllm bench serve completions body", "[request-facts]") {
   const std::string prompt(4096, 'x');
-  const auto f = inspect_request_body(R"({"model": "meta-llama/Llama-3.1-8B", "prompt": ")" + prompt +
-                                      R"(", "max_tokens": 128, "stream": true, "stream_options": {"include_usage": true}})");
+  const auto f = inspect_request_body(R"({"model": "meta-llama/Llama-3.1-8B", "prompt": ")" + prompt + R"(",
+    "max_tokens": 128, "stream": true, "stream_options": {"include_usage": true}})");
   CHECK(f.json_object);
   CHECK(f.model == "meta-llama/Llama-3.1-8B");
   CHECK(f.prompt_tokens == 1024);
@@ -208,7 +208,8 @@ TEST_CASE("deep nesting neither overflows the stack nor is mistaken for the top 
 
 TEST_CASE("the JSON grammar is enforced: numbers, literals, strings, UTF-8", "[request-facts]") {
   const request_facts none;
-  for (const char* number : {"01", "1.", ".5", "+1", "-", "1e", "1e+", "-a", "0x1", "1.5.3", "--1", "NaN", "Infinity"}) {
+  for (const char* number :
+       {"01", "1.", ".5", "+1", "-", "1e", "1e+", "-a", "0x1", "1.5.3", "--1", "NaN", "Infinity"}) {
     INFO("number: " << number);
     CHECK(inspect_request_body(std::string(R"({"n": )") + number + "}") == none);
   }
@@ -238,7 +239,11 @@ TEST_CASE("the JSON grammar is enforced: numbers, literals, strings, UTF-8", "[r
   CHECK(inspect_request_body(R"({"temperature": 1e400, "top_p": -1e-400, "model": "m"})").model == "m");
   CHECK(inspect_request_body("\xef\xbb\xbf{\"model\": \"m\"}").model == "m");
   CHECK(inspect_request_body(R"({"mod\u0065l": "\u006d\/\n"})").model == "m/\n");
+  CHECK(inspect_request_body(R"({"model": "a long run of plain text, \"then\" \\ some escapes\u00e9 and more"})").model ==
+        "a long run of plain text, \"then\" \\ some escapes\xc3\xa9 and more");
   CHECK(inspect_request_body(R"({"prompt": "a\u0000b"})").prompt_tokens == 1);
   CHECK(inspect_request_body("{\"prompt\": \"\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf\"}").prompt_tokens == 2);
-  CHECK(inspect_request_body(R"({"max_tokens": -0, "n": 2E+1, "x": [-0.5e-3, 0, true, false, null]})").max_tokens == 0u);
+  const auto numbers = inspect_request_body(R"({"max_tokens": -0, "n": 2E+1, "x": [-0.5e-3, 0, true, false, null]})");
+  CHECK(numbers.max_tokens == 0u);
+  CHECK(numbers.choices == 1);
 }
