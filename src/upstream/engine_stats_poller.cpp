@@ -8,63 +8,15 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <spdlog/spdlog.h>
 
-#include <charconv>
-#include <cmath>
-
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/upstream/http_fetch.hpp"
+
+#include <algorithm>
+#include <cmath>
 
 namespace dplb::upstream {
 
 namespace asio = boost::asio;
-
-namespace {
-
-// The sample value of a line that starts with `name` followed by a label set or a space; nullopt for
-// any other line (another metric, a comment, a longer name sharing the prefix).
-std::optional<double> sample_of(std::string_view line, std::string_view name) {
-  if (!line.starts_with(name)) return std::nullopt;
-  line.remove_prefix(name.size());
-  if (line.starts_with('{')) {
-    // Label values may hold any character but an unescaped quote, so the label set ends at the first
-    // '}' outside quotes.
-    bool quoted = false;
-    std::size_t i = 1;
-    for (; i < line.size(); ++i) {
-      if (line[i] == '\\' && quoted) ++i;
-      else if (line[i] == '"') quoted = !quoted;
-      else if (line[i] == '}' && !quoted) break;
-    }
-    if (i >= line.size()) return std::nullopt;
-    line.remove_prefix(i + 1);
-  }
-  if (!line.starts_with(' ')) return std::nullopt;
-  while (line.starts_with(' ')) line.remove_prefix(1);
-  double value = 0;
-  const auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), value);
-  if (ec != std::errc{} || !std::isfinite(value) || value < 0) return std::nullopt;
-  return value;
-}
-
-std::uint32_t to_count(double sum) {
-  return sum >= 4e9 ? 4'000'000'000u : static_cast<std::uint32_t>(std::llround(sum));
-}
-
-}  // namespace
-
-std::optional<balancer::engine_load> parse_engine_load(std::string_view text) {
-  double waiting = 0, running = 0;
-  bool seen = false;
-  while (!text.empty()) {
-    const auto eol = text.find('\n');
-    const auto line = text.substr(0, eol);
-    text.remove_prefix(eol == std::string_view::npos ? text.size() : eol + 1);
-    if (const auto v = sample_of(line, "vllm:num_requests_waiting")) waiting += *v, seen = true;
-    else if (const auto v = sample_of(line, "vllm:num_requests_running")) running += *v, seen = true;
-  }
-  if (!seen) return std::nullopt;
-  return balancer::engine_load{to_count(waiting), to_count(running)};
-}
 
 engine_stats_poller::engine_stats_poller(const topology& topology, balancer::balancer& balancer,
                                          std::chrono::milliseconds interval, std::chrono::milliseconds timeout)
@@ -74,14 +26,47 @@ void engine_stats_poller::start(const asio::any_io_executor& executor) {
   asio::co_spawn(executor, poll_loop(), asio::detached);
 }
 
+namespace {
+
+balancer::engine_load load_of(const engine_sample& sample) {
+  const auto count = [](double v) { return v >= 4e9 ? 4'000'000'000u : static_cast<std::uint32_t>(std::llround(v)); };
+  return {count(sample.waiting), count(sample.running), sample.kv_cache_usage.value_or(0.0)};
+}
+
+}  // namespace
+
+// Which series belong to which rank: a plain backend's page is its one engine, whatever its engine label
+// (an external-LB rank shows its global rank there); a `#dp=N` backend's page shows its N engines, labelled
+// 0..N-1 (internal LB) or with their global ranks from some start (hybrid LB): N labels are taken in
+// order, otherwise a label below N is the rank with that index.
 bool engine_stats_poller::readings_from_page(const backend& target, std::string_view page,
                                              std::vector<balancer::engine_reading>& round) const {
-  if (target.dp != 1) return false;  // per-engine series: read with the per-engine parser
-  const auto load = parse_engine_load(page);
-  if (!load) return false;
-  round[target.first_rank].good = true;
-  round[target.first_rank].load = *load;
-  return true;
+  auto samples = parse_engine_samples(page);
+  std::erase_if(samples, [](const engine_sample& s) { return !s.has_counts; });
+  if (samples.empty()) return false;
+  if (target.dp == 1) {
+    engine_sample total;
+    total.has_counts = true;
+    for (const auto& s : samples) {
+      total.running += s.running;
+      total.waiting += s.waiting;
+      if (s.kv_cache_usage) total.kv_cache_usage = std::max(total.kv_cache_usage.value_or(0.0), *s.kv_cache_usage);
+    }
+    round[target.first_rank].good = true;
+    round[target.first_rank].load = load_of(total);
+    return true;
+  }
+  const bool in_order = samples.size() == target.dp;
+  bool any = false;
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    const std::size_t index = in_order ? i : samples[i].engine;
+    if (index >= target.dp) continue;
+    auto& reading = round[target.first_rank + index];
+    reading.good = true;
+    reading.load = load_of(samples[i]);
+    any = true;
+  }
+  return any;
 }
 
 asio::awaitable<void> engine_stats_poller::read_backend(const backend& target,

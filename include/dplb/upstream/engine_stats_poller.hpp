@@ -1,30 +1,24 @@
 #pragma once
-// Feeds the engine-stats baseline policy: every --stats-interval it reads each engine's /metrics, takes
-// vllm:num_requests_waiting and vllm:num_requests_running, and publishes the snapshot of all ranks to
-// the balancer at once, as vLLM's DP coordinator publishes to its clients. Started only when the chosen
-// policy asks for engine stats; dplb's own policies never need it.
+// Reads every backend's /metrics each --stats-interval, all backends at once, and publishes one round of
+// every rank's running, waiting and KV-cache numbers to the balancer together, as vLLM's DP coordinator
+// publishes to its clients. A `#dp=N` backend's page holds its N engines' series. Started only when the
+// interval is not 0 (by default: only for a policy that balances on engine stats).
 //
-// Threading contract: the poll loop runs on one executor, given to start(); stop() may be called from
-// any thread.
+// Threading contract: the poll loop and its readers run on one executor, given to start(); stop() may be
+// called from any thread.
 
 #include <atomic>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
-#include <optional>
-#include <string_view>
 #include <vector>
 
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/upstream/backend.hpp"
+#include "dplb/upstream/engine_metrics_parser.hpp"  // parse_engine_load
 
 namespace dplb::upstream {
-
-// The waiting and running counts in a vLLM /metrics page (Prometheus text), each summed over all its
-// series (one per engine label and model). nullopt when the page has neither gauge, e.g. an engine run
-// with --disable-log-stats.
-std::optional<balancer::engine_load> parse_engine_load(std::string_view prometheus_text);
 
 class engine_stats_poller {
  public:

@@ -1,0 +1,63 @@
+#pragma once
+// What a request body says about the work it asks for, read without I/O for the token-aware policy and
+// for model routing: the model, how long the prompt is, how many tokens may come back and in how many
+// choices, and vLLM's explicit data_parallel_rank. OpenAI/vLLM completions and chat bodies.
+//
+// Rules (each chosen to match what the engine itself will see):
+//  - Only the top-level object's keys count: a "model" inside a message is text, not the model.
+//  - A repeated key: the last one wins, as in Python's json module and pydantic, which parse the body in
+//    vLLM. A later occurrence with an unusable value clears what an earlier one set.
+//  - The body must be one valid JSON object (RFC 8259; invalid UTF-8 is invalid). Anything else -
+//    invalid, truncated, an array, a string, empty - gives a default request_facts{} (json_object false).
+//  - Prompt length:
+//      "prompt": "text"               -> estimated from the text
+//      "prompt": ["text", ...]        -> a batch: the sum of the estimates
+//      "prompt": [1, 2, 3]            -> token ids: exact, the number of ids
+//      "prompt": [[1, 2], [3]]        -> a batch of token ids: exact, the sum
+//      "messages": [{"content": "text" | [{"type": "text", "text": "..."}, ...]}, ...]
+//                                     -> estimated from the text of every message. A content part counts
+//                                        its string "text" (whatever its "type"); images, audio and video
+//                                        parts carry their payload under other keys and count 0. The chat
+//                                        template's own tokens (roles, separators) are not counted.
+//    "prompt" wins over "messages" in a body that has both (the body does not say which endpoint it is
+//    for). A prompt that mixes text and ids is estimated (ids counted as such, text estimated). Other
+//    values (numbers in a text batch, nulls, objects) count 0.
+//  - Estimate: each string counts ceil(bytes / estimated_chars_per_token) tokens, bytes of its UTF-8 text
+//    after JSON unescaping. Bytes, not code points: byte-level BPE tokenizers (GPT, Llama 3, Qwen) spend
+//    more tokens per character on multi-byte scripts (a CJK character, 3 bytes, is about one token), so
+//    bytes / 4 stays close there too while code points / 4 would undercount four-fold. Each string on
+//    its own, because each prompt of a batch is tokenized on its own.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace dplb::server {
+
+struct request_facts {
+  bool json_object = false;  // the body parsed as a JSON object (else every other field is default)
+  std::string model;         // top-level "model" when it is a string, else empty
+  std::uint32_t prompt_tokens = 0;  // exact when the prompt is token ids, else an estimate from text length
+  bool prompt_tokens_exact = false;
+  // "max_completion_tokens", else "max_tokens": vLLM's chat endpoint prefers the newer name
+  // (`max_completion_tokens or max_tokens`); completions bodies only have max_tokens. A non-negative
+  // integer, clamped to UINT32_MAX; other values (fractions, negatives, strings, null) are ignored.
+  std::optional<std::uint32_t> max_tokens;
+  std::uint32_t choices = 1;  // "n" when an integer >= 1, clamped to max_choices: the cost multiplies by it
+  std::optional<std::int64_t> data_parallel_rank;  // vLLM's body field "data_parallel_rank", when an integer
+
+  bool operator==(const request_facts&) const = default;
+};
+
+// Rule of thumb for English text with BPE tokenizers: about 4 characters per token.
+inline constexpr std::uint32_t estimated_chars_per_token = 4;
+// vLLM takes any n; beyond this a request is expensive enough that the exact figure no longer matters.
+inline constexpr std::uint32_t max_choices = 128;
+
+// Never throws: a body that cannot be read gives request_facts{}. One pass over the body that builds
+// nothing (~1 us for a 4 KiB prompt) and nests on the heap, one bit per level: deep nesting cannot
+// overflow the stack.
+request_facts inspect_request_body(std::string_view body) noexcept;
+
+}  // namespace dplb::server

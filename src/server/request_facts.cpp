@@ -1,0 +1,292 @@
+#include "dplb/server/request_facts.hpp"
+
+#include <algorithm>
+#include <array>
+#include <limits>
+#include <utility>
+
+#include "json_reader.hpp"
+
+namespace dplb::server {
+
+namespace {
+
+// Where a value sits, as far as the rules in the header are concerned; `other` for everything they do
+// not read.
+enum class place : std::uint8_t {
+  other,
+  root,
+  model,
+  prompt,
+  messages,
+  max_tokens,
+  max_completion_tokens,
+  choices,
+  data_parallel_rank,
+  prompt_item,  // an element of "prompt": [...]
+  prompt_id,    // an element of an array inside "prompt": [[...], ...]
+  message,      // an element of "messages"
+  content,      // a message's "content"
+  part,         // an element of a content array
+  part_text,    // a content part's "text"
+};
+
+// The containers the handler walks into. Every other container is skipped by counting its depth, so
+// the handler's state stays this small however deep the body nests.
+enum class frame : std::uint8_t { top, prompt_batch, prompt_ids, messages, message, parts, part };
+
+place top_level_place(std::string_view key) {
+  if (key == "model") return place::model;
+  if (key == "prompt") return place::prompt;
+  if (key == "messages") return place::messages;
+  if (key == "max_tokens") return place::max_tokens;
+  if (key == "max_completion_tokens") return place::max_completion_tokens;
+  if (key == "n") return place::choices;
+  if (key == "data_parallel_rank") return place::data_parallel_rank;
+  return place::other;
+}
+
+std::uint64_t estimate_tokens(std::string_view text) {
+  return (text.size() + estimated_chars_per_token - 1) / estimated_chars_per_token;
+}
+
+std::uint32_t clamp_u32(std::uint64_t v) {
+  return static_cast<std::uint32_t>(std::min<std::uint64_t>(v, std::numeric_limits<std::uint32_t>::max()));
+}
+
+// A JSON integer of any size, as the reader reports it: its sign and its magnitude, saturated.
+struct whole_number {
+  bool negative = false;
+  std::uint64_t magnitude = 0;
+
+  std::optional<std::int64_t> as_int64() const {
+    constexpr auto max = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+    if (!negative) return magnitude <= max ? std::optional(static_cast<std::int64_t>(magnitude)) : std::nullopt;
+    if (magnitude <= max) return -static_cast<std::int64_t>(magnitude);
+    if (magnitude == max + 1) return std::numeric_limits<std::int64_t>::min();
+    return std::nullopt;
+  }
+};
+
+// The reader's handler (json_reader.hpp): tracks where the reader is (a short stack of the frames
+// above, then a depth count in skipped containers) and keeps the running counts; copies no string but
+// the model.
+class facts_handler {
+ public:
+  bool literal() { return leaf(); }
+  bool fraction() { return leaf(); }
+  // A huge integer is still an integer, saturated: a huge max_tokens clamps rather than vanishes.
+  bool integer(bool negative, std::uint64_t magnitude) { return integer({negative, magnitude}); }
+  bool string(std::string_view s);
+  bool key(std::string_view k);
+  bool start_object();
+  bool start_array();
+  bool end_object();
+  bool end_array() { return leave(); }
+
+  request_facts result() &&;
+
+ private:
+  place take_place();
+  bool integer(whole_number n);
+  bool leaf();
+  bool enter(frame f);
+  bool skip();
+  bool leave();
+
+  static constexpr std::size_t max_frames = 5;  // top, messages, message, parts, part
+  std::array<frame, max_frames> frames_{};
+  std::size_t depth_ = 0;        // frames in use
+  std::uint64_t skipped_ = 0;    // depth inside a skipped container
+  place after_key_ = place::other;  // the place of the value that follows the key just read
+  bool object_ = false;
+
+  request_facts facts_;
+  bool prompt_seen_ = false;
+  bool prompt_ids_only_ = false;  // the prompt is an array whose every leaf so far is an integer
+  std::uint64_t prompt_tokens_ = 0;
+  bool messages_seen_ = false;
+  std::uint64_t messages_tokens_ = 0;
+  std::uint64_t content_tokens_ = 0;  // of the message being read, committed at its end (last "content" wins)
+  std::uint64_t part_tokens_ = 0;     // of the part being read, committed at its end (last "text" wins)
+  std::optional<std::uint32_t> max_tokens_, max_completion_tokens_;
+};
+
+place facts_handler::take_place() {
+  if (skipped_ > 0) return place::other;
+  if (depth_ == 0) return place::root;
+  switch (frames_[depth_ - 1]) {
+    case frame::prompt_batch: return place::prompt_item;
+    case frame::prompt_ids: return place::prompt_id;
+    case frame::messages: return place::message;
+    case frame::parts: return place::part;
+    case frame::top:
+    case frame::message:
+    case frame::part: return std::exchange(after_key_, place::other);
+  }
+  return place::other;
+}
+
+// A literal or a fraction: read nowhere, but in a prompt array it makes the count an estimate.
+bool facts_handler::leaf() {
+  const place p = take_place();
+  if (p == place::prompt_item || p == place::prompt_id) prompt_ids_only_ = false;
+  return true;
+}
+
+bool facts_handler::integer(whole_number n) {
+  const place p = take_place();
+  switch (p) {
+    case place::max_tokens:
+    case place::max_completion_tokens:
+      if (!n.negative) (p == place::max_tokens ? max_tokens_ : max_completion_tokens_) = clamp_u32(n.magnitude);
+      break;
+    case place::choices:
+      if (!n.negative && n.magnitude >= 1) facts_.choices = clamp_u32(std::min<std::uint64_t>(n.magnitude, max_choices));
+      break;
+    case place::data_parallel_rank: facts_.data_parallel_rank = n.as_int64(); break;
+    case place::prompt_item:
+    case place::prompt_id: ++prompt_tokens_; break;
+    default: break;
+  }
+  return true;
+}
+
+bool facts_handler::string(std::string_view s) {
+  const place p = take_place();
+  switch (p) {
+    case place::model: facts_.model = s; break;
+    case place::prompt: prompt_tokens_ = estimate_tokens(s); break;
+    case place::prompt_item:
+      prompt_tokens_ += estimate_tokens(s);
+      prompt_ids_only_ = false;
+      break;
+    case place::prompt_id: prompt_ids_only_ = false; break;
+    case place::content: content_tokens_ = estimate_tokens(s); break;
+    case place::part_text: part_tokens_ = estimate_tokens(s); break;
+    default: break;
+  }
+  return true;
+}
+
+// A key of one of the objects walked into: says where its value goes, and clears what an earlier
+// occurrence of the same key set (the last one wins).
+bool facts_handler::key(std::string_view k) {
+  if (skipped_ > 0 || depth_ == 0) return true;
+  switch (frames_[depth_ - 1]) {
+    case frame::top:
+      after_key_ = top_level_place(k);
+      switch (after_key_) {
+        case place::model: facts_.model.clear(); break;
+        case place::prompt:
+          prompt_seen_ = true;
+          prompt_ids_only_ = false;
+          prompt_tokens_ = 0;
+          break;
+        case place::messages:
+          messages_seen_ = true;
+          messages_tokens_ = 0;
+          break;
+        case place::max_tokens: max_tokens_.reset(); break;
+        case place::max_completion_tokens: max_completion_tokens_.reset(); break;
+        case place::choices: facts_.choices = 1; break;
+        case place::data_parallel_rank: facts_.data_parallel_rank.reset(); break;
+        default: break;
+      }
+      break;
+    case frame::message:
+      after_key_ = k == "content" ? place::content : place::other;
+      if (after_key_ == place::content) content_tokens_ = 0;
+      break;
+    case frame::part:
+      after_key_ = k == "text" ? place::part_text : place::other;
+      if (after_key_ == place::part_text) part_tokens_ = 0;
+      break;
+    default: break;  // keys only occur in objects, and the only objects walked into are above
+  }
+  return true;
+}
+
+bool facts_handler::start_object() {
+  const place p = take_place();
+  if (p == place::root) {
+    object_ = true;
+    return enter(frame::top);
+  }
+  if (p == place::message) {
+    content_tokens_ = 0;
+    return enter(frame::message);
+  }
+  if (p == place::part) {
+    part_tokens_ = 0;
+    return enter(frame::part);
+  }
+  if (p == place::prompt_item || p == place::prompt_id) prompt_ids_only_ = false;
+  return skip();
+}
+
+bool facts_handler::start_array() {
+  switch (take_place()) {
+    case place::root: return false;  // not an object: nothing to read, stop here
+    case place::prompt:
+      prompt_ids_only_ = true;
+      return enter(frame::prompt_batch);
+    case place::prompt_item: return enter(frame::prompt_ids);
+    case place::prompt_id: prompt_ids_only_ = false; return skip();
+    case place::messages: return enter(frame::messages);
+    case place::content: return enter(frame::parts);
+    default: return skip();
+  }
+}
+
+bool facts_handler::end_object() {
+  if (skipped_ == 0 && depth_ > 0) {
+    if (frames_[depth_ - 1] == frame::message) messages_tokens_ += content_tokens_;
+    if (frames_[depth_ - 1] == frame::part) content_tokens_ += part_tokens_;
+  }
+  return leave();
+}
+
+bool facts_handler::enter(frame f) {
+  frames_[depth_++] = f;  // the frames nest at most max_frames deep by construction
+  after_key_ = place::other;
+  return true;
+}
+
+bool facts_handler::skip() {
+  ++skipped_;
+  return true;
+}
+
+bool facts_handler::leave() {
+  if (skipped_ > 0) --skipped_;
+  else if (depth_ > 0) --depth_;
+  return true;
+}
+
+request_facts facts_handler::result() && {
+  if (!object_) return {};
+  facts_.json_object = true;
+  if (prompt_seen_) {
+    facts_.prompt_tokens = clamp_u32(prompt_tokens_);
+    facts_.prompt_tokens_exact = prompt_ids_only_;
+  } else if (messages_seen_) {
+    facts_.prompt_tokens = clamp_u32(messages_tokens_);
+  }
+  facts_.max_tokens = max_completion_tokens_ ? max_completion_tokens_ : max_tokens_;
+  return std::move(facts_);
+}
+
+}  // namespace
+
+request_facts inspect_request_body(std::string_view body) noexcept {
+  try {
+    facts_handler handler;
+    if (!json::reader(body).read(handler)) return {};
+    return std::move(handler).result();
+  } catch (...) {
+    return {};  // allocation failure: nothing known
+  }
+}
+
+}  // namespace dplb::server

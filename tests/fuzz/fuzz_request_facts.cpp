@@ -1,0 +1,178 @@
+// libFuzzer target for dplb::server::inspect_request_body, which reads a client's request body. Checks,
+// for every input:
+//  - the invariants of request_facts: nothing but defaults unless the body is a JSON object, exact
+//    prompt counts only from one, 1 <= choices <= max_choices;
+//  - agreement with a reference written the obvious way: nlohmann's DOM (whole-body parse, then lookups
+//    in the resulting object). This checks both halves of inspect_request_body: its own JSON reader
+//    accepts exactly what nlohmann accepts, and its handler's path tracking follows the rules in
+//    request_facts.hpp. The DOM keeps the last of repeated keys, as the rules do.
+// Any difference traps with both results printed.
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <optional>
+#include <string_view>
+
+#include "dplb/server/request_facts.hpp"
+
+namespace {
+
+using dplb::server::request_facts;
+using json = nlohmann::json;
+
+void print(const char* label, const request_facts& f) {
+  std::fprintf(stderr,
+               "  %-9s json_object=%d model=\"%s\" prompt_tokens=%u exact=%d max_tokens=%s%u choices=%u "
+               "data_parallel_rank=%s%lld\n",
+               label, f.json_object, f.model.c_str(), f.prompt_tokens, f.prompt_tokens_exact,
+               f.max_tokens ? "" : "(none)", f.max_tokens.value_or(0), f.choices, f.data_parallel_rank ? "" : "(none)",
+               static_cast<long long>(f.data_parallel_rank.value_or(0)));
+}
+
+[[noreturn]] void fail(const char* what, const request_facts& expected, const request_facts& got) {
+  std::fprintf(stderr, "fuzz_request_facts: %s\n", what);
+  print("expected", expected);
+  print("got", got);
+  __builtin_trap();
+}
+
+std::uint64_t estimate(const json& text) {
+  const auto& s = text.get_ref<const json::string_t&>();
+  return (s.size() + dplb::server::estimated_chars_per_token - 1) / dplb::server::estimated_chars_per_token;
+}
+
+std::uint32_t clamp_u32(std::uint64_t v) {
+  return static_cast<std::uint32_t>(std::min<std::uint64_t>(v, std::numeric_limits<std::uint32_t>::max()));
+}
+
+// A non-negative integer (-0 included, which the DOM keeps as a signed 0).
+std::optional<std::uint64_t> non_negative(const json& v) {
+  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+  if (v.is_number_integer() && v.get<std::int64_t>() == 0) return 0;
+  return std::nullopt;  // negatives, fractions, other types
+}
+
+std::optional<std::uint32_t> token_limit(const json& body, const char* key) {
+  const auto it = body.find(key);
+  if (it == body.end()) return std::nullopt;
+  if (const auto v = non_negative(*it)) return clamp_u32(*v);
+  return std::nullopt;
+}
+
+// "prompt": its token count and whether it was token ids only.
+std::pair<std::uint64_t, bool> prompt_of(const json& prompt) {
+  if (prompt.is_string()) return {estimate(prompt), false};
+  if (!prompt.is_array()) return {0, false};
+  std::uint64_t tokens = 0;
+  bool ids_only = true;
+  for (const auto& item : prompt) {
+    if (item.is_number_integer()) {
+      ++tokens;
+    } else if (item.is_string()) {
+      tokens += estimate(item);
+      ids_only = false;
+    } else if (item.is_array()) {
+      for (const auto& id : item) {
+        if (id.is_number_integer()) ++tokens;
+        else ids_only = false;
+      }
+    } else {
+      ids_only = false;
+    }
+  }
+  return {tokens, ids_only};
+}
+
+std::uint64_t messages_tokens(const json& messages) {
+  if (!messages.is_array()) return 0;
+  std::uint64_t tokens = 0;
+  for (const auto& message : messages) {
+    if (!message.is_object() || !message.contains("content")) continue;
+    const auto& content = message["content"];
+    if (content.is_string()) tokens += estimate(content);
+    if (!content.is_array()) continue;
+    for (const auto& part : content) {
+      if (part.is_object() && part.contains("text") && part["text"].is_string()) tokens += estimate(part["text"]);
+    }
+  }
+  return tokens;
+}
+
+// The DOM of a body: null when it is not valid JSON, nullopt when the two readers may differ on it by
+// design: nlohmann refuses a number beyond a double's range (`1e400`), which is valid JSON (RFC 8259
+// leaves the range to the implementation) and which Python's json, in vLLM, reads as inf.
+std::optional<json> dom_of(std::string_view body) {
+  if (body.find('\0') != std::string_view::npos) return json();  // nlohmann stops at a NUL, as at the end
+  try {
+    return json::parse(body.begin(), body.end());
+  } catch (const json::out_of_range&) {
+    return std::nullopt;
+  } catch (const json::exception&) {
+    return json();
+  }
+}
+
+request_facts reference(const json& j) {
+  if (!j.is_object()) return {};
+  request_facts f;
+  f.json_object = true;
+  if (const auto it = j.find("model"); it != j.end() && it->is_string()) f.model = it->get<std::string>();
+  if (const auto it = j.find("prompt"); it != j.end()) {
+    const auto [tokens, exact] = prompt_of(*it);
+    f.prompt_tokens = clamp_u32(tokens);
+    f.prompt_tokens_exact = exact;
+  } else if (const auto it = j.find("messages"); it != j.end()) {
+    f.prompt_tokens = clamp_u32(messages_tokens(*it));
+  }
+  f.max_tokens = token_limit(j, "max_completion_tokens");
+  if (!f.max_tokens) f.max_tokens = token_limit(j, "max_tokens");
+  if (const auto it = j.find("n"); it != j.end()) {
+    if (const auto n = non_negative(*it); n && *n >= 1) {
+      f.choices = static_cast<std::uint32_t>(std::min<std::uint64_t>(*n, dplb::server::max_choices));
+    }
+  }
+  if (const auto it = j.find("data_parallel_rank"); it != j.end()) {
+    if (it->is_number_unsigned()) {
+      if (it->get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+        f.data_parallel_rank = it->get<std::int64_t>();
+      }
+    } else if (it->is_number_integer()) {
+      f.data_parallel_rank = it->get<std::int64_t>();
+    }
+  }
+  return f;
+}
+
+// The DOM turns an integer literal beyond 64 bits (or below INT64_MIN: 19 digits may be enough) into a
+// double, where the rules still read it as an integer (a huge max_tokens clamps): the reference cannot
+// tell those apart from `1e30`.
+bool has_integer_beyond_64_bits(std::string_view body) {
+  std::size_t run = 0;
+  for (const char c : body) {
+    run = c >= '0' && c <= '9' ? run + 1 : 0;
+    if (run >= 19) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string_view body(reinterpret_cast<const char*>(data), size);
+  const request_facts got = dplb::server::inspect_request_body(body);
+
+  if (!got.json_object && got != request_facts{}) fail("facts from a body that is not a JSON object", {}, got);
+  if (got.choices < 1 || got.choices > dplb::server::max_choices) fail("choices out of range", {}, got);
+
+  if (has_integer_beyond_64_bits(body)) return 0;
+  const auto dom = dom_of(body);
+  if (!dom) return 0;
+  const request_facts expected = reference(*dom);
+  if (got != expected) fail("inspect_request_body differs from the DOM reference", expected, got);
+  return 0;
+}
