@@ -40,6 +40,10 @@ from benchlib import Process, log, metric_sum, scrape
 
 RANKS = 4
 
+# The policies compared, dplb's first; offered_policies() skips those this dplb lacks (least-load and
+# least-tokens, before they land).
+POLICIES = "least-inflight round-robin least-load least-tokens random engine-stats"
+
 # Requests of a burst the client delivers per engine-stats refresh period (dplb-bench --burst-spread-ms).
 # vllm bench serve's client needs hundreds of ms for 256 requests; 62 per 100 ms (1.6 ms each) spreads a
 # 256 burst over 413 ms, so at least 4 fixed-rate refreshes land inside every burst, whatever their phase,
@@ -55,6 +59,24 @@ REQUESTS_PER_REFRESH = 62
 def burst_spread_ms(opts, burst):
     """The window a burst of `burst` requests is spread over: REQUESTS_PER_REFRESH per refresh period."""
     return burst * opts.stats_interval_ms / REQUESTS_PER_REFRESH
+
+
+def offered_policies(opts):
+    """The requested policies that this dplb offers (its --help lists them on the --policy line); each
+    other one is skipped with a note, so that the benchmark runs before and after a policy lands."""
+    text = subprocess.run([opts.dplb, "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=30).stdout
+    match = re.search(r"--policy\s+([\w|-]+)", text)
+    if not match:
+        sys.exit(f"imbalance: no --policy line in {opts.dplb} --help")
+    offered = set(match.group(1).split("|"))
+    chosen = []
+    for policy in opts.policies.split():
+        if policy in offered:
+            chosen.append(policy)
+        else:
+            log(f"imbalance: skipping policy {policy}: {opts.dplb} does not offer it")
+    return chosen
 
 
 def run_one(opts, workdir, policy, label, bench_args, start_after=0):
@@ -128,7 +150,7 @@ def median_run(runs, key):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build-dir", default="build")
-    parser.add_argument("--policies", default="least-inflight round-robin random engine-stats")
+    parser.add_argument("--policies", default=POLICIES, help="those this dplb lacks are skipped")
     parser.add_argument("--bursts", default="255 256 257 1024")
     parser.add_argument("--rates", default="10 20 30", help="Poisson arrival rates, simulated req/s ('' = none)")
     parser.add_argument("--poisson-prompts", type=int, default=400)
@@ -155,8 +177,8 @@ def main():
     for binary in (opts.dplb, opts.mock, opts.bench):
         if not os.access(binary, os.X_OK):
             sys.exit(f"imbalance: {binary} not found; build first (./scripts/build.sh {opts.build_dir})")
-    policies = opts.policies.split()
-    if "least-inflight" not in policies:
+    opts.policies = " ".join(offered_policies(opts))
+    if "least-inflight" not in opts.policies.split():
         sys.exit("imbalance: the policies must include least-inflight, the balanced reference")
 
     workdir = Path(tempfile.mkdtemp(prefix="dplb-imbalance."))
@@ -166,7 +188,7 @@ def main():
         for burst in [int(b) for b in opts.bursts.split()]:
             for repeat in range(opts.repeats):
                 # Policies alternate within a repeat, so that a slow moment of the machine hits each alike.
-                for policy in policies:
+                for policy in opts.policies.split():
                     log(f"burst {burst}, {policy}, run {repeat + 1}/{opts.repeats}")
                     rec = run_one(opts, workdir, policy, f"burst {burst}",
                                   ["--num-prompts", str(burst), "--request-rate", "inf",
@@ -177,7 +199,7 @@ def main():
                     records.append(rec)
         for rate in [float(r) for r in opts.rates.split()]:
             for repeat in range(opts.repeats):
-                for policy in policies:
+                for policy in opts.policies.split():
                     log(f"poisson {rate:g} req/s, {policy}, run {repeat + 1}/{opts.repeats}")
                     # The client's clock is the wall: the simulated rate is sent time-scale times faster.
                     rec = run_one(opts, workdir, policy, f"poisson {rate:g}",

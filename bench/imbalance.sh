@@ -3,11 +3,12 @@
 # 4 MoE data-parallel ranks that step in lockstep. For each burst size (255, 256, 257, 1024 requests,
 # delivered over a few hundred ms as vllm bench serve does, all present when the engine starts;
 # decode-heavy: 64 prompt tokens, 512 output tokens) and each Poisson rate, every policy in turn
-# (least-inflight, round-robin, random, and the engine-stats baseline refreshed every 100 ms as vLLM's)
-# runs against a fresh simulated engine and a fresh dplb; the engine reports the simulated GPU time the
-# load took. Prints per-rank splits, output-token throughput and its ratio to the balanced run
-# (least-inflight); writes bench/results/imbalance.{md,tsv,json} for docs/benchmarks.md and bench/plot.sh.
-# The method is in bench/imbalance.py's header.
+# (least-inflight, round-robin, least-load, least-tokens, random, and the engine-stats baseline refreshed
+# every 100 ms as vLLM's) runs against a fresh simulated engine and a fresh dplb; a policy this dplb lacks
+# is skipped with a note. The engine reports the simulated GPU time the load took. Prints per-rank splits,
+# output-token throughput and its ratio to the balanced run (least-inflight); writes
+# bench/results/imbalance.{md,tsv,json} for docs/benchmarks.md and bench/plot.sh. The method is in
+# bench/imbalance.py's header.
 #
 #   bench/imbalance.sh [more options of bench/imbalance.py, e.g. --bursts "256" --repeats 5]
 #
