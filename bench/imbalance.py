@@ -43,6 +43,8 @@ RANKS = 4
 # The policies compared, dplb's first; offered_policies() skips those this dplb lacks (least-load and
 # least-tokens, before they land).
 POLICIES = "least-inflight round-robin least-load least-tokens random engine-stats"
+# dplb's policies that must split a burst onto idle ranks exactly: a rotation. The run fails otherwise.
+EXACT_POLICIES = ("least-inflight", "round-robin")
 
 # Requests of a burst the client delivers per engine-stats refresh period (dplb-bench --burst-spread-ms).
 # vllm bench serve's client needs hundreds of ms for 256 requests; 62 per 100 ms (1.6 ms each) spreads a
@@ -274,12 +276,33 @@ def report(opts, records, results, elapsed):
     out("")
     out(f"Mock fidelity: step ends were handled late by at most {worst_lag:.0%} of a mean step (keep it well below "
         f"100%; else lower --time-scale). Failed requests: {failed}.")
+    inexact = burst_checks(opts, records, out)
     text = "\n".join(lines) + "\n"
     (results / "imbalance.md").write_text(text)
     (results / "imbalance.tsv").write_text("\n".join(tsv) + "\n")
     print(text, end="")
-    if failed:
+    if failed or inexact:
         sys.exit(1)
+
+
+def burst_checks(opts, records, out):
+    """Per burst size: whether dplb's policies split it exactly in every run, and how often the engine-stats
+    baseline did not. Returns the number of runs in which an EXACT_POLICIES policy was not exact."""
+    out("")
+    out("## Checks (bursts): exact = max-min 0, or 1 when N is not a multiple of the ranks")
+    inexact = 0
+    for load in sorted({r["load"] for r in records if r["kind"] == "burst"}):
+        best = 0 if load % RANKS == 0 else 1
+        for policy in opts.policies.split():
+            runs = [r for r in records if r["kind"] == "burst" and r["load"] == load and r["policy"] == policy]
+            uneven = sum(r["max_min"] > best for r in runs)
+            spreads = ",".join(str(r["max_min"]) for r in runs)
+            verdict = f"exact in {len(runs) - uneven}/{len(runs)} runs (max-min {spreads})"
+            if policy in EXACT_POLICIES and uneven:
+                inexact += uneven
+                verdict += " -- FAILED: dplb's policy must split a burst onto idle ranks exactly"
+            out(f"- N={load:g} {policy}: {verdict}")
+    return inexact
 
 
 if __name__ == "__main__":
