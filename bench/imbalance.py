@@ -7,9 +7,12 @@ as the slowest rank's CUDA-graph-padded batch) and a fresh dplb with that policy
 dplb-bench, and reads from the engine what the run cost in simulated GPU time.
 
 A burst's t=0 is the moment its last request reaches the engine (mock --start-after N): a burst is N
-requests that are all there when the engine steps, as the seed scenario has it, and how fast this client
-happens to deliver them (a few ms of wall time, tens of simulated ms) does not blur the comparison.
-dplb's policy sees the burst as it arrives, request by request, as it would in production.
+requests that are all there when the engine steps, as the seed scenario has it, so the simulated cost is the
+same for every policy however the requests were delivered. dplb's policy sees the burst as it arrives,
+request by request, as it would in production, and the client delivers it the way `vllm bench serve` does:
+spread over a few hundred ms (dplb-bench --burst-spread-ms, see burst_spread_ms below), not in the few ms a
+C++ client on an idle machine needs. That fixes which stats refreshes the engine-stats baseline sees during
+a burst on any machine, instead of leaving it to the race between the client and the refresh timer.
 
 Why simulated time and not wall time: the mock's clock runs --time-scale times faster than the wall, and
 its mock_step_seconds_total is the exact simulated busy time of the engine (a burst's makespan), untouched
@@ -36,6 +39,46 @@ from pathlib import Path
 from benchlib import Process, log, metric_sum, scrape
 
 RANKS = 4
+
+# The policies compared, dplb's first; offered_policies() skips those this dplb lacks (least-load and
+# least-tokens, before they land).
+POLICIES = "least-inflight round-robin least-load least-tokens random engine-stats"
+# dplb's policies that must split a burst onto idle ranks exactly: a rotation. The run fails otherwise.
+EXACT_POLICIES = ("least-inflight", "round-robin")
+
+# Requests of a burst the client delivers per engine-stats refresh period (dplb-bench --burst-spread-ms).
+# vllm bench serve's client needs hundreds of ms for 256 requests; 62 per 100 ms (1.6 ms each) spreads a
+# 256 burst over 413 ms, so at least 4 fixed-rate refreshes land inside every burst, whatever their phase,
+# with at least 3 full periods between them. Why 62: during a held burst (mock --start-after) the engines
+# have not stepped, so each refresh resets the baseline's estimate to gauges that count none of the burst,
+# and its next picks start again from rank 0. A period of n picks then leaves rank 0 one ahead of rank 3
+# unless n is a multiple of the 4 ranks; 62 = 4 * 15 + 2 is as far from one as a count gets, so a period
+# a request longer or shorter (timer phase, a late wake-up of this busy machine) still leaves one ahead:
+# every 256 burst ends at least 3 apart, past the capture size of 64, on every run and machine.
+REQUESTS_PER_REFRESH = 62
+
+
+def burst_spread_ms(opts, burst):
+    """The window a burst of `burst` requests is spread over: REQUESTS_PER_REFRESH per refresh period."""
+    return burst * opts.stats_interval_ms / REQUESTS_PER_REFRESH
+
+
+def offered_policies(opts):
+    """The requested policies that this dplb offers (its --help lists them on the --policy line); each
+    other one is skipped with a note, so that the benchmark runs before and after a policy lands."""
+    text = subprocess.run([opts.dplb, "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=30).stdout
+    match = re.search(r"--policy\s+([\w|-]+)", text)
+    if not match:
+        sys.exit(f"imbalance: no --policy line in {opts.dplb} --help")
+    offered = set(match.group(1).split("|"))
+    chosen = []
+    for policy in opts.policies.split():
+        if policy in offered:
+            chosen.append(policy)
+        else:
+            log(f"imbalance: skipping policy {policy}: {opts.dplb} does not offer it")
+    return chosen
 
 
 def run_one(opts, workdir, policy, label, bench_args, start_after=0):
@@ -109,7 +152,7 @@ def median_run(runs, key):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build-dir", default="build")
-    parser.add_argument("--policies", default="least-inflight round-robin random engine-stats")
+    parser.add_argument("--policies", default=POLICIES, help="those this dplb lacks are skipped")
     parser.add_argument("--bursts", default="255 256 257 1024")
     parser.add_argument("--rates", default="10 20 30", help="Poisson arrival rates, simulated req/s ('' = none)")
     parser.add_argument("--poisson-prompts", type=int, default=400)
@@ -119,7 +162,8 @@ def main():
     parser.add_argument("--poisson-output-len", type=int, default=256)
     parser.add_argument("--time-scale", type=float, default=10.0)
     parser.add_argument("--max-num-seqs", type=int, default=1024)
-    parser.add_argument("--stats-interval-ms", type=int, default=10)
+    parser.add_argument("--stats-interval-ms", type=int, default=100,
+                        help="engine-stats' refresh period; vLLM's coordinator publishes every 100 ms")
     parser.add_argument("--dplb-threads", type=int, default=1)
     parser.add_argument("--mock-args", default="", help="more engine options, e.g. '--step-base-us 1000' for a step "
                         "cost dominated by the padded batch")
@@ -135,8 +179,8 @@ def main():
     for binary in (opts.dplb, opts.mock, opts.bench):
         if not os.access(binary, os.X_OK):
             sys.exit(f"imbalance: {binary} not found; build first (./scripts/build.sh {opts.build_dir})")
-    policies = opts.policies.split()
-    if "least-inflight" not in policies:
+    opts.policies = " ".join(offered_policies(opts))
+    if "least-inflight" not in opts.policies.split():
         sys.exit("imbalance: the policies must include least-inflight, the balanced reference")
 
     workdir = Path(tempfile.mkdtemp(prefix="dplb-imbalance."))
@@ -146,17 +190,18 @@ def main():
         for burst in [int(b) for b in opts.bursts.split()]:
             for repeat in range(opts.repeats):
                 # Policies alternate within a repeat, so that a slow moment of the machine hits each alike.
-                for policy in policies:
+                for policy in opts.policies.split():
                     log(f"burst {burst}, {policy}, run {repeat + 1}/{opts.repeats}")
                     rec = run_one(opts, workdir, policy, f"burst {burst}",
                                   ["--num-prompts", str(burst), "--request-rate", "inf",
+                                   "--burst-spread-ms", f"{burst_spread_ms(opts, burst):.3f}",
                                    "--random-output-len", str(opts.output_len), "--seed", str(opts.seed + repeat)],
                                   start_after=burst)
                     rec.update(kind="burst", load=burst, repeat=repeat)
                     records.append(rec)
         for rate in [float(r) for r in opts.rates.split()]:
             for repeat in range(opts.repeats):
-                for policy in policies:
+                for policy in opts.policies.split():
                     log(f"poisson {rate:g} req/s, {policy}, run {repeat + 1}/{opts.repeats}")
                     # The client's clock is the wall: the simulated rate is sent time-scale times faster.
                     rec = run_one(opts, workdir, policy, f"poisson {rate:g}",
@@ -186,9 +231,11 @@ def report(opts, records, results, elapsed):
     out = lines.append
     out(f"# dplb imbalance benchmark: {RANKS} lockstep ranks (mock --simulate --dp-lockstep "
         f"--time-scale {opts.time_scale:g} --max-num-seqs {opts.max_num_seqs}{(' ' + opts.mock_args) if opts.mock_args else ''}), "
-        f"engine-stats refreshed every {opts.stats_interval_ms} ms wall, {opts.repeats} runs per cell, {elapsed:.0f} s")
+        f"engine-stats refreshed every {opts.stats_interval_ms} ms wall, bursts of N spread over "
+        f"N x {opts.stats_interval_ms / REQUESTS_PER_REFRESH:.3f} ms wall, {opts.repeats} runs per cell, {elapsed:.0f} s")
     out("")
-    out(f"## Bursts: N requests at once, {opts.input_len} prompt tokens, {opts.output_len} output tokens (ignore_eos)")
+    out(f"## Bursts: N requests, all present when the engine starts, {opts.input_len} prompt tokens, "
+        f"{opts.output_len} output tokens (ignore_eos)")
     out("Output tok/s = generated tokens / simulated engine busy time; ratio = to least-inflight (the balanced run);")
     out("the per-rank split and max-min are those of the median run; max-min (all) lists every run's.")
     out("")
@@ -229,12 +276,33 @@ def report(opts, records, results, elapsed):
     out("")
     out(f"Mock fidelity: step ends were handled late by at most {worst_lag:.0%} of a mean step (keep it well below "
         f"100%; else lower --time-scale). Failed requests: {failed}.")
+    inexact = burst_checks(opts, records, out)
     text = "\n".join(lines) + "\n"
     (results / "imbalance.md").write_text(text)
     (results / "imbalance.tsv").write_text("\n".join(tsv) + "\n")
     print(text, end="")
-    if failed:
+    if failed or inexact:
         sys.exit(1)
+
+
+def burst_checks(opts, records, out):
+    """Per burst size: whether dplb's policies split it exactly in every run, and how often the engine-stats
+    baseline did not. Returns the number of runs in which an EXACT_POLICIES policy was not exact."""
+    out("")
+    out("## Checks (bursts): exact = max-min 0, or 1 when N is not a multiple of the ranks")
+    inexact = 0
+    for load in sorted({r["load"] for r in records if r["kind"] == "burst"}):
+        best = 0 if load % RANKS == 0 else 1
+        for policy in opts.policies.split():
+            runs = [r for r in records if r["kind"] == "burst" and r["load"] == load and r["policy"] == policy]
+            uneven = sum(r["max_min"] > best for r in runs)
+            spreads = ",".join(str(r["max_min"]) for r in runs)
+            verdict = f"exact in {len(runs) - uneven}/{len(runs)} runs (max-min {spreads})"
+            if policy in EXACT_POLICIES and uneven:
+                inexact += uneven
+                verdict += " -- FAILED: dplb's policy must split a burst onto idle ranks exactly"
+            out(f"- N={load:g} {policy}: {verdict}")
+    return inexact
 
 
 if __name__ == "__main__":

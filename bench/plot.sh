@@ -131,8 +131,8 @@ plot_imbalance() {
       printf "N"; for (j = 1; j <= m; j++) printf "\t%s", ps[j]; print ""
       for (i = 1; i <= n; i++) { printf "%s", ls[i]; for (j = 1; j <= m; j++) printf "\t%s", v[ls[i], ps[j]]; print "" }
     }' "$tsv" >"$matrix"
-  declare -A policy_colour=([least-inflight]='#d62728' [round-robin]='#ff9896' [random]='#7f7f7f'
-                            [engine-stats]='#1f77b4')
+  declare -A policy_colour=([least-inflight]='#d62728' [round-robin]='#ff9896' [least-load]='#ff7f0e'
+                            [least-tokens]='#ffbb78' [random]='#7f7f7f' [engine-stats]='#1f77b4')
   i=1
   for t in $(head -1 "$matrix" | cut -f2-); do
     i=$((i + 1))

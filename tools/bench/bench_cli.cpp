@@ -83,7 +83,7 @@ cli_result parse_command_line(int argc, const char* const* argv, std::ostream& o
   auto& shape = run.shape;
   std::string endpoint, rate = "inf", dataset = "random", host = "127.0.0.1";
   unsigned port = 8000;
-  double timeout_s = 600;
+  double timeout_s = 600, burst_spread_ms = 0;
   std::vector<std::string> headers;
 
   po::options_description visible(
@@ -102,6 +102,9 @@ cli_result parse_command_line(int argc, const char* const* argv, std::ostream& o
     ("num-prompts", po::value(&run.num_prompts)->default_value(run.num_prompts), "requests to send")
     ("request-rate", po::value(&rate)->default_value(rate),
      "requests per second, Poisson arrivals shaped by --burstiness; 'inf' sends all at once")
+    ("burst-spread-ms", po::value(&burst_spread_ms)->default_value(burst_spread_ms, "0"),
+     "with --request-rate inf: request k of N starts at k*MS/N ms, evenly paced over MS ms, as a client that "
+     "takes that long to send the burst (0: all at once)")
     ("burstiness", po::value(&run.burstiness)->default_value(run.burstiness, "1.0"),
      "gamma shape of the arrival gaps: 1 Poisson, < 1 burstier, > 1 more even")
     ("max-concurrency", po::value(&run.max_concurrency), "requests in flight at most (default: unlimited)")
@@ -150,6 +153,7 @@ cli_result parse_command_line(int argc, const char* const* argv, std::ostream& o
     if (!shape.endpoint.starts_with('/')) throw bad_command_line("--endpoint must start with '/'");
     shape.endpoint = url->path_prefix + shape.endpoint;
     run.request_rate = parse_rate(rate);
+    run.burst_spread = std::chrono::duration<double>(burst_spread_ms / 1000);  // checked by validate()
     if (vm.count("max-concurrency") != 0 && run.max_concurrency == 0) {
       throw bad_command_line("--max-concurrency must be >= 1");
     }

@@ -311,7 +311,8 @@ class load_run {
   void prepare_requests() {
     const auto& shape = options_.shape;
     plans_ = plan_requests(shape, report_.results.size(), options_.seed);
-    offsets_ = arrival_offsets(plans_.size(), options_.request_rate, options_.burstiness, options_.seed);
+    offsets_ = arrival_offsets(plans_.size(), options_.request_rate, options_.burstiness, options_.seed,
+                               options_.burst_spread.count());
     std::size_t bytes = 0;
     for (std::size_t i = 0; i < plans_.size(); ++i) {
       report_.results[i].input_words = plans_[i].input_words;

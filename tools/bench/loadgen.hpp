@@ -40,6 +40,10 @@ struct run_options {
   std::size_t num_prompts = 1000;
   // Requests per second; infinity sends every request at t=0 (a burst, one connection each).
   double request_rate = std::numeric_limits<double>::infinity();
+  // With an infinite rate only: request k of N starts at k * burst_spread / N instead of at 0, evenly
+  // paced, as a client that spends a fixed time on each request delivers a burst (vllm bench serve's
+  // Python client takes hundreds of milliseconds for a few hundred). Zero: all at once.
+  std::chrono::duration<double> burst_spread{0};
   double burstiness = 1.0;          // gamma shape of the inter-arrival times; 1 = Poisson
   std::size_t max_concurrency = 0;  // requests in flight at most; 0 = unlimited
   std::uint64_t seed = 0;           // prompts, lengths and arrival times are a function of it

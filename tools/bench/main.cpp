@@ -39,6 +39,7 @@ void print_preamble(const dplb::bench::cli_options& cli) {
             << run.shape.endpoint << (run.shape.stream ? " (streaming)" : " (not streaming)") << '\n';
   if (std::isinf(run.request_rate)) {
     std::cout << "Traffic request rate: inf\n";
+    if (run.burst_spread.count() > 0) std::cout << "Burst spread: " << run.burst_spread.count() * 1000 << " ms\n";
   } else {
     std::cout << "Traffic request rate: " << run.request_rate << '\n';
   }
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
     json["endpoint"] = cli.run.shape.endpoint;
     json["request_rate"] = std::isinf(cli.run.request_rate) ? nlohmann::json("inf") : nlohmann::json(cli.run.request_rate);
     json["burstiness"] = cli.run.burstiness;
+    json["burst_spread_ms"] = cli.run.burst_spread.count() * 1000;
     json["max_concurrency"] = cli.run.max_concurrency == 0 ? nlohmann::json(nullptr) : nlohmann::json(cli.run.max_concurrency);
     json["random_input_len"] = cli.run.shape.input_len;
     json["random_output_len"] = cli.run.shape.output_len;

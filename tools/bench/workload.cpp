@@ -56,9 +56,17 @@ std::vector<request_plan> plan_requests(const request_shape& shape, std::size_t 
   return plans;
 }
 
-std::vector<double> arrival_offsets(std::size_t count, double rate, double burstiness, std::uint64_t seed) {
+std::vector<double> arrival_offsets(std::size_t count, double rate, double burstiness, std::uint64_t seed,
+                                    double spread_s) {
   std::vector<double> offsets(count, 0.0);
-  if (std::isinf(rate) || count == 0) return offsets;
+  if (count == 0) return offsets;
+  if (std::isinf(rate)) {
+    // Computed from k, not summed gap by gap: the schedule stays exact however long the burst is.
+    for (std::size_t k = 1; k < count; ++k) {
+      offsets[k] = spread_s * static_cast<double>(k) / static_cast<double>(count);
+    }
+    return offsets;
+  }
   // A separate stream from the lengths', so changing the rate leaves the prompts as they were.
   std::mt19937_64 rng(seed ^ 0xa441a1ULL);
   std::gamma_distribution<double> gap(burstiness, 1.0 / (rate * burstiness));
@@ -109,6 +117,14 @@ std::string validate(const run_options& options) {
   if (options.port == 0) return "port must be 1..65535";
   if (!(options.request_rate > 0)) return "request rate must be > 0 (or inf)";
   if (!(options.burstiness > 0) || std::isinf(options.burstiness)) return "burstiness must be a finite number > 0";
+  // The bound catches a wrapped or absurd value (about four months), not a real burst.
+  if (!(options.burst_spread.count() >= 0 && options.burst_spread.count() <= 1e7)) {
+    return "burst spread (--burst-spread-ms) must be >= 0 (and under 10^7 s)";
+  }
+  // A finite rate paces requests itself; a spread on top would be a second, conflicting schedule.
+  if (options.burst_spread.count() > 0 && !std::isinf(options.request_rate)) {
+    return "a burst spread (--burst-spread-ms) needs an infinite request rate (--request-rate inf)";
+  }
   if (options.threads == 0 || options.threads > 256) return "threads must be 1..256";
   if (options.timeout.count() <= 0) return "timeout must be > 0";
   if (shape.endpoint.empty() || shape.endpoint.front() != '/') return "endpoint must start with '/'";

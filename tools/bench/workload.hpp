@@ -22,9 +22,11 @@ struct request_plan {
 // vllm's random dataset does.
 std::vector<request_plan> plan_requests(const request_shape& shape, std::size_t count, std::uint64_t seed);
 
-// Seconds after the start at which each request is due: all 0 for an infinite rate; otherwise the first
-// at 0 and gamma-distributed gaps (shape = burstiness, mean = 1 / rate) after it.
-std::vector<double> arrival_offsets(std::size_t count, double rate, double burstiness, std::uint64_t seed);
+// Seconds after the start at which each request is due. For an infinite rate, request k at
+// k * spread_s / count (all 0 without a spread); otherwise the first at 0 and gamma-distributed gaps
+// (shape = burstiness, mean = 1 / rate) after it, and spread_s must be 0.
+std::vector<double> arrival_offsets(std::size_t count, double rate, double burstiness, std::uint64_t seed,
+                                    double spread_s = 0.0);
 
 // Appends `words` space-separated lowercase words (no characters JSON must escape).
 void append_prompt(std::string& out, std::size_t words, std::uint64_t seed);

@@ -253,6 +253,19 @@ TEST_CASE("arrival_offsets: all at once for inf, mean gap 1/rate otherwise") {
   CHECK(bursty.back() / 20000 == Approx(0.01).epsilon(0.1));
 }
 
+TEST_CASE("arrival_offsets: a spread burst starts request k of N at k * spread / N") {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  const auto offsets = arrival_offsets(256, inf, 1.0, 7, 0.4);
+  REQUIRE(offsets.size() == 256);
+  for (std::size_t k = 0; k < offsets.size(); ++k) REQUIRE(offsets[k] == Approx(0.4 * double(k) / 256).margin(1e-12));
+  CHECK(offsets.front() == 0.0);
+  CHECK(offsets.back() < 0.4);  // the window is [0, spread): the last one is one gap before its end
+  // Evenly paced, whatever the seed: the schedule is deterministic.
+  CHECK(arrival_offsets(256, inf, 1.0, 8, 0.4) == offsets);
+  CHECK(arrival_offsets(1, inf, 1.0, 0, 0.4) == std::vector<double>{0.0});
+  CHECK(arrival_offsets(0, inf, 1.0, 0, 0.4).empty());
+}
+
 TEST_CASE("validate rejects what run() cannot send") {
   run_options options;
   CHECK(validate(options).empty());
@@ -264,6 +277,14 @@ TEST_CASE("validate rejects what run() cannot send") {
   options.shape.extra_headers.clear();
   options.request_rate = 0;
   CHECK_FALSE(validate(options).empty());
+  options.request_rate = std::numeric_limits<double>::infinity();
+  options.burst_spread = std::chrono::milliseconds(400);
+  CHECK(validate(options).empty());
+  options.burst_spread = std::chrono::duration<double>(-0.001);
+  CHECK_FALSE(validate(options).empty());
+  options.burst_spread = std::chrono::milliseconds(400);
+  options.request_rate = 10;  // a finite rate paces requests itself
+  CHECK(validate(options).find("infinite request rate") != std::string::npos);
 }
 
 namespace {
@@ -369,6 +390,12 @@ TEST_CASE("the command line has vllm bench serve's defaults and shapes") {
   CHECK(run.shape.output_len == 128);
   CHECK(run.shape.stream);
   CHECK_FALSE(run.shape.ignore_eos);
+  CHECK(run.burst_spread.count() == 0);
+
+  parsed = parse({"--num-prompts", "256", "--burst-spread-ms", "400"});
+  REQUIRE(parsed.options);
+  CHECK(parsed.options->run.burst_spread.count() == Approx(0.4));
+  CHECK(std::isinf(parsed.options->run.request_rate));
 
   parsed = parse({"--backend", "openai-chat", "--base-url", "http://[::1]:9000/api/", "--request-rate", "12.5",
                   "--max-concurrency", "64", "--ignore-eos", "--no-stream", "--header", "Authorization=Bearer k",
@@ -395,6 +422,8 @@ TEST_CASE("a bad command line is one line and exit status 2") {
                                                                 {"--max-concurrency", "0"},
                                                                 {"--random-range-ratio", "1"},
                                                                 {"--num-prompts", "-3"},
+                                                                {"--burst-spread-ms=-1"},
+                                                                {"--burst-spread-ms", "400", "--request-rate", "10"},
                                                                 {"--bogus"}}) {
     std::string error;
     const auto parsed = parse(args, &error);
