@@ -39,7 +39,7 @@ TEST_CASE("a page without the gauges, or with unusable values, gives no load", "
   CHECK_FALSE(parse_engine_load("# vllm:num_requests_waiting 3\n"));
 }
 
-TEST_CASE("engine load: CRLF line ends, timestamps, tabs and a leading '+' are read; a value with a tail is not",
+TEST_CASE("engine load: CRLF line ends, timestamps, tabs and a leading '+' are read, a value with a tail is not",
           "[engine-stats]") {
   const auto load = parse_engine_load(
       "vllm:num_requests_waiting{engine=\"0\"} 2.0 1700000000000\r\n"
@@ -84,7 +84,7 @@ TEST_CASE("engine samples: one page with internal DP gives one entry per engine,
   CHECK(samples[1] == sample_of(1, 2, 0, 0.5));
 }
 
-TEST_CASE("engine samples: an external-LB server shows its own rank; no engine label is engine 0", "[engine-samples]") {
+TEST_CASE("engine samples: an external-LB server shows its own rank, and no engine label is engine 0", "[engine-samples]") {
   const auto rank3 = parse_engine_samples("vllm:num_requests_running{model_name=\"M\",engine=\"3\"} 4\n");
   REQUIRE(rank3.size() == 1);
   CHECK(rank3[0] == sample_of(3, 4, 0, std::nullopt));
