@@ -72,7 +72,7 @@ void balancer::refresh_view_locked(const pick_context& request) {
     }
     v.engine.fresh = d.engine_ever && now - d.read_at <= timing_.stats_max_age;
     v.engine.load = d.engine;
-    v.engine.picks_since_read = static_cast<std::uint32_t>(r.picks.load(std::memory_order_relaxed) - d.picks_before_read);
+    v.engine.inflight_at_read = d.inflight_at_read;
   }
 }
 
@@ -130,7 +130,7 @@ void balancer::publish_engine_stats(std::span<const engine_reading> round) {
       d.engine_ever = true;
       d.engine = reading.load;
       d.read_at = reading.read_at;
-      d.picks_before_read = reading.picks_before_read;
+      d.inflight_at_read = reading.inflight_at_read;
     }
     loads_[i] = d.engine;
   }

@@ -8,8 +8,9 @@ double least_load::load_of(const host_view& host) const noexcept {
   double load = host.inflight;
   if (host.engine.fresh) {
     const auto& e = host.engine.load;
-    const double reported = static_cast<double>(e.running) + e.waiting + host.engine.picks_since_read;
-    load = std::max(load, reported) + kv_weight_ * e.waiting * std::max(0.0, e.kv_cache_usage - 0.5);
+    const double reported = static_cast<double>(e.running) + e.waiting;
+    const double unseen_by_dplb = std::max(0.0, reported - host.engine.inflight_at_read);
+    load += unseen_by_dplb + kv_weight_ * e.waiting * std::max(0.0, e.kv_cache_usage - 0.5);
   }
   return load;
 }

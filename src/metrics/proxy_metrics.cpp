@@ -54,6 +54,26 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& backend_urls, const
                        .Help("Requests waiting in dplb for a rank slot (--max-inflight-per-rank)")
                        .Register(*registry_)
                        .Add({})),
+      engine_running_(prometheus::BuildGauge()
+                          .Name("dplb_engine_running")
+                          .Help("Requests the rank's engine reports running (vllm:num_requests_running), at the "
+                                "last good read of its /metrics")
+                          .Register(*registry_)),
+      engine_waiting_(prometheus::BuildGauge()
+                          .Name("dplb_engine_waiting")
+                          .Help("Requests the rank's engine reports waiting (vllm:num_requests_waiting), at the "
+                                "last good read of its /metrics")
+                          .Register(*registry_)),
+      engine_kv_cache_usage_(prometheus::BuildGauge()
+                                 .Name("dplb_engine_kv_cache_usage")
+                                 .Help("KV-cache usage the rank's engine reports (vllm:kv_cache_usage_perc, 0..1), "
+                                       "at the last good read of its /metrics")
+                                 .Register(*registry_)),
+      engine_stats_age_(prometheus::BuildGauge()
+                            .Name("dplb_engine_stats_age_seconds")
+                            .Help("Time since the last good read of the rank's engine stats; beyond the staleness "
+                                  "bound the policies ignore them")
+                            .Register(*registry_)),
       queue_wait_(latency_buckets()) {
   auto& inflight = prometheus::BuildGauge()
                        .Name("dplb_rank_inflight")
@@ -190,14 +210,35 @@ void proxy_metrics::client_connection_opened() {
 void proxy_metrics::client_connection_closed() { client_connections_.Decrement(); }
 
 std::string proxy_metrics::render() {
+  // Two scrapes on two workers: one at a time, since the first scrape after a rank's first engine read
+  // adds its series.
+  std::lock_guard lock(render_mutex_);
   for (std::size_t r = 0; r < ranks_.size(); ++r) {
     ranks_[r].inflight->Set(balancer_.inflight(r));
+    refresh_engine_stats(r);
   }
   skew_.Set(balancer_.inflight_skew());
   queue_depth_.Set(static_cast<double>(balancer_.waiting()));
   auto families = registry_->Collect();
   for (auto& family : histogram_families()) families.push_back(std::move(family));
   return prometheus::TextSerializer().Serialize(families);
+}
+
+void proxy_metrics::refresh_engine_stats(std::size_t rank) {
+  const auto stats = balancer_.engine_stats_of(rank);
+  if (!stats.ever) return;
+  auto& h = ranks_[rank];
+  if (!h.engine_running) {  // render_mutex_ is held
+    const prometheus::Labels labels{{"rank", rank_labels_[rank]}};
+    h.engine_running = &engine_running_.Add(labels);
+    h.engine_waiting = &engine_waiting_.Add(labels);
+    h.engine_kv_cache_usage = &engine_kv_cache_usage_.Add(labels);
+    h.engine_stats_age = &engine_stats_age_.Add(labels);
+  }
+  h.engine_running->Set(stats.load.running);
+  h.engine_waiting->Set(stats.load.waiting);
+  h.engine_kv_cache_usage->Set(stats.load.kv_cache_usage);
+  h.engine_stats_age->Set(std::chrono::duration<double>(stats.age).count());
 }
 
 std::vector<prometheus::MetricFamily> proxy_metrics::histogram_families() const {

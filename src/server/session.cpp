@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <tuple>
@@ -21,6 +22,7 @@
 #include "dplb/http/header_sanitizer.hpp"
 #include "dplb/http/message_head.hpp"
 #include "dplb/server/admission.hpp"
+#include "dplb/server/request_facts.hpp"
 #include "request_accounting.hpp"
 #include "response_relay.hpp"
 #include "upstream_exchange.hpp"
@@ -314,6 +316,7 @@ class session {
     set_upstream_framing(upstream_head_, method, request_body_.size());
     balancer::pick_context request;
     balancer::request_cost cost;
+    if (shared_.balancer.active_policy().needs_request_facts()) cost = cost_of_body(request);
     if (pinned) {
       const auto ranks = shared_.topology.hosts.size();
       if (*pinned < 0 || static_cast<std::uint64_t>(*pinned) >= ranks) {
@@ -442,6 +445,19 @@ class session {
     }
     exchange.give_back_if_clean(rank);
     co_return keep_client;
+  }
+
+  // What the request costs in tokens, from its body (for a policy that asks): the prompt, and the most it
+  // may generate (max_tokens, else --default-max-tokens, times n). A separate function, so that the facts
+  // are not part of proxy()'s coroutine frame.
+  balancer::request_cost cost_of_body(balancer::pick_context& request) const {
+    const auto facts = inspect_request_body(request_body_);
+    const std::uint64_t decode =
+        std::uint64_t{facts.max_tokens.value_or(settings_.default_max_tokens)} * std::max<std::uint32_t>(1, facts.choices);
+    const balancer::request_cost cost{facts.prompt_tokens, static_cast<std::uint32_t>(std::min<std::uint64_t>(decode, UINT32_MAX))};
+    request.prompt_tokens = cost.prompt;
+    request.decode_tokens = cost.decode;
+    return cost;
   }
 
   // The client's answer when the request got no response from an engine. A request that reached no engine

@@ -72,12 +72,12 @@ bool engine_stats_poller::readings_from_page(const backend& target, std::string_
 asio::awaitable<void> engine_stats_poller::read_backend(const backend& target,
                                                         std::vector<balancer::engine_reading>& round,
                                                         std::size_t& pending, asio::steady_timer& all_done) {
-  // Taken before the request leaves: whatever dplb sends the ranks from now on may be missing from the
-  // page, and the policies add it back (engine_view::picks_since_read).
+  // Taken before the request leaves: what the engine reports beyond what dplb had in flight then is load
+  // dplb did not send (engine_view::inflight_at_read).
   const auto sent_at = std::chrono::steady_clock::now();
   for (std::size_t r = target.first_rank; r < target.first_rank + target.dp; ++r) {
     round[r] = balancer::engine_reading{};
-    round[r].picks_before_read = balancer_.picks(r);
+    round[r].inflight_at_read = balancer_.inflight(r);
     round[r].read_at = sent_at;
   }
   const auto page = co_await fetch(target, "/metrics", "dplb-engine-stats", timeout_, 16u << 20);

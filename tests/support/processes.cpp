@@ -59,6 +59,32 @@ std::map<std::string, double> mock_engine::metrics(std::size_t rank) const {
   return parse_metrics(r.body);
 }
 
+void mock_engine::override_metrics(std::size_t rank, std::size_t engine, const std::string& json) {
+  auto r = http_post_json(admin_port_, "/metrics/override?rank=" + std::to_string(rank) + "&engine=" + std::to_string(engine), json);
+  if (r.status != 200) throw std::runtime_error("mock refused override " + json + ": " + r.body + r.error);
+}
+
+void mock_engine::clear_metric_overrides() {
+  http_connection c(admin_port_);
+  auto r = c.send({bhttp::verb::delete_, "/metrics/override", 11});
+  if (r.status != 200) throw std::runtime_error("mock refused to clear overrides: " + r.body);
+}
+
+void mock_engine::serve_raw_metrics(std::size_t rank, const std::string& text) {
+  http_connection c(admin_port_);
+  bhttp::request<bhttp::string_body> request{bhttp::verb::post, "/metrics/raw?rank=" + std::to_string(rank), 11};
+  request.set(bhttp::field::content_type, "text/plain");
+  request.body() = text;
+  auto r = c.send(request);
+  if (r.status != 200) throw std::runtime_error("mock refused raw metrics: " + r.body);
+}
+
+std::string mock_engine::stats() const {
+  auto r = http_get(admin_port_, "/stats");
+  if (r.status != 200) throw std::runtime_error("mock admin /stats failed: " + r.body + r.error);
+  return r.body;
+}
+
 dplb_proxy::dplb_proxy(const std::vector<std::string>& backends, std::vector<std::string> extra_args)
     : process_(dplb_binary(), [&] {
         std::vector<std::string> args{"--listen", "127.0.0.1:0"};

@@ -29,6 +29,14 @@ class mock_engine {
   void clear_fault(std::size_t rank);
   // The rank's /metrics, read through the admin port (works while the rank's own port is closed).
   std::map<std::string, double> metrics(std::size_t rank) const;
+  // What the rank's engine `engine` (0 without --dp) reports on /metrics: any of running, waiting,
+  // kv_cache_usage, e.g. R"({"running":40})"; kept until clear_metric_overrides().
+  void override_metrics(std::size_t rank, std::size_t engine, const std::string& json);
+  void clear_metric_overrides();
+  // The rank's /metrics answers exactly `text` (garbage, NaN, missing series) until restore_metrics().
+  void serve_raw_metrics(std::size_t rank, const std::string& text);
+  // GET /stats of the admin port (per port and engine: requests routed, by header, in flight).
+  std::string stats() const;
 
  private:
   child_process process_;

@@ -83,7 +83,7 @@ struct host_timing {
 struct engine_reading {
   bool good = false;  // false: no usable answer this round (the last good one keeps aging)
   engine_load load{};
-  std::uint64_t picks_before_read = 0;  // picks(rank) just before the read was sent
+  std::uint32_t inflight_at_read = 0;  // inflight(rank) just before the read was sent
   std::chrono::steady_clock::time_point read_at{};
 };
 
@@ -184,7 +184,7 @@ class balancer {
     bool engine_ever = false;  // a good engine-stats read arrived once
     engine_load engine;        // at the last good read
     clock::time_point read_at{};
-    std::uint64_t picks_before_read = 0;
+    std::uint32_t inflight_at_read = 0;
     clock::time_point ramp_until{};  // slow start ends; epoch: not ramping
     std::deque<waiter> pinned;       // waiters for this rank only
   };

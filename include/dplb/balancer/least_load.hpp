@@ -4,15 +4,19 @@
 namespace dplb::balancer {
 
 // dplb's exact counts, raised by what the engines report: the usable rank with the lowest
-//   load = max(inflight, running + waiting + picks_since_read) + kv_weight * waiting * max(0, kv - 0.5)
-// per unit of weight once it takes this request ((load + 1) / weight), ties in rotation. This is vLLM's
-// own score (2026-07), with one change that keeps bursts exact: the engine's numbers are from a read
-// up to an interval old, so dplb adds the picks it made since that read, and it never trusts them below
-// its own in-flight count. Stats can therefore only raise a rank's load (work that reached it through
-// another dplb replica or straight from a client, a queue behind long prefills), never hide a request
-// dplb knows it sent. Stale or missing stats leave the in-flight count alone: least-inflight.
-// The second term avoids a rank whose KV cache is over half full while requests wait there: they wait
-// for memory, and more would only wait longer.
+//   load = inflight + max(0, running + waiting - inflight_at_read) + kv_weight * waiting * max(0, kv - 0.5)
+// per unit of weight once it takes this request ((load + 1) / weight), ties in rotation.
+// vLLM's own balancer scores max(inflight, running + waiting) + the same KV term. Its max() trusts a read
+// that is up to an interval old as much as its live count; here the read only tells what dplb cannot
+// count itself: the requests the engine had beyond the ones dplb had in flight there when the read was
+// taken (work from another dplb replica, clients that bypass dplb, a queue behind long prefills). dplb's
+// own requests are its live count, so every pick since the read counts and every release since counts
+// too: a burst on idle ranks stays exact whatever reads land in it, and a request that finished a moment
+// ago weighs nothing, where "picks since the read" would still count it until the next read. When the
+// engine reports no more than dplb had in flight, the two scores agree. Stale or missing stats leave the
+// in-flight count alone: least-inflight.
+// The KV term avoids a rank whose KV cache is over half full while requests wait there: they wait for
+// memory, and more would only wait longer.
 class least_load final : public policy {
  public:
   explicit least_load(double kv_weight = 6.0) : kv_weight_(kv_weight) {}

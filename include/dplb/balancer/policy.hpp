@@ -25,8 +25,9 @@ struct engine_load {
 struct engine_view {
   bool fresh = false;  // a good read newer than the staleness bound; else ignore the rest
   engine_load load{};  // at that read
-  // Requests dplb sent to the rank after that read was taken: the engine had not seen them yet.
-  std::uint32_t picks_since_read = 0;
+  // Requests dplb had in flight on the rank when the read was taken: what the engine reports beyond them
+  // is load dplb did not send (another dplb replica, clients that bypass dplb).
+  std::uint32_t inflight_at_read = 0;
 };
 
 // States that keep a host out of rotation, as independent bits: the health checks, the outlier

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -86,7 +87,14 @@ class proxy_metrics {
     prometheus::Counter* ejections;
     std::array<prometheus::Counter*, upstream_error_kinds.size()> errors;
     std::unique_ptr<std::array<std::atomic<prometheus::Counter*>, 600>> by_status;  // lazily filled
+    // The engine's own numbers: added at the first scrape after the first good read (until then there is
+    // nothing to show, and a 0 would read as an idle engine).
+    prometheus::Gauge* engine_running = nullptr;
+    prometheus::Gauge* engine_waiting = nullptr;
+    prometheus::Gauge* engine_kv_cache_usage = nullptr;
+    prometheus::Gauge* engine_stats_age = nullptr;
   };
+  void refresh_engine_stats(std::size_t rank);
 
   prometheus::Counter& status_counter(std::size_t rank, unsigned status);
   // The lock-free histograms as Prometheus families, for the scrape.
@@ -101,6 +109,11 @@ class proxy_metrics {
   prometheus::Counter& client_connections_total_;
   prometheus::Counter& retries_;
   prometheus::Gauge& queue_depth_;
+  std::mutex render_mutex_;
+  prometheus::Family<prometheus::Gauge>& engine_running_;
+  prometheus::Family<prometheus::Gauge>& engine_waiting_;
+  prometheus::Family<prometheus::Gauge>& engine_kv_cache_usage_;
+  prometheus::Family<prometheus::Gauge>& engine_stats_age_;
   atomic_histogram queue_wait_;
   std::array<std::atomic<prometheus::Counter*>, 600> rejected_by_status_{};  // lazily filled
   std::vector<rank_handles> ranks_;

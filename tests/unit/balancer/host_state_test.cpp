@@ -36,7 +36,7 @@ std::vector<engine_reading> reads(const balancer& b, const std::vector<engine_lo
   for (std::size_t r = 0; r < loads.size(); ++r) {
     round[r].good = true;
     round[r].load = loads[r];
-    round[r].picks_before_read = b.picks(r);
+    round[r].inflight_at_read = b.inflight(r);
     round[r].read_at = std::chrono::steady_clock::now();
   }
   return round;
@@ -108,12 +108,12 @@ TEST_CASE("least-load: engine stats raise a rank's load but never lower it below
     for (int i = 0; i < 3; ++i) held.push_back(b.acquire());
     CHECK(picks_of(b) == std::vector<std::uint64_t>{0, 21, 21, 1});
   }
-  SECTION("dplb's picks since the read count on top of the engine's numbers") {
+  SECTION("load the engine reported beyond dplb's counts stays on top of dplb's later picks") {
     b.publish_engine_stats(reads(b, {{.waiting = 0, .running = 5}, {.waiting = 0, .running = 5},
                                      {.waiting = 0, .running = 5}, {.waiting = 0, .running = 5}}));
     std::vector<rank_lease> held;
     for (int i = 0; i < 8; ++i) held.push_back(b.acquire());
-    CHECK(picks_of(b) == std::vector<std::uint64_t>(4, 2));  // 5 + picks since: still a four-way rotation
+    CHECK(picks_of(b) == std::vector<std::uint64_t>(4, 2));  // 5 unseen by dplb on each: still a four-way rotation
   }
   SECTION("waiting requests on a rank whose KV cache is over half full weigh more") {
     // Same running + waiting everywhere; rank 0's KV cache is 90% full with 4 waiting: 4 + 6*4*0.4 = 13.6.
@@ -145,18 +145,24 @@ TEST_CASE("least-load: engine stats raise a rank's load but never lower it below
   }
 }
 
-TEST_CASE("least-load's score is vLLM's, with dplb's count as the floor", "[balancer][least-load]") {
+TEST_CASE("least-load's score: dplb's live count plus what the engine had beyond dplb's, plus KV pressure",
+          "[balancer][least-load]") {
   dplb::balancer::least_load policy(6.0);
   dplb::balancer::host_view h;
   h.inflight = 7;
   CHECK(policy.load_of(h) == 7);  // no stats
   h.engine.fresh = true;
   h.engine.load = {.waiting = 2, .running = 3, .kv_cache_usage = 0.75};
-  CHECK(policy.load_of(h) == Approx(7 + 6 * 2 * 0.25));  // max(7, 5) + 3
-  h.engine.picks_since_read = 4;
-  CHECK(policy.load_of(h) == Approx(9 + 3));  // max(7, 5 + 4) + 3
+  h.engine.inflight_at_read = 6;
+  // The engine saw 5 of dplb's 6 (one in transit): nothing unseen; vLLM's max(7, 5) + 6 * 2 * 0.25.
+  CHECK(policy.load_of(h) == Approx(7 + 3));
+  // dplb had nothing there at the read: the engine's 5 are someone else's.
+  h.engine.inflight_at_read = 0;
+  CHECK(policy.load_of(h) == Approx(7 + 5 + 3));
   dplb::balancer::least_load no_kv(0.0);
-  CHECK(no_kv.load_of(h) == 9);
+  CHECK(no_kv.load_of(h) == 12);
+  h.engine.fresh = false;  // stale: dplb's count alone
+  CHECK(policy.load_of(h) == 7);
 }
 
 TEST_CASE("least-tokens: a long prompt weighs what it costs, and its prompt part leaves at the first byte",
