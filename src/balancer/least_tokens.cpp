@@ -1,14 +1,22 @@
 #include "dplb/balancer/least_tokens.hpp"
 
 #include <algorithm>
+#include <limits>
 
 namespace dplb::balancer {
 
 std::optional<std::size_t> least_tokens::choose(const pick_context& request, std::span<const host_view> hosts) {
-  // A request whose cost is unknown (no body facts) still counts as one token, so that it spreads.
+  // A request whose cost is unknown (no body facts) still counts as one token, as the balancer counts it.
   const double cost = std::max(1.0, static_cast<double>(request.prompt_tokens) + request.decode_tokens);
-  return lowest_in_rotation(hosts, next_,
-                            [cost](const host_view& h) { return (static_cast<double>(h.cost_inflight) + cost) / h.weight; });
+  const auto tokens_after = [cost](const host_view& h) { return (static_cast<double>(h.cost_inflight) + cost) / h.weight; };
+  double lowest = std::numeric_limits<double>::infinity();
+  for (const auto& h : hosts) {
+    if (h.usable) lowest = std::min(lowest, tokens_after(h));
+  }
+  near_.assign(hosts.begin(), hosts.end());
+  for (auto& h : near_) h.usable = h.usable && tokens_after(h) - lowest <= cost / h.weight;
+  return lowest_in_rotation(std::span<const host_view>(near_), next_,
+                            [](const host_view& h) { return (h.inflight + 1.0) / h.weight; });
 }
 
 }  // namespace dplb::balancer

@@ -51,7 +51,6 @@ class request_accounting {
   // is relayed as it is (the engine's message is the useful one), but counts against the rank.
   void answered(unsigned status) {
     state_ = state::answered;
-    lease_.prompt_done();  // the engine has prefilled the prompt
     status_ = status;
     shared_.metrics.first_byte(rank_, clock_type::now() - picked_at_);
     if (status >= 500) {
@@ -60,6 +59,10 @@ class request_accounting {
       shared_.health.record(rank_, upstream::request_outcome::success);
     }
   }
+
+  // Body bytes came from the engine: its first token at the latest, so the prompt is prefilled. (Not the
+  // head: a streaming vLLM sends its head before the prefill starts.) Only the first call does anything.
+  void body_arrived() noexcept { lease_.prompt_done(); }
 
   // The engine has sent its whole response. The slot is given back at once (from now on the request costs
   // the engine nothing) and the request is counted, with the tokens its usage reported, before the client

@@ -197,6 +197,7 @@ class response_relay {
       if (ec && ec != need_buffer && ec != need_more) co_return result::engine_failed;
       const std::size_t got = buffer_.size() - parser.sink_left();
       if (count_usage) usage.feed({buffer_.data(), got});
+      if (got > 0) accounting.body_arrived();
       if (parser.is_done()) accounting.engine_finished(usage);
       if (got == 0 && !parser.is_done()) continue;  // a chunk header without data yet
       // A read that completes the body is always sent with `last`, even when it delivered no data, so the

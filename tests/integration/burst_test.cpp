@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include "http_client.hpp"
 #include "loadgen.hpp"
 #include "processes.hpp"
@@ -14,11 +16,16 @@ using namespace std::chrono_literals;
 
 namespace {
 
-dplb::loadgen::run_options burst_of(std::size_t requests, std::uint16_t port) {
+// least-tokens estimates a text prompt's tokens from its length: prompts of a few short random words
+// differ by half their size from one request to the next, and least-tokens balances those differences.
+// A benchmark's prompts (vllm bench serve: 1,024 tokens) differ by a few percent, which it treats as a tie.
+std::size_t uniform_prompt_words(const std::string& policy) { return policy == "least-tokens" ? 256 : 8; }
+
+dplb::loadgen::run_options burst_of(std::size_t requests, std::uint16_t port, std::size_t prompt_words = 8) {
   dplb::loadgen::run_options o;
   o.port = port;
   o.num_prompts = requests;  // request_rate = inf: every request at t=0, one connection each
-  o.shape.input_len = 8;
+  o.shape.input_len = prompt_words;
   o.shape.output_len = 4;
   o.shape.model = "mock-model";
   o.timeout = 60s;
@@ -33,7 +40,9 @@ std::size_t spread_of(const std::vector<double>& counts) {
 }  // namespace
 
 TEST_CASE("a burst is spread exactly over 4 ranks", "[burst]") {
-  const auto policy = GENERATE(as<std::string>{}, "round-robin", "least-inflight");
+  // least-load reads the engines' /metrics every 100 ms while the burst is in flight: the reads must not
+  // disturb it. least-tokens weighs each request by its tokens: uniform requests, uniform weights.
+  const auto policy = GENERATE(as<std::string>{}, "round-robin", "least-inflight", "least-load", "least-tokens");
   const auto threads = GENERATE(as<std::string>{}, "1", "2");
   const std::size_t burst = GENERATE(256u, 250u);
   // A second to the first token: the whole burst is in flight at once, as at a benchmark's start.
@@ -42,7 +51,7 @@ TEST_CASE("a burst is spread exactly over 4 ranks", "[burst]") {
   mock_engine engine(4, {"--ttft-ms", ttft_ms, "--itl-ms", "5"});
   dplb_proxy proxy(engine.urls(), {"--policy", policy, "--threads", threads});
 
-  auto report = dplb::loadgen::run(burst_of(burst, proxy.port()));
+  auto report = dplb::loadgen::run(burst_of(burst, proxy.port(), uniform_prompt_words(policy)));
   INFO(policy << ", " << threads << " thread(s), burst of " << burst << "; " << report.error);
   REQUIRE(report.succeeded() == burst);
   const auto summary = dplb::loadgen::summarize(report);
@@ -68,6 +77,26 @@ TEST_CASE("a burst is spread exactly over 4 ranks", "[burst]") {
   }
   CHECK(metric_sum(m, "dplb_rank_inflight{") == 0);
   CHECK(metric_sum(m, "dplb_inflight_skew") == 0);
+}
+
+TEST_CASE("a burst through one URL with #dp=4 is spread exactly over the engines behind it", "[burst][dp]") {
+  const auto policy = GENERATE(as<std::string>{}, "least-inflight", "least-load", "least-tokens");
+  INFO(policy);
+  const auto ttft_ms = std::to_string(static_cast<int>(1000 * timing_slack()));
+  mock_engine engine(1, {"--dp", "4", "--ttft-ms", ttft_ms, "--itl-ms", "5"});
+  dplb_proxy proxy({engine.urls()[0] + "#dp=4"}, {"--policy", policy, "--threads", "2"});
+  auto report = dplb::loadgen::run(burst_of(256, proxy.port(), uniform_prompt_words(policy)));
+  REQUIRE(report.succeeded() == 256);
+  REQUIRE(dplb::loadgen::summarize(report).peak_concurrency == 256);
+  // The engines' own count of what reached each of them, and through which X-data-parallel-rank.
+  const auto stats = nlohmann::json::parse(engine.stats());
+  const auto& engines = stats["ports"][0]["engines"];
+  REQUIRE(engines.size() == 4);
+  for (const auto& e : engines) {
+    INFO("engine " << e["engine"]);
+    CHECK(e["requests_routed"] == 64);
+    CHECK(e["requests_routed_by_header"] == 64);  // every one named its engine: none left to the server
+  }
 }
 
 TEST_CASE("2000 concurrent streams through one dplb all complete", "[burst][scale]") {
