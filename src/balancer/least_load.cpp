@@ -16,7 +16,7 @@ double least_load::load_of(const host_view& host) const noexcept {
 }
 
 std::optional<std::size_t> least_load::choose(const pick_context&, std::span<const host_view> hosts) {
-  return lowest_in_rotation(hosts, next_, [this](const host_view& h) { return (load_of(h) + 1.0) / h.weight; });
+  return lowest_score(hosts, ties_, [this](const host_view& h) { return load_of(h) / h.weight; });
 }
 
 }  // namespace dplb::balancer

@@ -5,7 +5,7 @@ namespace dplb::balancer {
 
 // dplb's exact counts, raised by what the engines report: the usable rank with the lowest
 //   load = inflight + max(0, running + waiting - inflight_at_read) + kv_weight * waiting * max(0, kv - 0.5)
-// per unit of weight once it takes this request ((load + 1) / weight), ties in rotation.
+// per unit of weight (load / weight), ties to the `rotation`.
 // vLLM's own balancer scores max(inflight, running + waiting) + the same KV term. Its max() trusts a read
 // that is up to an interval old as much as its live count; here the read only tells what dplb cannot
 // count itself: the requests the engine had beyond the ones dplb had in flight there when the read was
@@ -29,7 +29,7 @@ class least_load final : public policy {
 
  private:
   double kv_weight_;
-  std::size_t next_ = 0;
+  rotation ties_;
 };
 
 }  // namespace dplb::balancer

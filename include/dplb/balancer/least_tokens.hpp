@@ -11,7 +11,7 @@ namespace dplb::balancer {
 // is done then), the rest at the end. A 30,000-token prompt thus weighs what it costs the engine, not
 // what a 100-token one does.
 // Ranks whose token loads are within this request's cost of the lowest are a tie, and a tie goes to the
-// fewest requests in flight per weight, in rotation (least-inflight). Token counts of text prompts are
+// fewest requests in flight per weight, and a tie of those to the `rotation` (least-inflight). Token counts of text prompts are
 // estimates that differ from request to request of a uniform benchmark (the same 1,024 tokens are more or
 // fewer characters), and balancing those differences would split a burst 65/63 where the requests are
 // the same: a rank's decode batch, what lockstep DP ranks pad to, is a count of requests. Tokens decide
@@ -23,7 +23,7 @@ class least_tokens final : public policy {
   bool needs_request_facts() const noexcept override { return true; }
 
  private:
-  std::size_t next_ = 0;
+  rotation ties_;
   std::vector<host_view> near_;  // scratch: the hosts in the tie, the others marked unusable
 };
 

@@ -88,22 +88,60 @@ class policy {
   virtual void on_state_change(std::size_t /*rank*/, std::uint8_t /*flags*/) {}
 };
 
-// The usable host with the lowest score, ties broken in rotation: the scan starts at `next` and keeps
-// the first strict minimum, and `next` then moves just past the pick, so equal hosts take turns instead
-// of the lowest index winning every tie.
-template <class Score>
-std::optional<std::size_t> lowest_in_rotation(std::span<const host_view> hosts, std::size_t& next, Score score) {
-  const std::size_t n = hosts.size();
-  std::optional<std::size_t> best;
-  double best_score = 0;
-  for (std::size_t step = 0; step < n; ++step) {
-    const std::size_t candidate = (next + step) % n;
-    if (!hosts[candidate].usable) continue;
-    const double s = score(hosts[candidate]);
-    if (!best || s < best_score) best = candidate, best_score = s;
+// Breaks ties between hosts a policy finds equally good. Equal weights: in rotation, starting just after
+// the previous pick, so that equal hosts take turns (a burst onto idle ranks is exactly round-robin)
+// instead of the lowest index winning every tie. Different weights: nginx's smooth weighted round-robin,
+// each pick adding every candidate's weight to its credit and taking the one with the most (the first in
+// rank order on a tie), which then pays the candidates' total; idle ranks of weights 2 and 1 take A B A,
+// never A A B. A host that is not a candidate keeps its credit.
+class rotation {
+ public:
+  template <class IsCandidate>
+  std::optional<std::size_t> pick(std::span<const host_view> hosts, IsCandidate is_candidate) {
+    const std::size_t n = hosts.size();
+    const host_view* first = nullptr;
+    bool equal_weights = true;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!is_candidate(i)) continue;
+      if (first && hosts[i].weight != first->weight) equal_weights = false;
+      if (!first) first = &hosts[i];
+    }
+    if (!first) return std::nullopt;
+    std::optional<std::size_t> chosen;
+    if (equal_weights) {
+      for (std::size_t step = 0; step < n && !chosen; ++step) {
+        if (is_candidate((next_ + step) % n)) chosen = (next_ + step) % n;
+      }
+    } else {
+      if (credit_.size() != n) credit_.assign(n, 0.0);
+      double total = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (!is_candidate(i)) continue;
+        credit_[i] += hosts[i].weight;
+        total += hosts[i].weight;
+        if (!chosen || credit_[i] > credit_[*chosen]) chosen = i;
+      }
+      credit_[*chosen] -= total;
+    }
+    next_ = (*chosen + 1) % n;
+    return chosen;
   }
-  if (best) next = (*best + 1) % n;
-  return best;
+
+ private:
+  std::size_t next_ = 0;
+  std::vector<double> credit_;
+};
+
+// The usable host with the lowest score; ties go to `ties`. Scores compare exactly: a policy's scores are
+// ratios of whole numbers, and IEEE division rounds equal ratios to the same double.
+template <class Score>
+std::optional<std::size_t> lowest_score(std::span<const host_view> hosts, rotation& ties, Score score) {
+  std::optional<double> lowest;
+  for (const auto& h : hosts) {
+    if (h.usable && (!lowest || score(h) < *lowest)) lowest = score(h);
+  }
+  if (!lowest) return std::nullopt;
+  return ties.pick(hosts, [&](std::size_t i) { return hosts[i].usable && score(hosts[i]) == *lowest; });
 }
 
 }  // namespace dplb::balancer

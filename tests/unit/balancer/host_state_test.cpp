@@ -57,6 +57,19 @@ TEST_CASE("every policy splits a burst in the ratio of the weights", "[balancer]
   CHECK(picks_of(b) == std::vector<std::uint64_t>{300, 100, 200});
 }
 
+TEST_CASE("requests that finish one after the other still split by weight", "[balancer][weights]") {
+  // Nothing is ever in flight when the next request comes: every pick is a tie, and ties follow the weights
+  // (scoring (inflight + 1) / weight instead would send every one of them to the heaviest rank).
+  const auto policy_name = GENERATE(as<std::string>{}, "round-robin", "least-inflight", "least-load", "least-tokens");
+  balancer b(2, make_policy(policy_name));
+  b.set_weight(0, 3);
+  std::vector<std::size_t> order;
+  for (int i = 0; i < 8; ++i) order.push_back(b.acquire().rank());
+  INFO(policy_name);
+  CHECK(picks_of(b) == std::vector<std::uint64_t>{6, 2});
+  CHECK(order == std::vector<std::size_t>{0, 0, 1, 0, 0, 0, 1, 0});  // interleaved, never a run of the light rank
+}
+
 TEST_CASE("random honours weights too, in expectation", "[balancer][weights]") {
   balancer b(2, make_policy("random"));
   b.set_weight(0, 4);
@@ -252,7 +265,7 @@ TEST_CASE("slow start: a readmitted rank ramps up from a tenth of its weight", "
   b.set_flag(1, host_flag::unhealthy, false);  // back: weight 0.1 for now
   for (int i = 0; i < 33; ++i) held.push_back(b.acquire());
   // At a tenth of its weight, rank 1 counts as ten times as loaded as it is: it takes a few of these 33
-  // ((n + 1) / 0.1 against rank 0's 31 and up), not the 30 it would take at full weight.
+  // (n / 0.1 against rank 0's 30 and up), not the 30 it would take at full weight.
   CHECK(b.picks(1) >= 1);
   CHECK(b.picks(1) <= 6);
   // Without slow start the same rank would take half of them at once.
