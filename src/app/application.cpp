@@ -15,6 +15,7 @@
 #include <sys/resource.h>
 #include <thread>
 
+#include "dplb/admin/admin_listener.hpp"
 #include "dplb/app/memory_trimmer.hpp"
 #include "dplb/app/version.hpp"
 #include "dplb/balancer/policy_factory.hpp"
@@ -144,6 +145,11 @@ struct application::impl {
       if (i == 0) endpoint = workers.front()->acceptor.local_endpoint();
     }
     bound = endpoint;
+    if (settings.admin_listen) {
+      admin.emplace(topology, balancer, metrics, settings.admin_token);
+      admin_acceptor.emplace(admin::open_acceptor(signal_io.get_executor(), listen_endpoint(*settings.admin_listen)));
+      admin_bound = admin_acceptor->local_endpoint();
+    }
   }
 
   config::settings settings;
@@ -160,6 +166,12 @@ struct application::impl {
   asio::steady_timer housekeeping{signal_io};
   memory_trimmer trimmer;
   tcp::endpoint bound;
+  // The admin API runs on the main thread's loop, not on a worker's: an admin request (a JSON document
+  // over every rank) then never delays a proxied request's I/O, and the main loop is idle but for signals
+  // and housekeeping. Everything it touches (balancer, metrics) is thread-safe.
+  std::optional<admin::admin_api> admin;
+  std::optional<io::acceptor> admin_acceptor;  // after signal_io: closed before the loop is destroyed
+  tcp::endpoint admin_bound;
 };
 
 application::application(config::settings settings) : impl_(std::make_unique<impl>(std::move(settings))) {}
@@ -191,6 +203,11 @@ void application::schedule_housekeeping() {
 
 void application::drain() {
   auto& s = *impl_;
+  if (s.admin_acceptor) {
+    // The main loop has stopped: no admin request is served during the drain, so refuse new ones at once.
+    boost::system::error_code ignored;
+    s.admin_acceptor->close(ignored);
+  }
   // Stop taking connections, close the ones waiting for a request, and let requests in flight finish;
   // a connection whose request finishes during the drain is closed after its response.
   s.shared.draining.store(true);
@@ -225,6 +242,10 @@ int application::run() {
   spdlog::info("dplb {} listening on {} policy={} threads={} backends={} max_open_files={}", version(),
                listen_address(), s.balancer.active_policy().name(), s.workers.size(), backend_list, open_files);
 
+  if (s.admin) {
+    spdlog::info("admin API listening on {}", format_endpoint(s.admin_bound));
+    asio::co_spawn(s.signal_io, admin::accept_loop(*s.admin, *s.admin_acceptor), asio::detached);
+  }
   for (auto& w : s.workers) {
     asio::co_spawn(w->io, server::accept_loop(w->state, w->acceptor), asio::detached);
     asio::co_spawn(w->io, w->pool.sweep_loop(), asio::detached);

@@ -183,7 +183,10 @@ std::string parse_backend_options(std::string_view fragment, backend_spec& out) 
     const auto amp = std::min(fragment.find('&'), fragment.size());
     const auto item = fragment.substr(0, amp);
     fragment.remove_prefix(std::min(amp + 1, fragment.size()));
-    const auto eq = item.find('=');
+    // std::find, not item.find: since parse_backend is exported, GCC 12 inlines differently, loses the
+    // bound of `item` and warns of a memchr over SIZE_MAX bytes (-Wstringop-overread, a false positive).
+    const auto eq_at = std::find(item.begin(), item.end(), '=');
+    const auto eq = eq_at == item.end() ? std::string_view::npos : static_cast<std::size_t>(eq_at - item.begin());
     const auto key = item.substr(0, eq);
     // 0 stands for "missing or not a number": both options refuse it.
     const std::uint64_t value =
@@ -208,8 +211,10 @@ std::string parse_backend_options(std::string_view fragment, backend_spec& out) 
   return {};
 }
 
-// Validates one backend URL and writes its normal form, http://host:port, to `out`. Normalising (lower-case
-// host, explicit port, no trailing slash) is what makes the duplicate check meaningful.
+}  // namespace
+
+// Normalising (lower-case host, explicit port, no trailing slash) is what makes the duplicate check, and
+// the admin API's lookup by URL, meaningful.
 std::string parse_backend(std::string_view text, backend_spec& spec) {
   std::string& out = spec.url;
   static constexpr std::string_view example = "expected a URL like http://127.0.0.1:8100";
@@ -261,6 +266,8 @@ std::string parse_backend(std::string_view text, backend_spec& spec) {
   }
   return {};
 }
+
+namespace {
 
 // A non-negative decimal number, at most 1000 (kv-pressure-weight).
 std::string parse_weight(std::string_view text, double& out) {
@@ -487,7 +494,29 @@ constexpr std::array option_table{
                                   "Most client connections open at once; beyond it new connections get 503 and are closed."),
     ms_option<&settings::drain_timeout>("drain-timeout-ms", "DPLB_DRAIN_TIMEOUT_MS", "drain_timeout_ms", 1, max_timeout_ms,
                                   "On SIGTERM or SIGINT: longest wait for requests in flight to finish before exiting."),
-
+    option_spec{
+        .flag = "admin-listen",
+        .env = "DPLB_ADMIN_LISTEN",
+        .key = "admin_listen",
+        .value_name = "HOST:PORT",
+        .meaning = "Serve the admin API (drain and undrain ranks or backends, set weights, list ranks; see "
+                   "docs/operations.md) on this address, a listener of its own: the public port never serves it. "
+                   "Needs a token (--admin-token-file or DPLB_ADMIN_TOKEN); bind it to a private address.",
+        .set_text = [](settings& s, std::string_view v) { return parse_listen(v, s.admin_listen.emplace()); },
+        .show_default = [](const settings&) { return std::string("none (no admin API)"); }},
+    option_spec{.flag = "admin-token-file",
+                .env = "DPLB_ADMIN_TOKEN_FILE",
+                .key = "admin_token_file",
+                .value_name = "FILE",
+                .meaning = "File holding the admin API's bearer token (surrounding whitespace is ignored). "
+                           "Alternatively set the token itself in the environment variable DPLB_ADMIN_TOKEN "
+                           "(never on the command line, where `ps` shows it); not both.",
+                .set_text = [](settings& s, std::string_view v) {
+                  if (v.empty()) return std::string("expected a file path");
+                  s.admin_token_file = std::string(v);
+                  return std::string();
+                },
+                .show_default = [](const settings&) { return std::string("none"); }},
 };
 
 const option_spec& find_option(std::string_view flag) {
@@ -628,21 +657,21 @@ command_line_values read_command_line(int argc, const char* const* argv) {
   return values;
 }
 
-std::string read_file(const std::string& path) {
+// `what` names the file in errors: "config file", "admin token file".
+std::string read_file(const std::string& path, std::string_view what) {
+  const std::string cannot = "cannot read " + std::string(what) + " '" + path + "': ";
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    throw config_error("cannot read config file '" + path + "': it is a directory");
-  }
+  if (std::filesystem::is_directory(path, ec)) throw config_error(cannot + "it is a directory");
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw config_error("cannot read config file '" + path + "': " + std::strerror(errno));
+  if (!in) throw config_error(cannot + std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad()) throw config_error("cannot read config file '" + path + "': " + std::strerror(errno));
+  if (in.bad()) throw config_error(cannot + std::strerror(errno));
   return text.str();
 }
 
 json read_config_file(const std::string& path) {
-  const std::string text = read_file(path);
+  const std::string text = read_file(path, "config file");
   // nlohmann keeps the last of two equal keys; a repeated key is as likely a mistake as an unknown one.
   std::set<std::string> seen;
   std::optional<std::string> repeated;
@@ -812,6 +841,39 @@ void apply(const option_spec& o, const raw_value& v, settings& s) {
   }
 }
 
+std::string_view trim_whitespace(std::string_view s) {
+  constexpr std::string_view space = " \t\r\n\v\f";
+  const auto first = s.find_first_not_of(space);
+  if (first == std::string_view::npos) return {};
+  return s.substr(first, s.find_last_not_of(space) - first + 1);
+}
+
+// The admin token comes from --admin-token-file or DPLB_ADMIN_TOKEN, never both (which one was meant
+// would be a guess). An admin listener without a token is refused: the API changes routing, and a
+// production admin API must never be open.
+void resolve_admin_token(settings& s, const environment& env) {
+  const auto variable = env.find(admin_token_variable);
+  const bool from_env = variable != env.end() && !variable->second.empty();
+  if (s.admin_token_file && from_env) {
+    throw config_error(std::string("the admin token is given twice, by --admin-token-file '") + *s.admin_token_file +
+                       "' and by " + admin_token_variable + "; give one");
+  }
+  if (s.admin_token_file) {
+    s.admin_token = std::string(trim_whitespace(read_file(*s.admin_token_file, "admin token file")));
+    if (s.admin_token.empty()) {
+      throw config_error("admin token file '" + *s.admin_token_file + "' is empty; put the token in it");
+    }
+  } else if (from_env) {
+    s.admin_token = std::string(trim_whitespace(variable->second));
+    if (s.admin_token.empty()) throw config_error(std::string(admin_token_variable) + " holds only whitespace; set a token");
+  }
+  if (s.admin_listen && s.admin_token.empty()) {
+    throw config_error(std::string("--admin-listen needs a token, and the admin API is never served without one: "
+                                   "name a file holding it with --admin-token-file (or DPLB_ADMIN_TOKEN_FILE) "
+                                   "or set ") + admin_token_variable);
+  }
+}
+
 }  // namespace
 
 environment process_environment() {
@@ -834,7 +896,9 @@ std::string help_text() {
       << ": an HTTP/1.1 load balancer in front of vLLM engine servers, one per data-parallel rank.\n\n"
       << "Every option can also be set by its environment variable or by its key in the JSON config file.\n"
       << "Precedence, per option: command line > environment > config file > default. The backend list is\n"
-      << "taken whole from the highest-precedence source that has one (sources are never merged).\n\n"
+      << "taken whole from the highest-precedence source that has one (sources are never merged).\n"
+      << "The admin API's token is the one setting without a flag or key: DPLB_ADMIN_TOKEN (environment only),\n"
+      << "unless --admin-token-file names a file that holds it.\n\n"
       << visible_options();
   // program_options pads wrapped lines with spaces; trailing blanks are noise in a terminal or a diff.
   std::string text = out.str();
@@ -867,6 +931,7 @@ parse_result parse_command_line(int argc, const char* const* argv, const environ
   if (s.backends.empty()) {
     throw config_error("no backend given: pass --backend http://HOST:PORT (repeatable) or set DPLB_BACKENDS");
   }
+  resolve_admin_token(s, env);
   return {std::move(s), {}};
 }
 

@@ -7,6 +7,7 @@ namespace dplb::http {
 std::string_view error_type_for(unsigned status) noexcept {
   switch (status) {
     case 400: return "BadRequestError";
+    case 401: return "AuthenticationError";
     case 404: return "NotFoundError";
     case 405: return "MethodNotAllowedError";
     case 408: return "RequestTimeoutError";

@@ -112,6 +112,10 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& backend_urls, const
                         .Name("dplb_rank_ejections_total")
                         .Help("Times the rank was ejected after consecutive failed requests")
                         .Register(*registry_);
+  auto& draining = prometheus::BuildGauge()
+                       .Name("dplb_rank_draining")
+                       .Help("1 while the admin API has the rank drained: requests in flight finish, no new one starts")
+                       .Register(*registry_);
   prometheus::BuildGauge()
       .Name("dplb_build_info")
       .Help("Always 1; the labels tell the version and the balancing policy")
@@ -134,6 +138,7 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& backend_urls, const
         &retries.Add({{"rank", label}}),
         &ejected.Add({{"rank", label}}),
         &ejections.Add({{"rank", label}}),
+        &draining.Add({{"rank", label}}),
         {},
         std::make_unique<std::array<std::atomic<prometheus::Counter*>, 600>>(),
     });
@@ -200,6 +205,8 @@ void proxy_metrics::rank_state(std::size_t rank, bool healthy, bool ejected) {
 }
 
 void proxy_metrics::ejected(std::size_t rank) { ranks_[rank].ejections->Increment(); }
+
+void proxy_metrics::rank_draining(std::size_t rank, bool draining) { ranks_[rank].draining->Set(draining ? 1 : 0); }
 
 void proxy_metrics::queued(std::chrono::duration<double> waited) { queue_wait_.observe(waited.count()); }
 

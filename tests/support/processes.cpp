@@ -2,6 +2,7 @@
 
 #include "http_client.hpp"
 
+#include <algorithm>
 #include <map>
 #include <regex>
 #include <stdexcept>
@@ -97,6 +98,11 @@ dplb_proxy::dplb_proxy(const std::vector<std::string>& backends, std::vector<std
   auto m = process_.wait_for_line(std::regex(R"(listening on 127\.0\.0\.1:(\d+))"), std::chrono::seconds(10));
   if (!m) throw std::runtime_error("dplb did not start:\n" + process_.output());
   port_ = static_cast<std::uint16_t>(std::stoul((*m)[1]));
+  if (std::find(extra_args.begin(), extra_args.end(), "--admin-listen") == extra_args.end()) return;
+  // Printed after the public listener's line, once the admin acceptor is bound.
+  auto admin = process_.wait_for_line(std::regex(R"(admin API listening on [^ ]+:(\d+))"), std::chrono::seconds(10));
+  if (!admin) throw std::runtime_error("dplb printed no admin API port:\n" + process_.output());
+  admin_port_ = static_cast<std::uint16_t>(std::stoul((*admin)[1]));
 }
 
 double metric_sum(const std::map<std::string, double>& metrics, const std::string& prefix,

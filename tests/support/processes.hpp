@@ -46,14 +46,18 @@ class mock_engine {
 
 class dplb_proxy {
  public:
-  // backends: URLs in rank order; extra_args e.g. {"--policy", "round-robin", "--threads", "2"}.
+  // backends: URLs in rank order; extra_args e.g. {"--policy", "round-robin", "--threads", "2"}. With
+  // "--admin-listen" among them, it also waits for the admin API's line (see admin_port()).
   dplb_proxy(const std::vector<std::string>& backends, std::vector<std::string> extra_args = {});
   std::uint16_t port() const { return port_; }
+  // The admin API's port (--admin-listen 127.0.0.1:0 picks one); 0 when dplb serves no admin API.
+  std::uint16_t admin_port() const { return admin_port_; }
   child_process& process() { return process_; }
 
  private:
   child_process process_;
   std::uint16_t port_ = 0;
+  std::uint16_t admin_port_ = 0;
 };
 
 // Sum of a metric over the series whose key contains every given fragment, e.g.

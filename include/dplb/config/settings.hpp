@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dplb::config {
@@ -43,6 +44,10 @@ struct backend_spec {
 inline constexpr std::uint32_t max_dp_per_backend = 1024;
 inline constexpr std::uint32_t max_backend_weight = 10'000;
 inline constexpr std::size_t max_ranks = 4096;  // over all backends
+
+// The one setting that is only an environment variable: a secret on the command line would show in `ps`
+// and in shell history, and one in the config file would sit in a file meant to be shared.
+inline constexpr const char* admin_token_variable = "DPLB_ADMIN_TOKEN";
 
 struct settings {
   listen_address listen;
@@ -109,6 +114,14 @@ struct settings {
   std::chrono::milliseconds upstream_idle_timeout{4'000};
   std::size_t upstream_max_idle_per_rank = 256;  // per worker thread
 
+  // --- admin API (off by default) ---
+  // Its own acceptor, never the public one: unset, there is no admin listener at all.
+  std::optional<listen_address> admin_listen;
+  std::optional<std::string> admin_token_file;
+  // The bearer token every admin request must carry: the token file's content or DPLB_ADMIN_TOKEN, trimmed
+  // of surrounding whitespace. Never empty when admin_listen is set; never logged.
+  std::string admin_token;
+
   std::optional<std::string> config_file;  // the file that was read, if any (for the start-up log)
 };
 
@@ -135,6 +148,11 @@ struct parse_result {
 // --config or DPLB_CONFIG, applying precedence command line > environment > config file > defaults.
 // Throws config_error with a one-line message on any problem (unknown flag, bad value, no backend, ...).
 parse_result parse_command_line(int argc, const char* const* argv, const environment& env);
+
+// Validates one engine URL as --backend does, options after '#' included, and writes its normal form
+// (http://host:port: lower-case host, explicit port, no trailing slash) to out.url. Returns why the URL is
+// refused, or "" when it is good. The admin API matches a backend by this same normal form.
+std::string parse_backend(std::string_view text, backend_spec& out);
 
 // Text of --help (every option, its environment variable, config key and default).
 std::string help_text();

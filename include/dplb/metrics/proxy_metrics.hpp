@@ -63,6 +63,8 @@ class proxy_metrics {
   // Health as decided by the health monitor.
   void rank_state(std::size_t rank, bool healthy, bool ejected);
   void ejected(std::size_t rank);
+  // The admin drained the rank (or ended its drain).
+  void rank_draining(std::size_t rank, bool draining);
 
   // A request waited this long in dplb's queue (--max-inflight-per-rank) before it got a slot or gave up.
   void queued(std::chrono::duration<double> waited);
@@ -85,6 +87,7 @@ class proxy_metrics {
     prometheus::Counter* keepalive_retries;
     prometheus::Gauge* ejected;
     prometheus::Counter* ejections;
+    prometheus::Gauge* draining;
     std::array<prometheus::Counter*, upstream_error_kinds.size()> errors;
     std::unique_ptr<std::array<std::atomic<prometheus::Counter*>, 600>> by_status;  // lazily filled
     // The engine's own numbers: added at the first scrape after the first good read (until then there is

@@ -438,6 +438,8 @@ TEST_CASE("option --help documents every option with its environment variable, c
       "client-write-timeout-ms",
       "upstream-idle-timeout-ms",
       "upstream-max-idle-per-rank",
+      "admin-listen",
+      "admin-token-file",
   };
   for (const auto& flag : flags) {
     INFO(flag);
@@ -460,6 +462,7 @@ TEST_CASE("option --help documents every option with its environment variable, c
   CHECK_THAT(help, Catch::Contains("default least-inflight"));
   CHECK_THAT(help, Catch::Contains("default 67108864"));
   CHECK_THAT(help, Catch::Contains("default 600000"));
+  CHECK_THAT(help, Catch::Contains("DPLB_ADMIN_TOKEN (environment only)"));  // the one setting with no flag
   CHECK(help.back() == '\n');
 }
 

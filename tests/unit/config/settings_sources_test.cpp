@@ -433,3 +433,80 @@ TEST_CASE("the shipped example config file is valid and complete", "[config]") {
   };
   CHECK_THAT(text_of(source_root() / "docs" / "configuration.md"), Catch::Contains(text_of(example)));
 }
+
+// --- the admin API's options: --admin-listen, --admin-token-file, and the token itself in DPLB_ADMIN_TOKEN ---
+
+TEST_CASE("no admin API by default, and no token needed then", "[config][admin]") {
+  const auto s = run({"--backend", a_backend});
+  CHECK_FALSE(s.admin_listen.has_value());
+  CHECK_FALSE(s.admin_token_file.has_value());
+  CHECK(s.admin_token.empty());
+}
+
+TEST_CASE("the admin options are read from each source, under the naming rule", "[config][admin]") {
+  temp_dir dir;
+  const std::string token_file = dir.write("token", "from-file");
+  const std::vector<std::string> base{"--backend", a_backend};
+  const auto check_admin = [&](const cfg::settings& s) {
+    REQUIRE(s.admin_listen.has_value());
+    CHECK(s.admin_listen->host == "127.0.0.3");
+    CHECK(s.admin_listen->port == 9100);
+    CHECK(s.admin_token_file == token_file);
+    CHECK(s.admin_token == "from-file");
+  };
+  auto cli = base;
+  cli.insert(cli.end(), {"--admin-listen", "127.0.0.3:9100", "--admin-token-file", token_file});
+  check_admin(run(cli));
+  check_admin(run(base, {{env_name("admin-listen"), "127.0.0.3:9100"}, {env_name("admin-token-file"), token_file}}));
+  const std::string file = dir.write_json(
+      "dplb.json", json{{config_key("admin-listen"), "127.0.0.3:9100"}, {config_key("admin-token-file"), token_file}});
+  auto with_file = base;
+  with_file.insert(with_file.end(), {"--config", file});
+  check_admin(run(with_file));
+}
+
+TEST_CASE("the admin token comes from DPLB_ADMIN_TOKEN or a file, trimmed of surrounding whitespace", "[config][admin]") {
+  temp_dir dir;
+  const std::vector<std::string> args{"--backend", a_backend, "--admin-listen", "127.0.0.1:0"};
+  CHECK(run(args, {{"DPLB_ADMIN_TOKEN", "  tok en\t\n"}}).admin_token == "tok en");
+  auto with_file = args;
+  with_file.insert(with_file.end(), {"--admin-token-file", dir.write("token", "\n  abc123 \r\n")});
+  CHECK(run(with_file).admin_token == "abc123");
+  // A token without a listener is harmless: it is read, and unused.
+  CHECK(run({"--backend", a_backend}, {{"DPLB_ADMIN_TOKEN", "t"}}).admin_token == "t");
+}
+
+TEST_CASE("an admin listener without a token is refused, saying how to give one", "[config][admin]") {
+  const auto message = error_of({"--backend", a_backend, "--admin-listen", "127.0.0.1:9100"});
+  CHECK_THAT(message, Catch::Contains("--admin-listen needs a token"));
+  CHECK_THAT(message, Catch::Contains("--admin-token-file"));
+  CHECK_THAT(message, Catch::Contains("DPLB_ADMIN_TOKEN"));
+  // An empty variable counts as unset, like every DPLB_* variable.
+  CHECK_THAT(error_of({"--backend", a_backend}, {{"DPLB_ADMIN_LISTEN", "127.0.0.1:0"}, {"DPLB_ADMIN_TOKEN", ""}}),
+             Catch::Contains("--admin-listen needs a token"));
+}
+
+TEST_CASE("an empty, unreadable or doubly given admin token is refused without showing it", "[config][admin]") {
+  temp_dir dir;
+  const std::vector<std::string> args{"--backend", a_backend, "--admin-listen", "127.0.0.1:0"};
+  const auto with_file = [&](const std::string& path) {
+    auto a = args;
+    a.insert(a.end(), {"--admin-token-file", path});
+    return a;
+  };
+  const std::string blank = dir.write("blank", " \n\t\n");
+  CHECK(error_of(with_file(blank)) == "admin token file '" + blank + "' is empty; put the token in it");
+  CHECK(error_of(args, {{"DPLB_ADMIN_TOKEN", "  \n"}}) == "DPLB_ADMIN_TOKEN holds only whitespace; set a token");
+  const std::string missing = (dir.path() / "missing").string();
+  CHECK_THAT(error_of(with_file(missing)), Catch::StartsWith("cannot read admin token file '" + missing + "': "));
+  CHECK_THAT(error_of(with_file(dir.path().string())), Catch::EndsWith("it is a directory"));
+  const std::string good = dir.write("token", "secret-in-file");
+  const auto twice = error_of(with_file(good), {{"DPLB_ADMIN_TOKEN", "secret-in-env"}});
+  CHECK_THAT(twice, Catch::Contains("given twice"));
+  CHECK_THAT(twice, Catch::Contains("give one"));
+  CHECK_THAT(twice, !Catch::Contains("secret"));
+  CHECK_THAT(error_of({"--backend", a_backend, "--admin-listen", "9100"}, {{"DPLB_ADMIN_TOKEN", "t"}}),
+             Catch::StartsWith("invalid --admin-listen '9100': expected HOST:PORT"));
+  CHECK(error_of({"--backend", a_backend, "--admin-token-file="}) ==
+        "option '--admin-token-file' needs a value after '='; see 'dplb --help'");
+}

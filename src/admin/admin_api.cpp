@@ -1,0 +1,245 @@
+#include "dplb/admin/admin_api.hpp"
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+
+#include "dplb/balancer/balancer.hpp"
+#include "dplb/config/settings.hpp"
+#include "dplb/http/error_response.hpp"
+#include "dplb/metrics/proxy_metrics.hpp"
+#include "dplb/upstream/backend.hpp"
+
+namespace dplb::admin {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+response json_response(unsigned status, const json& body) { return response{status, body.dump(), {}, false}; }
+
+response error(unsigned status, std::string_view message) {
+  return response{status, http::error_body(status, message), {}, false};
+}
+
+// The host_flag bits by name, in bit order.
+constexpr std::pair<balancer::host_flag, std::string_view> flag_names[] = {
+    {balancer::host_flag::unhealthy, "unhealthy"},
+    {balancer::host_flag::ejected, "ejected"},
+    {balancer::host_flag::draining, "draining"},
+    {balancer::host_flag::removed, "removed"},
+};
+
+json rank_object(const upstream::topology& topology, const balancer::balancer& b, std::size_t rank) {
+  const auto& host = topology.hosts[rank];
+  const auto& backend = topology.backends[host.backend];
+  const std::uint8_t flags = b.flags(rank);
+  json names = json::array();
+  for (const auto& [bit, name] : flag_names) {
+    if ((flags & bit) != 0) names.push_back(name);
+  }
+  json engine = nullptr;
+  if (const auto stats = b.engine_stats_of(rank); stats.ever) {
+    engine = json{{"running", stats.load.running},
+                  {"waiting", stats.load.waiting},
+                  {"kv_cache_usage", stats.load.kv_cache_usage},
+                  {"age_seconds", std::chrono::duration<double>(stats.age).count()}};
+  }
+  return json{{"rank", rank},
+              {"url", backend.url},
+              {"index_in_url", host.rank_in_url},
+              {"dp", backend.dp},
+              {"weight", b.weight(rank)},
+              {"flags", std::move(names)},
+              {"usable", flags == 0},
+              {"inflight", b.inflight(rank)},
+              {"requests_total", b.picks(rank)},
+              {"tokens_inflight", b.cost_inflight(rank)},
+              {"engine", std::move(engine)}};
+}
+
+// The body as a JSON object, or the 400 that says why it is not one.
+std::optional<json> object_body(std::string_view body, response& refusal) {
+  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded() || !parsed.is_object()) {
+    refusal = error(400, "the body must be a JSON object");
+    return std::nullopt;
+  }
+  return parsed;
+}
+
+// Splits "/a/b/c" into its segments; the empty path and "/" have none.
+std::vector<std::string_view> segments_of(std::string_view path) {
+  std::vector<std::string_view> out;
+  while (!path.empty()) {
+    if (path.front() == '/') path.remove_prefix(1);
+    const auto slash = std::min(path.find('/'), path.size());
+    out.push_back(path.substr(0, slash));
+    path.remove_prefix(slash);
+  }
+  return out;
+}
+
+// Whether `path` fits `pattern`; the {placeholder} segments are appended to `params`.
+bool match(std::string_view pattern, std::string_view path, std::vector<std::string_view>& params) {
+  const auto want = segments_of(pattern);
+  const auto have = segments_of(path);
+  if (want.size() != have.size()) return false;
+  std::vector<std::string_view> found;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (want[i].starts_with('{')) {
+      if (have[i].empty()) return false;
+      found.push_back(have[i]);
+    } else if (want[i] != have[i]) {
+      return false;
+    }
+  }
+  params = std::move(found);
+  return true;
+}
+
+// "Bearer <token>": the scheme is case-insensitive (RFC 9110 11.1), the token is not.
+std::optional<std::string_view> bearer_token(std::string_view authorization) {
+  constexpr std::string_view scheme = "bearer ";
+  if (authorization.size() <= scheme.size()) return std::nullopt;
+  for (std::size_t i = 0; i < scheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(authorization[i])) != scheme[i]) return std::nullopt;
+  }
+  authorization.remove_prefix(scheme.size());
+  while (!authorization.empty() && (authorization.back() == ' ' || authorization.back() == '\t')) {
+    authorization.remove_suffix(1);
+  }
+  return authorization;
+}
+
+}  // namespace
+
+bool same_token(std::string_view given, std::string_view token) noexcept {
+  if (token.empty()) return false;
+  // Every byte of `given` is compared (against the token, cycled), and the length difference folds into
+  // the same result: no early exit anywhere.
+  unsigned diff = given.size() == token.size() ? 0u : 1u;
+  for (std::size_t i = 0; i < given.size(); ++i) {
+    diff |= static_cast<unsigned char>(given[i]) ^ static_cast<unsigned char>(token[i % token.size()]);
+  }
+  // Keep the compiler from turning the loop into an early-exit comparison.
+  return *static_cast<volatile unsigned*>(&diff) == 0;
+}
+
+admin_api::admin_api(const upstream::topology& topology, balancer::balancer& balancer,
+                     metrics::proxy_metrics& metrics, std::string token)
+    : topology_(topology), balancer_(balancer), metrics_(metrics), token_(std::move(token)) {}
+
+const std::vector<admin_api::route>& admin_api::routes() {
+  static const std::vector<route> table{
+      {"GET", "/ranks", &admin_api::list_ranks},
+      {"POST", "/ranks/{rank}/drain", &admin_api::drain_rank},
+      {"POST", "/ranks/{rank}/undrain", &admin_api::undrain_rank},
+      {"PUT", "/ranks/{rank}/weight", &admin_api::set_rank_weight},
+      {"POST", "/backends/drain", &admin_api::drain_backend},
+      {"POST", "/backends/undrain", &admin_api::undrain_backend},
+  };
+  return table;
+}
+
+response admin_api::handle(const request& req) const {
+  // Authentication comes first, so that without the token not even which paths exist can be learnt.
+  const auto given = bearer_token(req.authorization);
+  if (!given || !same_token(*given, token_)) {
+    response r = error(401, "the admin API needs the header 'Authorization: Bearer <token>' with dplb's admin token");
+    r.bearer_challenge = true;
+    return r;
+  }
+  const std::string_view path = req.target.substr(0, req.target.find('?'));
+  std::string allow;
+  for (const auto& r : routes()) {
+    call c{{}, req.body};
+    if (!match(r.pattern, path, c.params)) continue;
+    if (r.method == req.method) return (this->*r.serve)(c);
+    allow += (allow.empty() ? "" : ", ") + std::string(r.method);
+  }
+  if (allow.empty()) return error(404, "no admin endpoint " + std::string(path) + "; see docs/operations.md");
+  response r = error(405, std::string(path) + " answers " + allow + ", not " + std::string(req.method));
+  r.allow = std::move(allow);
+  return r;
+}
+
+std::optional<std::size_t> admin_api::rank_of(std::string_view segment) const {
+  std::size_t rank = 0;
+  const auto [end, ec] = std::from_chars(segment.data(), segment.data() + segment.size(), rank);
+  if (ec != std::errc{} || end != segment.data() + segment.size() || rank >= topology_.hosts.size()) {
+    return std::nullopt;
+  }
+  return rank;
+}
+
+response admin_api::list_ranks(const call&) const {
+  json ranks = json::array();
+  for (std::size_t r = 0; r < topology_.hosts.size(); ++r) ranks.push_back(rank_object(topology_, balancer_, r));
+  return json_response(200, json{{"policy", balancer_.active_policy().name()}, {"ranks", std::move(ranks)}});
+}
+
+void admin_api::set_draining(std::size_t rank, bool on) const {
+  // Only the draining bit: the health checks own the others, so neither can undo the other's verdict.
+  balancer_.set_flag(rank, balancer::host_flag::draining, on);
+  metrics_.rank_draining(rank, on);
+  spdlog::info("rank {} ({}) {} by the admin API", rank, topology_.hosts[rank].name, on ? "drained" : "undrained");
+}
+
+response admin_api::set_rank_draining(const call& c, bool on) const {
+  const auto rank = rank_of(c.params.at(0));
+  if (!rank) return error(404, "no rank " + std::string(c.params.at(0)) + "; GET /ranks lists them");
+  set_draining(*rank, on);
+  return json_response(200, rank_object(topology_, balancer_, *rank));
+}
+
+response admin_api::set_backend_draining(const call& c, bool on) const {
+  response refusal;
+  const auto body = object_body(c.body, refusal);
+  if (!body) return refusal;
+  const auto url = body->find("url");
+  if (url == body->end() || !url->is_string()) {
+    return error(400, R"(expected {"url": "http://HOST:PORT"}, the backend as --backend names it)");
+  }
+  const auto text = url->get<std::string>();
+  // Normalised as --backend is, so that http://Engine:8000/ finds http://engine:8000. Options after '#'
+  // describe a backend, they do not name one.
+  config::backend_spec spec;
+  if (text.find('#') != std::string::npos) return error(400, "give the backend's URL without its #options");
+  if (auto why = config::parse_backend(text, spec); !why.empty()) {
+    return error(400, "invalid url '" + text + "': " + why);
+  }
+  const auto backend = std::find_if(topology_.backends.begin(), topology_.backends.end(),
+                                    [&](const upstream::backend& b) { return b.url == spec.url; });
+  if (backend == topology_.backends.end()) return error(404, "no backend " + spec.url + "; GET /ranks lists them");
+  json ranks = json::array();
+  for (std::size_t r = backend->first_rank; r < backend->first_rank + backend->dp; ++r) {
+    set_draining(r, on);
+    ranks.push_back(rank_object(topology_, balancer_, r));
+  }
+  return json_response(200, json{{"url", backend->url}, {"ranks", std::move(ranks)}});
+}
+
+response admin_api::set_rank_weight(const call& c) const {
+  const auto rank = rank_of(c.params.at(0));
+  if (!rank) return error(404, "no rank " + std::string(c.params.at(0)) + "; GET /ranks lists them");
+  response refusal;
+  const auto body = object_body(c.body, refusal);
+  if (!body) return refusal;
+  const auto weight = body->find("weight");
+  if (weight == body->end() || !weight->is_number_unsigned() || weight->get<std::uint64_t>() < 1 ||
+      weight->get<std::uint64_t>() > config::max_backend_weight) {
+    return error(400, "expected {\"weight\": W}, W a whole number from 1 to " +
+                          std::to_string(config::max_backend_weight) + " (to take a rank out, drain it)");
+  }
+  const auto w = static_cast<std::uint32_t>(weight->get<std::uint64_t>());
+  balancer_.set_weight(*rank, w);
+  spdlog::info("rank {} ({}) weight set to {} by the admin API", *rank, topology_.hosts[*rank].name, w);
+  return json_response(200, rank_object(topology_, balancer_, *rank));
+}
+
+}  // namespace dplb::admin

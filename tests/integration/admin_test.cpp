@@ -1,0 +1,269 @@
+// The admin API against the real dplb and the mock engine: the bearer token, GET /ranks for a #dp=2
+// backend, drains (a drained rank takes nothing new but finishes what it has; undrained, it takes
+// requests again), runtime weights, and that the public port never serves the admin paths.
+
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <stdlib.h>  // mkstemp
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "await.hpp"
+#include "http_client.hpp"
+#include "processes.hpp"
+
+using namespace dplb::test;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string token = "integration-admin-token-7f3a";
+
+// A file holding the admin token (with the newline an editor leaves), removed when the test ends.
+class token_file {
+ public:
+  token_file() {
+    char pattern[] = "/tmp/dplb-admin-token-XXXXXX";
+    const int fd = ::mkstemp(pattern);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+    path_ = pattern;
+    std::ofstream(path_) << token << "\n";
+  }
+  ~token_file() { ::unlink(path_.c_str()); }
+  token_file(const token_file&) = delete;
+  token_file& operator=(const token_file&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// dplb's extra arguments for an admin API on an ephemeral loopback port.
+std::vector<std::string> with_admin(const token_file& file, std::vector<std::string> args) {
+  args.insert(args.end(), {"--admin-listen", "127.0.0.1:0", "--admin-token-file", file.path()});
+  return args;
+}
+
+http_response admin_call(std::uint16_t port, bhttp::verb method, const std::string& target,
+                         const std::string& body = {}, const std::string& authorization = "Bearer " + token) {
+  http_connection c(port);
+  bhttp::request<bhttp::string_body> request{method, target, 11};
+  if (!authorization.empty()) request.set(bhttp::field::authorization, authorization);
+  if (!body.empty()) {
+    request.set(bhttp::field::content_type, "application/json");
+    request.body() = body;
+  }
+  return c.send(request);
+}
+
+json ranks_of(std::uint16_t admin_port) {
+  const auto r = admin_call(admin_port, bhttp::verb::get, "/ranks");
+  REQUIRE(r.status == 200);
+  return json::parse(r.body);
+}
+
+bhttp::request<bhttp::string_body> completion(int max_tokens, bool stream) {
+  bhttp::request<bhttp::string_body> r{bhttp::verb::post, "/v1/completions", 11};
+  r.set(bhttp::field::content_type, "application/json");
+  r.set(bhttp::field::host, "dplb");
+  r.body() = json{{"prompt", "a b c"}, {"max_tokens", max_tokens}, {"stream", stream}}.dump();
+  r.prepare_payload();
+  return r;
+}
+
+std::string rank_header(const http_response& r) {
+  const auto it = r.headers.find("x-dplb-rank");
+  return it == r.headers.end() ? std::string() : std::string(it->value());
+}
+
+// The rank (x-dplb-rank) of each of `n` quick completions, counted.
+std::map<std::string, int> spread(std::uint16_t port, int n) {
+  http_connection client(port);
+  std::map<std::string, int> ranks;
+  for (int i = 0; i < n; ++i) {
+    const auto r = client.send(completion(1, false));
+    REQUIRE(r.status == 200);
+    ++ranks[rank_header(r)];
+  }
+  return ranks;
+}
+
+}  // namespace
+
+TEST_CASE("the admin API answers only requests with the bearer token", "[admin]") {
+  token_file file;
+  mock_engine engine(1);
+  dplb_proxy proxy(engine.urls(), with_admin(file, {}));
+  REQUIRE(proxy.admin_port() != 0);
+  REQUIRE(proxy.admin_port() != proxy.port());
+
+  for (const std::string& auth : {std::string(), std::string("Bearer wrong"), "Basic " + token}) {
+    INFO("Authorization: " << auth);
+    const auto r = admin_call(proxy.admin_port(), bhttp::verb::get, "/ranks", {}, auth);
+    CHECK(r.status == 401);
+    CHECK(r.headers[bhttp::field::www_authenticate] == "Bearer");
+    CHECK(r.headers[bhttp::field::content_type] == "application/json");
+    CHECK(json::parse(r.body)["error"]["code"] == 401);
+  }
+  // A drain without the token changes nothing.
+  CHECK(admin_call(proxy.admin_port(), bhttp::verb::post, "/ranks/0/drain", {}, "Bearer nope").status == 401);
+  const auto doc = ranks_of(proxy.admin_port());
+  CHECK(doc["ranks"][0]["flags"] == json::array());
+  CHECK(admin_call(proxy.admin_port(), bhttp::verb::get, "/nowhere").status == 404);
+  const auto wrong_method = admin_call(proxy.admin_port(), bhttp::verb::delete_, "/ranks");
+  CHECK(wrong_method.status == 405);
+  CHECK(wrong_method.headers[bhttp::field::allow] == "GET");
+  // The token reaches no log line.
+  CHECK(proxy.process().output().find(token) == std::string::npos);
+}
+
+TEST_CASE("dplb refuses to serve an admin API without a token", "[admin]") {
+  mock_engine engine(1);
+  child_process dplb(dplb_binary(),
+                     {"--listen", "127.0.0.1:0", "--backend", engine.urls()[0], "--admin-listen", "127.0.0.1:0"});
+  CHECK(dplb.wait_for_line(std::regex("--admin-listen needs a token.*--admin-token-file.*DPLB_ADMIN_TOKEN"), 10s)
+            .has_value());
+  // It exits on its own, with the status of a configuration error.
+  CHECK_FALSE(await_until([&] { return dplb.running(); }, [](bool running) { return !running; }, 10s));
+  CHECK(dplb.stop(SIGTERM) == 2);
+}
+
+TEST_CASE("GET /ranks shows a #dp=2 backend as two ranks of one URL", "[admin]") {
+  token_file file;
+  mock_engine engine(2, {"--dp", "2"});
+  const auto urls = engine.urls();
+  dplb_proxy proxy({urls[0] + "#dp=2&weight=3", urls[1]}, with_admin(file, {"--policy", "round-robin"}));
+  const auto doc = ranks_of(proxy.admin_port());
+  CHECK(doc["policy"] == "round-robin");
+  REQUIRE(doc["ranks"].size() == 3);
+  for (std::size_t r = 0; r < 2; ++r) {
+    const auto& rank = doc["ranks"][r];
+    INFO("rank " << r);
+    CHECK(rank["rank"] == r);
+    CHECK(rank["url"] == urls[0]);
+    CHECK(rank["index_in_url"] == r);
+    CHECK(rank["dp"] == 2);
+    CHECK(rank["weight"] == 3);
+    CHECK(rank["usable"] == true);
+    CHECK(rank["flags"] == json::array());
+    CHECK(rank["inflight"] == 0);
+    CHECK(rank["requests_total"] == 0);
+    CHECK(rank["tokens_inflight"] == 0);
+    CHECK(rank.contains("engine"));
+  }
+  CHECK(doc["ranks"][2]["url"] == urls[1]);
+  CHECK(doc["ranks"][2]["index_in_url"] == 0);
+  CHECK(doc["ranks"][2]["dp"] == 1);
+  CHECK(doc["ranks"][2]["weight"] == 1);
+}
+
+TEST_CASE("a drained rank finishes its request in flight and takes no new one until undrained", "[admin]") {
+  token_file file;
+  // Two ranks behind one URL; each token of a stream takes 30 ms, so a 40-token stream is in flight ~1.2 s.
+  mock_engine engine(1, {"--dp", "2", "--itl-ms", "30"});
+  dplb_proxy proxy({engine.urls()[0] + "#dp=2"}, with_admin(file, {"--policy", "round-robin", "--threads", "1"}));
+  const auto admin = proxy.admin_port();
+
+  http_connection streaming(proxy.port());
+  std::ostringstream wire;
+  wire << completion(40, true);
+  streaming.write_raw(wire.str());
+  // The stream's rank: the one with a request in flight.
+  const auto doc = await_until([&] { return ranks_of(admin); }, [](const json& d) {
+    return d["ranks"][0]["inflight"] == 1 || d["ranks"][1]["inflight"] == 1;
+  });
+  const int busy = doc["ranks"][0]["inflight"] == 1 ? 0 : 1;
+  REQUIRE(doc["ranks"][busy]["inflight"] == 1);
+  const std::string busy_label = std::to_string(busy);
+  const std::string other_label = std::to_string(1 - busy);
+
+  const auto drained = admin_call(admin, bhttp::verb::post, "/ranks/" + busy_label + "/drain");
+  REQUIRE(drained.status == 200);
+  const auto drained_rank = json::parse(drained.body);
+  CHECK(drained_rank["flags"] == json::array({"draining"}));
+  CHECK(drained_rank["usable"] == false);
+  CHECK(drained_rank["inflight"] == 1);
+  CHECK(metric_sum(scrape_metrics(proxy.port()), "dplb_rank_draining{", {"rank=\"" + busy_label + "\""}) == 1);
+
+  // Nothing new goes to the drained rank; the other takes everything.
+  CHECK(spread(proxy.port(), 6) == std::map<std::string, int>{{other_label, 6}});
+
+  // The stream in flight on it finishes whole.
+  const auto reply = streaming.read_responses(1, 10s);
+  REQUIRE(reply.final_responses().size() == 1);
+  const auto& response = reply.final_responses().front();
+  CHECK(response.status == 200);
+  CHECK(response.header("x-dplb-rank") == busy_label);
+  CHECK_THAT(response.body, Catch::Contains("data: [DONE]"));
+  CHECK(await_until([&] { return ranks_of(admin); },
+                    [&](const json& d) { return d["ranks"][busy]["inflight"] == 0; })["ranks"][busy]["inflight"] == 0);
+
+  const auto undrained = admin_call(admin, bhttp::verb::post, "/ranks/" + busy_label + "/undrain");
+  REQUIRE(undrained.status == 200);
+  CHECK(json::parse(undrained.body)["usable"] == true);
+  CHECK(spread(proxy.port(), 4) == std::map<std::string, int>{{"0", 2}, {"1", 2}});
+  CHECK(metric_sum(scrape_metrics(proxy.port()), "dplb_rank_draining{", {"rank=\"" + busy_label + "\""}) == 0);
+}
+
+TEST_CASE("draining a backend by its URL drains every rank behind it", "[admin]") {
+  token_file file;
+  mock_engine engine(2, {"--dp", "2"});
+  const auto urls = engine.urls();
+  dplb_proxy proxy({urls[0] + "#dp=2", urls[1]}, with_admin(file, {"--policy", "round-robin", "--threads", "1"}));
+  // Written as an operator might: a trailing slash, which --backend normalises away too.
+  const auto drained = admin_call(proxy.admin_port(), bhttp::verb::post, "/backends/drain",
+                                  json{{"url", urls[0] + "/"}}.dump());
+  REQUIRE(drained.status == 200);
+  const auto doc = json::parse(drained.body);
+  CHECK(doc["url"] == urls[0]);
+  REQUIRE(doc["ranks"].size() == 2);
+  CHECK(doc["ranks"][0]["flags"] == json::array({"draining"}));
+  CHECK(doc["ranks"][1]["flags"] == json::array({"draining"}));
+  CHECK(spread(proxy.port(), 4) == std::map<std::string, int>{{"2", 4}});
+
+  CHECK(admin_call(proxy.admin_port(), bhttp::verb::post, "/backends/drain", R"({"url":"http://127.0.0.1:1"})")
+            .status == 404);
+  REQUIRE(admin_call(proxy.admin_port(), bhttp::verb::post, "/backends/undrain", json{{"url", urls[0]}}.dump())
+              .status == 200);
+  CHECK(spread(proxy.port(), 6) == std::map<std::string, int>{{"0", 2}, {"1", 2}, {"2", 2}});
+}
+
+TEST_CASE("a weight set at runtime shifts a round-robin split", "[admin]") {
+  token_file file;
+  mock_engine engine(2);
+  dplb_proxy proxy(engine.urls(), with_admin(file, {"--policy", "round-robin", "--threads", "1"}));
+  CHECK(spread(proxy.port(), 8) == std::map<std::string, int>{{"0", 4}, {"1", 4}});
+  const auto r = admin_call(proxy.admin_port(), bhttp::verb::put, "/ranks/0/weight", R"({"weight": 3})");
+  REQUIRE(r.status == 200);
+  CHECK(json::parse(r.body)["weight"] == 3);
+  CHECK(spread(proxy.port(), 40) == std::map<std::string, int>{{"0", 30}, {"1", 10}});
+  CHECK(admin_call(proxy.admin_port(), bhttp::verb::put, "/ranks/0/weight", R"({"weight": 0})").status == 400);
+}
+
+TEST_CASE("the admin paths on the public port are proxied to the engines, never served by dplb", "[admin]") {
+  token_file file;
+  mock_engine engine(1);
+  dplb_proxy proxy(engine.urls(), with_admin(file, {}));
+  http_connection client(proxy.port());
+  for (const auto& [method, target] : std::vector<std::pair<bhttp::verb, std::string>>{
+           {bhttp::verb::get, "/ranks"}, {bhttp::verb::post, "/ranks/0/drain"}, {bhttp::verb::post, "/backends/drain"}}) {
+    INFO(target);
+    bhttp::request<bhttp::string_body> request{method, target, 11};
+    request.set(bhttp::field::authorization, "Bearer " + token);
+    const auto r = client.send(request);
+    // The mock's own answer to a path it does not know, relayed with the rank dplb chose.
+    CHECK(r.status == 404);
+    CHECK(json::parse(r.body) == json{{"detail", "Not Found"}});
+    CHECK(rank_header(r) == "0");
+  }
+  CHECK(ranks_of(proxy.admin_port())["ranks"][0]["flags"] == json::array());
+}

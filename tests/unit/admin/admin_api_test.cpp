@@ -1,0 +1,265 @@
+// The admin API's handlers without sockets: authentication, routing (404, 405 with Allow), the /ranks
+// document, drains by rank and by backend URL (normalised as --backend is), runtime weights, and the
+// draining gauge.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "dplb/admin/admin_api.hpp"
+#include "dplb/balancer/balancer.hpp"
+#include "dplb/balancer/policy_factory.hpp"
+#include "dplb/metrics/proxy_metrics.hpp"
+#include "dplb/upstream/backend.hpp"
+
+namespace admin = dplb::admin;
+using dplb::balancer::host_flag;
+using json = nlohmann::json;
+
+namespace {
+
+const std::string token = "s3cret-token";
+const std::string bearer = "Bearer " + token;
+
+// Two backends: http://127.0.0.1:8100#dp=2 (ranks 0 and 1) and http://engine-b:8101 (rank 2).
+dplb::upstream::topology two_backends() {
+  dplb::upstream::topology t;
+  dplb::upstream::backend a;
+  a.index = 0;
+  a.url = "http://127.0.0.1:8100";
+  a.dp = 2;
+  a.first_rank = 0;
+  dplb::upstream::backend b;
+  b.index = 1;
+  b.url = "http://engine-b:8101";
+  b.first_rank = 2;
+  t.backends = {a, b};
+  for (std::size_t r = 0; r < 3; ++r) {
+    dplb::upstream::host h;
+    h.rank = r;
+    h.backend = r < 2 ? 0 : 1;
+    h.rank_in_url = r < 2 ? static_cast<std::uint32_t>(r) : 0;
+    h.name = t.backends[h.backend].url;
+    t.hosts.push_back(h);
+  }
+  return t;
+}
+
+struct fixture {
+  dplb::upstream::topology topology = two_backends();
+  dplb::balancer::balancer balancer{3, dplb::balancer::make_policy("round-robin")};
+  dplb::metrics::proxy_metrics metrics{{"http://127.0.0.1:8100", "http://127.0.0.1:8100", "http://engine-b:8101"},
+                                       balancer, "round-robin"};
+  admin::admin_api api{topology, balancer, metrics, token};
+
+  admin::response call(std::string_view method, std::string_view target, std::string_view body = {},
+                       std::string_view authorization = bearer) const {
+    return api.handle({method, target, authorization, body});
+  }
+};
+
+json body_of(const admin::response& r) { return json::parse(r.body); }
+
+void check_error(const admin::response& r, unsigned status) {
+  CHECK(r.status == status);
+  const auto body = body_of(r);
+  CHECK(body["error"]["code"] == status);
+  CHECK(body["error"]["message"].is_string());
+}
+
+}  // namespace
+
+TEST_CASE("admin requests without the right bearer token get 401 with a challenge", "[admin]") {
+  fixture f;
+  for (const std::string& auth : {std::string(), std::string("Bearer"), std::string("Bearer "),
+                                 "Bearer " + token + "x", "Bearer " + token.substr(1), "Basic " + token,
+                                 std::string("Bearer S3CRET-TOKEN"), token}) {
+    INFO("Authorization: " << auth);
+    const auto r = f.call("GET", "/ranks", {}, auth);
+    check_error(r, 401);
+    CHECK(r.bearer_challenge);
+    CHECK(body_of(r)["error"]["type"] == "AuthenticationError");
+  }
+  // Before routing: an unknown path or a drain says nothing, and changes nothing, without the token.
+  check_error(f.call("GET", "/nope", {}, "Bearer wrong"), 401);
+  check_error(f.call("POST", "/ranks/0/drain", {}, ""), 401);
+  CHECK(f.balancer.flags(0) == 0);
+  // The scheme is case-insensitive, the token is not.
+  CHECK(f.call("GET", "/ranks", {}, "bearer " + token).status == 200);
+  CHECK_FALSE(f.call("GET", "/ranks").bearer_challenge);
+}
+
+TEST_CASE("same_token compares whole tokens only", "[admin]") {
+  CHECK(admin::same_token("abc", "abc"));
+  CHECK_FALSE(admin::same_token("abd", "abc"));
+  CHECK_FALSE(admin::same_token("ab", "abc"));
+  CHECK_FALSE(admin::same_token("abcabc", "abc"));  // the token cycled is not the token
+  CHECK_FALSE(admin::same_token("", "abc"));
+  CHECK_FALSE(admin::same_token("", ""));  // an empty token never authenticates
+}
+
+TEST_CASE("GET /ranks lists every rank with its backend, state and load", "[admin]") {
+  fixture f;
+  f.balancer.set_weight(2, 3);
+  f.balancer.set_flag(1, host_flag::unhealthy, true);
+  auto lease = f.balancer.acquire({}, {10, 5});
+  REQUIRE(lease);
+  const auto held = lease.rank();
+
+  const auto r = f.call("GET", "/ranks");
+  REQUIRE(r.status == 200);
+  const auto doc = body_of(r);
+  CHECK(doc["policy"] == "round-robin");
+  REQUIRE(doc["ranks"].size() == 3);
+  const auto& r0 = doc["ranks"][0];
+  CHECK(r0["rank"] == 0);
+  CHECK(r0["url"] == "http://127.0.0.1:8100");
+  CHECK(r0["index_in_url"] == 0);
+  CHECK(r0["dp"] == 2);
+  CHECK(r0["weight"] == 1);
+  CHECK(r0["flags"] == json::array());
+  CHECK(r0["usable"] == true);
+  CHECK(r0["engine"].is_null());  // never read
+  const auto& r1 = doc["ranks"][1];
+  CHECK(r1["url"] == "http://127.0.0.1:8100");
+  CHECK(r1["index_in_url"] == 1);
+  CHECK(r1["flags"] == json::array({"unhealthy"}));
+  CHECK(r1["usable"] == false);
+  const auto& r2 = doc["ranks"][2];
+  CHECK(r2["url"] == "http://engine-b:8101");
+  CHECK(r2["dp"] == 1);
+  CHECK(r2["weight"] == 3);
+  const auto& busy = doc["ranks"][held];
+  CHECK(busy["inflight"] == 1);
+  CHECK(busy["requests_total"] == 1);
+  CHECK(busy["tokens_inflight"] == 15);
+}
+
+TEST_CASE("GET /ranks shows the engine's numbers once read", "[admin]") {
+  fixture f;
+  std::vector<dplb::balancer::engine_reading> round(3);
+  round[2].good = true;
+  round[2].load = {4, 7, 0.25};
+  round[2].read_at = std::chrono::steady_clock::now();
+  f.balancer.publish_engine_stats(round);
+  const auto doc = body_of(f.call("GET", "/ranks"));
+  const auto& engine = doc["ranks"][2]["engine"];
+  CHECK(engine["waiting"] == 4);
+  CHECK(engine["running"] == 7);
+  CHECK(engine["kv_cache_usage"] == 0.25);
+  CHECK(engine["age_seconds"].get<double>() >= 0);
+  CHECK(doc["ranks"][0]["engine"].is_null());
+}
+
+TEST_CASE("draining a rank sets only its draining flag and gauge, and undraining clears them", "[admin]") {
+  fixture f;
+  f.balancer.set_flag(1, host_flag::unhealthy, true);
+  auto r = f.call("POST", "/ranks/1/drain");
+  REQUIRE(r.status == 200);
+  auto doc = body_of(r);
+  CHECK(doc["rank"] == 1);
+  CHECK(doc["flags"] == json::array({"unhealthy", "draining"}));
+  CHECK(f.balancer.flags(1) == (host_flag::unhealthy | host_flag::draining));
+  CHECK(f.balancer.flags(0) == 0);
+  CHECK_THAT(f.metrics.render(), Catch::Contains("dplb_rank_draining{rank=\"1\"} 1"));
+  CHECK_THAT(f.metrics.render(), Catch::Contains("dplb_rank_draining{rank=\"0\"} 0"));
+
+  // The health checks clearing their bit leave the drain in place.
+  f.balancer.set_flag(1, host_flag::unhealthy, false);
+  CHECK(f.balancer.flags(1) == host_flag::draining);
+  for (int i = 0; i < 6; ++i) CHECK(f.balancer.acquire().rank() != 1);
+
+  r = f.call("POST", "/ranks/1/undrain");
+  REQUIRE(r.status == 200);
+  CHECK(body_of(r)["flags"] == json::array());
+  CHECK(body_of(r)["usable"] == true);
+  CHECK(f.balancer.flags(1) == 0);
+  CHECK_THAT(f.metrics.render(), Catch::Contains("dplb_rank_draining{rank=\"1\"} 0"));
+}
+
+TEST_CASE("an unknown or malformed rank is 404", "[admin]") {
+  fixture f;
+  for (const char* target : {"/ranks/3/drain", "/ranks/-1/drain", "/ranks/+1/drain", "/ranks/1x/drain",
+                             "/ranks/99999999999999999999999/drain"}) {
+    INFO(target);
+    check_error(f.call("POST", target), 404);
+  }
+  check_error(f.call("PUT", "/ranks/3/weight", R"({"weight":2})"), 404);
+}
+
+TEST_CASE("backends are drained by their URL, normalised as --backend normalises it", "[admin]") {
+  fixture f;
+  auto r = f.call("POST", "/backends/drain", R"({"url":"http://127.0.0.1:8100/"})");
+  REQUIRE(r.status == 200);
+  auto doc = body_of(r);
+  CHECK(doc["url"] == "http://127.0.0.1:8100");
+  REQUIRE(doc["ranks"].size() == 2);
+  CHECK(doc["ranks"][0]["rank"] == 0);
+  CHECK(doc["ranks"][1]["rank"] == 1);
+  CHECK(f.balancer.flags(0) == host_flag::draining);
+  CHECK(f.balancer.flags(1) == host_flag::draining);
+  CHECK(f.balancer.flags(2) == 0);
+
+  // Upper-case host, default port spelled out elsewhere: the same engine.
+  r = f.call("POST", "/backends/drain", R"({"url":"http://ENGINE-B:8101"})");
+  REQUIRE(r.status == 200);
+  CHECK(f.balancer.flags(2) == host_flag::draining);
+  CHECK_FALSE(f.balancer.any_usable());
+
+  r = f.call("POST", "/backends/undrain", R"({"url":"http://127.0.0.1:8100"})");
+  REQUIRE(r.status == 200);
+  CHECK(f.balancer.flags(0) == 0);
+  CHECK(f.balancer.flags(1) == 0);
+  CHECK(f.balancer.flags(2) == host_flag::draining);
+}
+
+TEST_CASE("backend drains refuse unknown URLs with 404 and bad bodies with 400", "[admin]") {
+  fixture f;
+  check_error(f.call("POST", "/backends/drain", R"({"url":"http://127.0.0.1:9999"})"), 404);
+  check_error(f.call("POST", "/backends/drain", R"({"url":"http://127.0.0.1"})"), 404);  // port 80
+  for (const char* body : {"", "not json", "[]", "{}", R"({"url":8100})", R"({"url":"ftp://h:1"})",
+                           R"({"url":"http://127.0.0.1:8100#dp=2"})"}) {
+    INFO(body);
+    check_error(f.call("POST", "/backends/drain", body), 400);
+  }
+  for (std::size_t r = 0; r < 3; ++r) CHECK(f.balancer.flags(r) == 0);
+}
+
+TEST_CASE("PUT /ranks/{rank}/weight sets the weight within the --backend bounds", "[admin]") {
+  fixture f;
+  auto r = f.call("PUT", "/ranks/2/weight", R"({"weight": 10000})");
+  REQUIRE(r.status == 200);
+  CHECK(body_of(r)["weight"] == 10000);
+  CHECK(f.balancer.weight(2) == 10000);
+  r = f.call("PUT", "/ranks/2/weight", R"({"weight": 1})");
+  REQUIRE(r.status == 200);
+  CHECK(f.balancer.weight(2) == 1);
+  for (const char* body : {R"({"weight": 0})", R"({"weight": 10001})", R"({"weight": -2})", R"({"weight": 2.5})",
+                           R"({"weight": "2"})", R"({})", "2"}) {
+    INFO(body);
+    check_error(f.call("PUT", "/ranks/2/weight", body), 400);
+  }
+  CHECK(f.balancer.weight(2) == 1);
+}
+
+TEST_CASE("unknown admin paths are 404 and known paths with a wrong method 405 with Allow", "[admin]") {
+  fixture f;
+  for (const char* target : {"/", "/rank", "/ranks/", "/ranks/0", "/ranks/0/drain/now", "/backends", "/v1/models"}) {
+    INFO(target);
+    check_error(f.call("GET", target), 404);
+  }
+  auto r = f.call("POST", "/ranks");
+  check_error(r, 405);
+  CHECK(r.allow == "GET");
+  r = f.call("GET", "/ranks/0/drain");
+  check_error(r, 405);
+  CHECK(r.allow == "POST");
+  r = f.call("POST", "/ranks/0/weight", R"({"weight":2})");
+  check_error(r, 405);
+  CHECK(r.allow == "PUT");
+  CHECK(f.balancer.weight(0) == 1);
+  // A query string does not change the route.
+  CHECK(f.call("GET", "/ranks?verbose=1").status == 200);
+}
