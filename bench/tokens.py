@@ -61,7 +61,8 @@ def run_one(opts, workdir, workload, policy, repeat):
     tag = f"{workload}-{policy}-{repeat}"
     mock, ports, admin = start_mock(opts.mock, ["--ranks", str(RANKS), "--simulate", "--dp-lockstep", "--time-scale",
                                                 str(opts.time_scale), "--max-num-seqs", str(opts.max_num_seqs),
-                                                "--kv-cache-tokens", str(opts.kv_cache_tokens), "--threads", "1"],
+                                                "--kv-cache-tokens", str(opts.kv_cache_tokens), "--threads", "1"]
+                                    + opts.mock_args.split(),
                                     workdir / f"{tag}.mock.log")
     proxy = None
     try:
@@ -116,6 +117,8 @@ def main():
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--kv-cache-tokens", type=int, default=1 << 20)
     parser.add_argument("--time-scale", type=float, default=5.0)
+    parser.add_argument("--mock-args", default="", help="more engine options, e.g. '--prefill-us-per-token 120' for "
+                        "a prefill-heavy step cost")
     parser.add_argument("--warmup-share", type=float, default=0.1, help="of the run, left out at each end")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
@@ -162,7 +165,7 @@ def main():
 def report(opts, workloads, policies, records, elapsed):
     med = statistics.median
     lines = [f"# dplb tokens benchmark: {RANKS} lockstep ranks (mock --simulate --dp-lockstep --time-scale "
-             f"{opts.time_scale:g} --max-num-seqs {opts.max_num_seqs}), one closed-loop client with "
+             f"{opts.time_scale:g} --max-num-seqs {opts.max_num_seqs}{(' ' + opts.mock_args) if opts.mock_args else ''}), one closed-loop client with "
              f"{opts.concurrency} in flight, {opts.num_prompts} requests per run, {opts.repeats} runs per cell, "
              f"{elapsed:.0f} s",
              "",
