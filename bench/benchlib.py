@@ -1,10 +1,16 @@
-"""Helpers shared by the Python benchmark drivers (imbalance.py, scale.py): child processes that log to a
-file and are stopped by their own pid, and sums over Prometheus text. Standard library only."""
+"""Helpers shared by the Python benchmark drivers (imbalance.py, scale.py, replicas.py, tokens.py): child
+processes that log to a file and are stopped by their own pid, sums over Prometheus text, a simulated engine
+and dplb started on ephemeral ports, dplb-bench runs, and a sampler of the engines' gauges. Standard library
+only."""
 
+import json
+import math
+import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -70,3 +76,156 @@ def metric_sum(text, name):
         if line.startswith(name + "{") or line.startswith(name + " "):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def metric_by_engine(text, name):
+    """{engine label: value} of a per-engine metric in Prometheus text (the mock labels every series engine="i")."""
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            match = re.search(r'engine="(\d+)"', line)
+            if match:
+                values[int(match.group(1))] = values.get(int(match.group(1)), 0.0) + float(line.rsplit(" ", 1)[1])
+    return values
+
+
+def percentile(values, p):
+    """The p-th percentile (0-100) of `values`, nearest rank; 0 for none."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def binaries(build_dir, script):
+    """(dplb, mock engine, dplb-bench) under build_dir; exits with a note when one is missing."""
+    build = Path(build_dir)
+    paths = (str(build / "dplb"), str(build / "tools/mock_engine/dplb-mock-engine"), str(build / "tools/bench/dplb-bench"))
+    for binary in paths:
+        if not os.access(binary, os.X_OK):
+            sys.exit(f"{script}: {binary} not found; build first (./scripts/build.sh {build_dir})")
+    return paths
+
+
+def offered_policies(dplb, wanted, script):
+    """The policies of `wanted` (space-separated) that this dplb offers (its --help lists them on the --policy
+    line); each other one is skipped with a note, so that a benchmark runs before and after a policy lands."""
+    text = subprocess.run([dplb, "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=30).stdout
+    match = re.search(r"--policy\s+([\w|-]+)", text)
+    if not match:
+        sys.exit(f"{script}: no --policy line in {dplb} --help")
+    offered = set(match.group(1).split("|"))
+    chosen = []
+    for policy in wanted.split():
+        if policy in offered:
+            chosen.append(policy)
+        else:
+            log(f"{script}: skipping policy {policy}: {dplb} does not offer it")
+    return chosen
+
+
+def start_mock(mock, args, log_path):
+    """A mock engine on ephemeral ports: (process, [rank ports], admin port). `args` are its options after
+    --port 0."""
+    proc = Process([mock, "--port", "0"] + args, log_path)
+    try:
+        proc.await_line(r"mock-engine ready")
+        text = proc.log_text()
+        ports = [int(p) for p in re.findall(r"rank \d+ listening on [\d.]+:(\d+)", text)]
+        admin = int(re.search(r"admin listening on [\d.]+:(\d+)", text).group(1))
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, ports, admin
+
+
+def start_dplb(dplb, policy, backend_ports, log_path, extra=()):
+    """A dplb on an ephemeral port in front of 127.0.0.1:<each of backend_ports>: (process, its port)."""
+    args = [dplb, "--listen", "127.0.0.1:0", "--policy", policy, "--log-level", "info"]
+    for port in backend_ports:
+        args += ["--backend", f"http://127.0.0.1:{port}"]
+    proc = Process(args + list(extra), log_path)
+    try:
+        port = int(proc.await_line(r"listening on 127\.0\.0\.1:(\d+)").group(1))
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, port
+
+
+def start_bench(bench, port, args, result_path, log_path, timeout_s=300):
+    """dplb-bench against 127.0.0.1:port in the background (a Process; wait with finish_bench)."""
+    return Process([bench, "--base-url", f"http://127.0.0.1:{port}", "--model", "mock-model", "--quiet",
+                    "--result-json", str(result_path), "--timeout-s", str(timeout_s)] + list(args), log_path)
+
+
+def finish_bench(proc, result_path, timeout_s=330):
+    """Waits (bounded) for a start_bench run; its result JSON. Raises when it failed."""
+    try:
+        proc.proc.wait(timeout=timeout_s)
+    finally:
+        proc.stop()
+    if proc.returncode != 0:
+        raise RuntimeError(f"dplb-bench failed ({proc.returncode}):\n{proc.log_text()}")
+    return json.loads(Path(result_path).read_text())
+
+
+class GaugeSampler:
+    """Reads every rank's /metrics through the mock's admin port every `interval` s on a thread of its own,
+    from start() to stop(): samples of {gauge: [value per rank]} for the vLLM gauges running, waiting and
+    kv_cache_usage_perc (the engines' own view, whoever sent the requests), and the counters of generated
+    tokens and simulated busy seconds, so that a window of the run has its own throughput."""
+
+    GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+              "kv": "vllm:kv_cache_usage_perc", "generated": "vllm:generation_tokens_total",
+              "busy_s": "mock_step_seconds_total", "padded": "mock_padded_tokens_total",
+              "real": "mock_real_tokens_total"}
+
+    def __init__(self, admin_port, ranks, interval=0.05):
+        self.urls = [f"http://127.0.0.1:{admin_port}/metrics?rank={r}" for r in range(ranks)]
+        self.interval = interval
+        self.samples = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(timeout=10)
+        return self.samples
+
+    def _run(self):
+        while not self._stop.is_set():
+            pages = [scrape(url) for url in self.urls]
+            self.samples.append({"t": time.monotonic(), **{
+                key: [metric_sum(page, name) for page in pages] for key, name in self.GAUGES.items()}})
+            self._stop.wait(self.interval)
+
+
+def window(samples, start, end):
+    """The samples taken in [start, end] (monotonic seconds)."""
+    return [s for s in samples if start <= s["t"] <= end]
+
+
+def spread(samples, per_rank):
+    """Mean and p95 over `samples` of max - min over the ranks of per_rank(sample) (a list, one per rank)."""
+    spreads = [max(values) - min(values) for values in map(per_rank, samples)]
+    return {"mean": sum(spreads) / len(spreads) if spreads else 0.0, "p95": percentile(spreads, 95),
+            "samples": len(spreads)}
+
+
+def window_throughput(samples):
+    """Simulated output tokens per second between the first and the last sample of a lockstep engine:
+    generated tokens over the simulated busy time of the window (every rank shares the clock), and the
+    padded / real decode tokens of the window."""
+    if len(samples) < 2:
+        return {"output_tok_s": 0.0, "padding": 0.0}
+    first, last = samples[0], samples[-1]
+    busy = last["busy_s"][0] - first["busy_s"][0]
+    real = sum(last["real"]) - sum(first["real"])
+    return {"output_tok_s": (sum(last["generated"]) - sum(first["generated"])) / busy if busy else 0.0,
+            "padding": (sum(last["padded"]) - sum(first["padded"])) / real if real else 0.0}

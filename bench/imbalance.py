@@ -27,8 +27,6 @@ Standard library only; every process started here is stopped by its pid, also on
 
 import argparse
 import json
-import os
-import re
 import statistics
 import subprocess
 import sys
@@ -36,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import Process, log, metric_sum, scrape
+from benchlib import binaries, log, metric_sum, offered_policies, scrape, start_dplb, start_mock
 
 RANKS = 4
 
@@ -63,42 +61,17 @@ def burst_spread_ms(opts, burst):
     return burst * opts.stats_interval_ms / REQUESTS_PER_REFRESH
 
 
-def offered_policies(opts):
-    """The requested policies that this dplb offers (its --help lists them on the --policy line); each
-    other one is skipped with a note, so that the benchmark runs before and after a policy lands."""
-    text = subprocess.run([opts.dplb, "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=30).stdout
-    match = re.search(r"--policy\s+([\w|-]+)", text)
-    if not match:
-        sys.exit(f"imbalance: no --policy line in {opts.dplb} --help")
-    offered = set(match.group(1).split("|"))
-    chosen = []
-    for policy in opts.policies.split():
-        if policy in offered:
-            chosen.append(policy)
-        else:
-            log(f"imbalance: skipping policy {policy}: {opts.dplb} does not offer it")
-    return chosen
-
-
 def run_one(opts, workdir, policy, label, bench_args, start_after=0):
     """One fresh engine + dplb + load; returns the record of the run."""
     tag = f"{label}-{policy}".replace(" ", "_")
-    mock = Process([opts.mock, "--ranks", str(RANKS), "--port", "0", "--simulate", "--dp-lockstep",
-                    "--time-scale", str(opts.time_scale), "--max-num-seqs", str(opts.max_num_seqs),
-                    "--start-after", str(start_after), "--threads", "1"] + opts.mock_args.split(), workdir / f"{tag}.mock.log")
+    mock, ports, admin = start_mock(opts.mock, ["--ranks", str(RANKS), "--simulate", "--dp-lockstep",
+                                                "--time-scale", str(opts.time_scale), "--max-num-seqs", str(opts.max_num_seqs),
+                                                "--start-after", str(start_after), "--threads", "1"] + opts.mock_args.split(),
+                                    workdir / f"{tag}.mock.log")
     proxy = None
     try:
-        mock.await_line(r"mock-engine ready")
-        text = mock.log_text()
-        ports = [int(p) for p in re.findall(r"rank \d+ listening on [\d.]+:(\d+)", text)]
-        admin = int(re.search(r"admin listening on [\d.]+:(\d+)", text).group(1))
-        args = [opts.dplb, "--listen", "127.0.0.1:0", "--threads", str(opts.dplb_threads), "--policy", policy,
-                "--stats-interval", f"{opts.stats_interval_ms}ms", "--log-level", "info"]
-        for port in ports:
-            args += ["--backend", f"http://127.0.0.1:{port}"]
-        proxy = Process(args, workdir / f"{tag}.dplb.log")
-        listen_port = int(proxy.await_line(r"listening on 127\.0\.0\.1:(\d+)").group(1))
+        proxy, listen_port = start_dplb(opts.dplb, policy, ports, workdir / f"{tag}.dplb.log",
+                                        ["--threads", str(opts.dplb_threads), "--stats-interval", f"{opts.stats_interval_ms}ms"])
         result_path = workdir / f"{tag}.json"
         bench = subprocess.run([opts.bench, "--base-url", f"http://127.0.0.1:{listen_port}", "--model", "mock-model",
                                 "--random-input-len", str(opts.input_len), "--ignore-eos", "--no-stream", "--quiet",
@@ -172,14 +145,8 @@ def main():
     parser.add_argument("--keep-logs", action="store_true")
     opts = parser.parse_args()
 
-    build = Path(opts.build_dir)
-    opts.dplb = str(build / "dplb")
-    opts.mock = str(build / "tools/mock_engine/dplb-mock-engine")
-    opts.bench = str(build / "tools/bench/dplb-bench")
-    for binary in (opts.dplb, opts.mock, opts.bench):
-        if not os.access(binary, os.X_OK):
-            sys.exit(f"imbalance: {binary} not found; build first (./scripts/build.sh {opts.build_dir})")
-    opts.policies = " ".join(offered_policies(opts))
+    opts.dplb, opts.mock, opts.bench = binaries(opts.build_dir, "imbalance")
+    opts.policies = " ".join(offered_policies(opts.dplb, opts.policies, "imbalance"))
     if "least-inflight" not in opts.policies.split():
         sys.exit("imbalance: the policies must include least-inflight, the balanced reference")
 

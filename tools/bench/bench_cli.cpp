@@ -113,6 +113,13 @@ cli_result parse_command_line(int argc, const char* const* argv, std::ostream& o
     ("random-output-len", po::value(&shape.output_len)->default_value(shape.output_len), "max tokens asked for")
     ("random-range-ratio", po::value(&shape.range_ratio)->default_value(shape.range_ratio, "0.0"),
      "both lengths vary uniformly by +-ratio, in [0, 1)")
+    ("long-share", po::value(&shape.long_share)->default_value(shape.long_share, "0"),
+     "a mixed workload: this share of the requests, in [0, 1], drawn at random from the seed, uses the "
+     "--long-* lengths instead")
+    ("long-input-len", po::value(&shape.long_input_len)->default_value(shape.long_input_len),
+     "prompt words of the --long-share requests (0: --random-input-len)")
+    ("long-output-len", po::value(&shape.long_output_len)->default_value(shape.long_output_len),
+     "max tokens of the --long-share requests (0: --random-output-len)")
     ("ignore-eos", po::bool_switch(), "send ignore_eos: true (the engine produces exactly the output length)")
     ("no-stream", po::bool_switch(), "non-streaming requests (TTFT is then the whole response)")
     ("no-keep-alive", po::bool_switch(), "a new connection for every request")

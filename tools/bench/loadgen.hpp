@@ -29,6 +29,12 @@ struct request_shape {
   std::size_t input_len = 1024;              // prompt words (the mock engine counts one token per word)
   std::size_t output_len = 128;              // `max_tokens` / `max_completion_tokens`
   double range_ratio = 0.0;                  // both lengths vary uniformly by +-ratio, in [0, 1)
+  // A second request class for a mixed workload: each request belongs to it with probability long_share
+  // (drawn from the seed), and then asks for these lengths instead (0: the ones above). The range ratio
+  // applies to both classes.
+  double long_share = 0.0;                   // in [0, 1]; 0: one class
+  std::size_t long_input_len = 0;
+  std::size_t long_output_len = 0;
   bool ignore_eos = true;                    // `"ignore_eos":true`, so the engine emits exactly output_len
   std::string model;                         // empty: GET /v1/models first and use the first id
   std::vector<std::pair<std::string, std::string>> extra_headers;  // sent with every request

@@ -94,6 +94,9 @@ int main(int argc, char** argv) {
     json["random_input_len"] = cli.run.shape.input_len;
     json["random_output_len"] = cli.run.shape.output_len;
     json["random_range_ratio"] = cli.run.shape.range_ratio;
+    json["long_share"] = cli.run.shape.long_share;
+    json["long_input_len"] = cli.run.shape.long_input_len;
+    json["long_output_len"] = cli.run.shape.long_output_len;
     json["seed"] = cli.run.seed;
     std::ofstream file(cli.result_json);
     file << json.dump(2) << '\n';

@@ -1,7 +1,8 @@
 #include "workload.hpp"
 
-#include <iterator>
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -47,10 +48,23 @@ std::size_t draw_length(std::mt19937_64& rng, std::size_t length, double ratio) 
 }  // namespace
 
 std::vector<request_plan> plan_requests(const request_shape& shape, std::size_t count, std::uint64_t seed) {
+  std::vector<bool> is_long(count, false);
+  if (shape.long_share > 0) {
+    std::mt19937_64 classes(seed ^ 0x10a9c1a55ULL);
+    std::bernoulli_distribution draw(std::min(1.0, shape.long_share));
+    for (std::size_t i = 0; i < count; ++i) is_long[i] = draw(classes);
+  }
+  const auto len = [&](std::size_t i, std::size_t normal, std::size_t long_len) {
+    return is_long[i] && long_len != 0 ? long_len : normal;
+  };
   std::mt19937_64 rng(seed);
   std::vector<request_plan> plans(count);
-  for (auto& plan : plans) plan.input_words = draw_length(rng, shape.input_len, shape.range_ratio);
-  for (auto& plan : plans) plan.max_tokens = draw_length(rng, shape.output_len, shape.range_ratio);
+  for (std::size_t i = 0; i < count; ++i) {
+    plans[i].input_words = draw_length(rng, len(i, shape.input_len, shape.long_input_len), shape.range_ratio);
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    plans[i].max_tokens = draw_length(rng, len(i, shape.output_len, shape.long_output_len), shape.range_ratio);
+  }
   splitmix64 seeds{seed ^ 0x5eedf00dULL};
   for (auto& plan : plans) plan.prompt_seed = seeds();
   return plans;
@@ -134,6 +148,9 @@ std::string validate(const run_options& options) {
   if (options.max_concurrency > 10'000'000) return "max concurrency must be <= 10000000";
   if (shape.input_len == 0 || shape.input_len > 10'000'000) return "input length must be 1..10000000";
   if (shape.output_len == 0 || shape.output_len > 10'000'000) return "output length must be 1..10000000";
+  if (!(shape.long_share >= 0.0 && shape.long_share <= 1.0)) return "long share must be in [0, 1]";
+  if (shape.long_input_len > 10'000'000) return "long input length must be 0..10000000";
+  if (shape.long_output_len > 10'000'000) return "long output length must be 0..10000000";
   const auto bad_char = [](std::string_view text) {
     return text.find_first_of("\r\n") != std::string_view::npos;
   };

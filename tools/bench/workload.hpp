@@ -19,7 +19,9 @@ struct request_plan {
 };
 
 // Lengths drawn uniformly from [len * (1 - ratio), len * (1 + ratio)] (floor, ceil; at least 1), as
-// vllm's random dataset does.
+// vllm's random dataset does; len is the long class's for the requests drawn into it (shape.long_share).
+// Which requests are long comes from a stream of its own: every request keeps the prompt seed it has
+// without a long class, and with a range ratio of 0 the others keep their lengths too.
 std::vector<request_plan> plan_requests(const request_shape& shape, std::size_t count, std::uint64_t seed);
 
 // Seconds after the start at which each request is due. For an infinite rate, request k at

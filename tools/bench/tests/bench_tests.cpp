@@ -218,6 +218,42 @@ TEST_CASE("plan_requests draws lengths in range, the same for the same seed") {
   }
 }
 
+TEST_CASE("plan_requests draws a long class with its share, leaving the others as without it") {
+  request_shape shape;
+  shape.input_len = 200;
+  shape.output_len = 100;
+  const auto plain = plan_requests(shape, 2000, 9);
+  shape.long_share = 0.1;
+  shape.long_input_len = 8000;
+  const auto mixed = plan_requests(shape, 2000, 9);
+  std::size_t longs = 0;
+  for (std::size_t i = 0; i < mixed.size(); ++i) {
+    CHECK(mixed[i].max_tokens == 100);  // no long output length: the normal one
+    CHECK(mixed[i].prompt_seed == plain[i].prompt_seed);
+    if (mixed[i].input_words == 8000) {
+      ++longs;
+    } else {
+      CHECK(mixed[i].input_words == 200);
+    }
+  }
+  CHECK(longs > 150);
+  CHECK(longs < 250);
+  CHECK(plan_requests(shape, 2000, 9)[1234].input_words == mixed[1234].input_words);  // the same for a seed
+
+  shape.long_share = 1;
+  shape.long_output_len = 7;
+  shape.range_ratio = 0.5;
+  for (const auto& plan : plan_requests(shape, 50, 3)) {
+    CHECK(plan.input_words >= 4000);
+    CHECK(plan.input_words <= 12000);
+    CHECK(plan.max_tokens >= 3);
+    CHECK(plan.max_tokens <= 11);
+  }
+  shape.long_share = 0;  // the long lengths alone change nothing
+  shape.range_ratio = 0;
+  for (const auto& plan : plan_requests(shape, 50, 3)) CHECK(plan.input_words == 200);
+}
+
 TEST_CASE("request bodies are JSON with exactly input_words prompt words") {
   request_shape shape;
   request_plan plan{37, 9, 1234};
@@ -285,6 +321,11 @@ TEST_CASE("validate rejects what run() cannot send") {
   options.burst_spread = std::chrono::milliseconds(400);
   options.request_rate = 10;  // a finite rate paces requests itself
   CHECK(validate(options).find("infinite request rate") != std::string::npos);
+  options.burst_spread = {};
+  options.shape.long_share = 1.5;
+  CHECK(validate(options).find("long share") != std::string::npos);
+  options.shape.long_share = 0.5;
+  CHECK(validate(options).empty());
 }
 
 namespace {
@@ -396,6 +437,13 @@ TEST_CASE("the command line has vllm bench serve's defaults and shapes") {
   REQUIRE(parsed.options);
   CHECK(parsed.options->run.burst_spread.count() == Approx(0.4));
   CHECK(std::isinf(parsed.options->run.request_rate));
+  CHECK(parsed.options->run.shape.long_share == 0);
+
+  parsed = parse({"--long-share", "0.1", "--long-input-len", "8000", "--long-output-len", "64"});
+  REQUIRE(parsed.options);
+  CHECK(parsed.options->run.shape.long_share == Approx(0.1));
+  CHECK(parsed.options->run.shape.long_input_len == 8000);
+  CHECK(parsed.options->run.shape.long_output_len == 64);
 
   parsed = parse({"--backend", "openai-chat", "--base-url", "http://[::1]:9000/api/", "--request-rate", "12.5",
                   "--max-concurrency", "64", "--ignore-eos", "--no-stream", "--header", "Authorization=Bearer k",
@@ -423,6 +471,7 @@ TEST_CASE("a bad command line is one line and exit status 2") {
                                                                 {"--random-range-ratio", "1"},
                                                                 {"--num-prompts", "-3"},
                                                                 {"--burst-spread-ms=-1"},
+                                                                {"--long-share", "1.01"},
                                                                 {"--burst-spread-ms", "400", "--request-rate", "10"},
                                                                 {"--bogus"}}) {
     std::string error;

@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""least-tokens against least-inflight on a mixed long/short workload, on 4 lockstep ranks.
+
+Run through bench/tokens.sh (it documents the knobs). For each workload, policy and repeat: a fresh simulated
+engine (dplb-mock-engine --simulate --dp-lockstep, 4 ranks stepping together as MoE DP ranks), a fresh dplb
+with the policy, and one closed-loop client (dplb-bench --max-concurrency, --ignore-eos) whose requests come in
+two classes (dplb-bench --long-share): 90% short ones and 10% long ones, drawn from the seed, so both policies
+get the same requests in the same order.
+
+Workloads (--workloads):
+  prompts           10% with 8,000-word prompts, 90% with 200; 128 output tokens each; streaming.
+  prompts-nostream  the same, non-streaming (the response's first byte is then its end).
+  outputs           10% with 1,024 output tokens, 90% with 128; 200-word prompts; streaming.
+The mock counts one token per prompt word; dplb estimates a text prompt at 4 characters a token, about 1.1
+per word of dplb-bench's vocabulary, so its estimate is proportional to the engine's count.
+
+least-tokens counts on a rank the prompt tokens of its requests until their response's first byte and their
+max_tokens until their end; least-inflight counts requests. In lockstep the step is as long as the slowest
+rank's: its padded decode batch (the number of requests it runs) and its prefill (the longest among the
+ranks), so the two policies trade differently: least-inflight evens the batches, least-tokens the token work.
+
+Measured, over the steady window (from --warmup-share to (1 - --warmup-share) of the run, so the ramp-up and
+the drain are left out), from every rank's /metrics (the mock's admin port) every 50 ms:
+  - max - min over the ranks of running + waiting, and of the KV-cache tokens held (vllm:kv_cache_usage_perc x
+    --kv-cache-tokens: the prefilled prompt and generated tokens of the running requests), mean and p95.
+    Neither the engines nor dplb export the outstanding tokens least-tokens counts; the KV tokens held are
+    the engine-side measure closest to it;
+  - the engines' output-token throughput in the window (generated tokens / simulated busy time, exact) and
+    padded / real decode tokens;
+  - the client's TTFT mean and p99 and output tok/s (whole run, read back as simulated time), and the prompt
+    tokens each rank prefilled (vllm:prompt_tokens_total).
+Ratios: least-tokens / least-inflight for throughput, least-inflight / least-tokens for TTFT (above 1:
+least-tokens better).
+
+Standard library only; every process started here is stopped by its pid, also on errors and Ctrl-C.
+"""
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from benchlib import (GaugeSampler, binaries, finish_bench, log, metric_sum, offered_policies, scrape, spread,
+                      start_bench, start_dplb, start_mock, window, window_throughput)
+
+RANKS = 4
+POLICIES = "least-inflight least-tokens"
+WORKLOADS = {
+    "prompts": ["--random-input-len", "200", "--random-output-len", "128", "--long-share", "0.1",
+                "--long-input-len", "8000"],
+    "prompts-nostream": ["--random-input-len", "200", "--random-output-len", "128", "--long-share", "0.1",
+                         "--long-input-len", "8000", "--no-stream"],
+    "outputs": ["--random-input-len", "200", "--random-output-len", "128", "--long-share", "0.1",
+                "--long-output-len", "1024"],
+}
+
+
+def run_one(opts, workdir, workload, policy, repeat):
+    tag = f"{workload}-{policy}-{repeat}"
+    mock, ports, admin = start_mock(opts.mock, ["--ranks", str(RANKS), "--simulate", "--dp-lockstep", "--time-scale",
+                                                str(opts.time_scale), "--max-num-seqs", str(opts.max_num_seqs),
+                                                "--kv-cache-tokens", str(opts.kv_cache_tokens), "--threads", "1"]
+                                    + opts.mock_args.split(),
+                                    workdir / f"{tag}.mock.log")
+    proxy = None
+    try:
+        proxy, port = start_dplb(opts.dplb, policy, ports, workdir / f"{tag}.dplb.log", ["--threads", "1"])
+        sampler = GaugeSampler(admin, RANKS).start()
+        started = time.monotonic()
+        result_path = workdir / f"{tag}.json"
+        client = start_bench(opts.bench, port, WORKLOADS[workload] + [
+            "--ignore-eos", "--request-rate", "inf", "--max-concurrency", str(opts.concurrency),
+            "--num-prompts", str(opts.num_prompts), "--seed", str(opts.seed + repeat)], result_path,
+            workdir / f"{tag}.client.log")
+        try:
+            result = finish_bench(client, result_path)
+        finally:
+            samples = sampler.stop()
+        ended = time.monotonic()
+        prompt_tokens = [metric_sum(scrape(f"http://127.0.0.1:{admin}/metrics?rank={r}"), "vllm:prompt_tokens_total")
+                         for r in range(RANKS)]
+    finally:
+        if proxy:
+            proxy.stop()
+        mock.stop()
+
+    share = opts.warmup_share * (ended - started)
+    steady = window(samples, started + share, ended - share)
+    stream = "--no-stream" not in WORKLOADS[workload]
+    return {
+        "workload": workload, "policy": policy, "repeat": repeat, "run_s": ended - started, "samples": len(steady),
+        "load_spread": spread(steady, lambda s: [r + w for r, w in zip(s["running"], s["waiting"])]),
+        "kv_spread": spread(steady, lambda s: [kv * opts.kv_cache_tokens for kv in s["kv"]]),
+        "waiting_max": max((max(s["waiting"]) for s in steady), default=0),
+        **window_throughput(steady),
+        "prompt_tokens": prompt_tokens,
+        "per_rank": [int(result["per_rank"].get(str(r), 0)) for r in range(RANKS)],
+        # A client's wall-clock figures, read back as the simulated engine's. Without streaming TTFT is the
+        # whole response.
+        "client_tok_s": result["output_throughput"] / opts.time_scale,
+        "mean_ttft_s": result["mean_ttft_ms"] / 1000 * opts.time_scale if stream else None,
+        "p99_ttft_s": result["p99_ttft_ms"] / 1000 * opts.time_scale if stream else None,
+        "mean_e2e_s": result["mean_e2el_ms"] / 1000 * opts.time_scale,
+        "failed": result["failed"],
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build-dir", default="build")
+    parser.add_argument("--policies", default=POLICIES, help="those this dplb lacks are skipped")
+    parser.add_argument("--workloads", default=" ".join(WORKLOADS), help=f"among: {' '.join(WORKLOADS)}")
+    parser.add_argument("--concurrency", type=int, default=192, help="the client's requests in flight")
+    parser.add_argument("--num-prompts", type=int, default=1920)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--kv-cache-tokens", type=int, default=1 << 20)
+    parser.add_argument("--time-scale", type=float, default=5.0)
+    parser.add_argument("--mock-args", default="", help="more engine options, e.g. '--prefill-us-per-token 120' for "
+                        "a prefill-heavy step cost")
+    parser.add_argument("--warmup-share", type=float, default=0.1, help="of the run, left out at each end")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--results-dir", default="bench/results")
+    parser.add_argument("--keep-logs", action="store_true")
+    opts = parser.parse_args()
+
+    opts.dplb, opts.mock, opts.bench = binaries(opts.build_dir, "tokens")
+    policies = offered_policies(opts.dplb, opts.policies, "tokens")
+    if "least-inflight" not in policies:
+        raise SystemExit("tokens: the policies must include least-inflight, the reference")
+    workloads = opts.workloads.split()
+    for workload in workloads:
+        if workload not in WORKLOADS:
+            raise SystemExit(f"tokens: unknown workload {workload} (known: {' '.join(WORKLOADS)})")
+    workdir = Path(tempfile.mkdtemp(prefix="dplb-tokens."))
+    records = []
+    started = time.monotonic()
+    try:
+        for workload in workloads:
+            for repeat in range(opts.repeats):
+                for policy in policies:  # alternating, so that a slow moment of the machine hits each alike
+                    log(f"tokens: {workload}, {policy}, run {repeat + 1}/{opts.repeats}")
+                    records.append(run_one(opts, workdir, workload, policy, repeat))
+    finally:
+        if opts.keep_logs:
+            log(f"tokens: logs kept in {workdir}")
+        else:
+            for f in workdir.iterdir():
+                f.unlink()
+            workdir.rmdir()
+    results = Path(opts.results_dir)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "tokens.json").write_text(json.dumps({
+        "settings": {k: v for k, v in vars(opts).items() if k not in ("dplb", "mock", "bench")},
+        "runs": records}, indent=1))
+    text = report(opts, workloads, policies, records, time.monotonic() - started)
+    (results / "tokens.md").write_text(text)
+    print(text, end="")
+    if any(r["failed"] for r in records):
+        raise SystemExit(1)
+
+
+def report(opts, workloads, policies, records, elapsed):
+    med = statistics.median
+    lines = [f"# dplb tokens benchmark: {RANKS} lockstep ranks (mock --simulate --dp-lockstep --time-scale "
+             f"{opts.time_scale:g} --max-num-seqs {opts.max_num_seqs}{(' ' + opts.mock_args) if opts.mock_args else ''}), one closed-loop client with "
+             f"{opts.concurrency} in flight, {opts.num_prompts} requests per run, {opts.repeats} runs per cell, "
+             f"{elapsed:.0f} s",
+             "",
+             "Engines (steady window; medians over runs): max-min over the ranks of running+waiting and of KV tokens "
+             "held (mean, p95), output tok/s (simulated), padded/real decode tokens; prompt tokens per rank (x1000). "
+             "Client: TTFT mean and p99 (s, simulated; streaming only), mean E2E (s). Ratio: to least-inflight, "
+             "above 1 better (tok/s: policy / least-inflight; TTFT, E2E: least-inflight / policy).",
+             "",
+             "| workload | policy | reqs per rank | prompt ktok per rank | max-min load mean, p95 | max-min KV tok mean, p95 "
+             "| output tok/s | padded/real | TTFT mean | TTFT p99 | E2E mean | tok/s ratio | TTFT mean, p99 ratio | E2E ratio |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = lines.append
+    for workload in workloads:
+        cell = {p: [r for r in records if r["workload"] == workload and r["policy"] == p] for p in policies}
+
+        def value(policy, key):
+            vals = [r[key] for r in cell[policy] if r[key] is not None]
+            return med(vals) if vals else None
+
+        for policy in policies:
+            runs = cell[policy]
+            split = "/".join(str(int(med(r["per_rank"][i] for r in runs))) for i in range(RANKS))
+            prompts = "/".join(f"{med(r['prompt_tokens'][i] for r in runs) / 1000:.0f}" for i in range(RANKS))
+            tput = value(policy, "output_tok_s")
+            ttft, ttft99, e2e = value(policy, "mean_ttft_s"), value(policy, "p99_ttft_s"), value(policy, "mean_e2e_s")
+            ref_ttft, ref_ttft99 = value("least-inflight", "mean_ttft_s"), value("least-inflight", "p99_ttft_s")
+            ttft_text = f"{ttft:.2f} | {ttft99:.2f}" if ttft is not None else "- | -"
+            ttft_ratio = f"{ref_ttft / ttft:.3f}, {ref_ttft99 / ttft99:.3f}" if ttft is not None else "-"
+            each = ", ".join(f"{r['output_tok_s'] / value('least-inflight', 'output_tok_s'):.3f}" for r in runs)
+            out(f"| {workload} | {policy} | {split} | {prompts} "
+                f"| {med(r['load_spread']['mean'] for r in runs):.1f}, {med(r['load_spread']['p95'] for r in runs):.0f} "
+                f"| {med(r['kv_spread']['mean'] for r in runs):,.0f}, {med(r['kv_spread']['p95'] for r in runs):,.0f} "
+                f"| {tput:,.0f} | {value(policy, 'padding'):.3f} | {ttft_text} | {e2e:.2f} "
+                f"| {tput / value('least-inflight', 'output_tok_s'):.3f} ({each}) | {ttft_ratio} "
+                f"| {value('least-inflight', 'mean_e2e_s') / e2e:.3f} |")
+    out("")
+    runs = ", ".join(f"{r['run_s']:.0f}" for r in records)
+    out(f"Run lengths (wall s): {runs}. Failed requests: {sum(r['failed'] for r in records)}.")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
