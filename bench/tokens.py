@@ -59,7 +59,8 @@ WORKLOADS = {
 
 def run_one(opts, workdir, workload, policy, repeat):
     tag = f"{workload}-{policy}-{repeat}"
-    mock, ports, admin = start_mock(opts.mock, ["--ranks", str(RANKS), "--simulate", "--dp-lockstep", "--time-scale",
+    lockstep = ["--dp-lockstep"] if opts.engines == "lockstep" else []
+    mock, ports, admin = start_mock(opts.mock, ["--ranks", str(RANKS), "--simulate"] + lockstep + ["--time-scale",
                                                 str(opts.time_scale), "--max-num-seqs", str(opts.max_num_seqs),
                                                 "--kv-cache-tokens", str(opts.kv_cache_tokens), "--threads", "1"]
                                     + opts.mock_args.split(),
@@ -119,6 +120,9 @@ def main():
     parser.add_argument("--time-scale", type=float, default=5.0)
     parser.add_argument("--mock-args", default="", help="more engine options, e.g. '--prefill-us-per-token 120' for "
                         "a prefill-heavy step cost")
+    parser.add_argument("--engines", choices=["lockstep", "independent"], default="lockstep",
+                        help="lockstep: MoE DP ranks stepping together (each step pads to the largest batch); "
+                        "independent: a clock per rank, as the DP ranks of a dense model run")
     parser.add_argument("--warmup-share", type=float, default=0.1, help="of the run, left out at each end")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
@@ -164,7 +168,8 @@ def main():
 
 def report(opts, workloads, policies, records, elapsed):
     med = statistics.median
-    lines = [f"# dplb tokens benchmark: {RANKS} lockstep ranks (mock --simulate --dp-lockstep --time-scale "
+    lines = [f"# dplb tokens benchmark: {RANKS} {opts.engines} ranks (mock --simulate"
+             f"{' --dp-lockstep' if opts.engines == 'lockstep' else ''} --time-scale "
              f"{opts.time_scale:g} --max-num-seqs {opts.max_num_seqs}{(' ' + opts.mock_args) if opts.mock_args else ''}), one closed-loop client with "
              f"{opts.concurrency} in flight, {opts.num_prompts} requests per run, {opts.repeats} runs per cell, "
              f"{elapsed:.0f} s",

@@ -79,6 +79,12 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& backend_urls, const
                        .Name("dplb_rank_inflight")
                        .Help("Requests dplb has sent to the rank and not yet finished")
                        .Register(*registry_);
+  auto& tokens_inflight = prometheus::BuildGauge()
+                              .Name("dplb_rank_tokens_inflight")
+                              .Help("Tokens dplb counts in flight on the rank: under least-tokens each request's "
+                                    "prompt until the engine's first body byte plus the most it may generate; "
+                                    "under the other policies one per request")
+                              .Register(*registry_);
   auto& healthy = prometheus::BuildGauge()
                       .Name("dplb_rank_healthy")
                       .Help("1 while the rank passes its active health checks (GET /health), 0 while it is down")
@@ -129,6 +135,7 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& backend_urls, const
     rank_labels_.push_back(label);
     ranks_.push_back(rank_handles{
         &inflight.Add({{"rank", label}, {"url", backend_urls[r]}}),
+        &tokens_inflight.Add({{"rank", label}}),
         &healthy.Add({{"rank", label}}),
         std::make_unique<atomic_histogram>(latency_buckets()),
         std::make_unique<atomic_histogram>(latency_buckets()),
@@ -222,6 +229,7 @@ std::string proxy_metrics::render() {
   std::lock_guard lock(render_mutex_);
   for (std::size_t r = 0; r < ranks_.size(); ++r) {
     ranks_[r].inflight->Set(balancer_.inflight(r));
+    ranks_[r].tokens_inflight->Set(static_cast<double>(balancer_.cost_inflight(r)));
     refresh_engine_stats(r);
   }
   skew_.Set(balancer_.inflight_skew());

@@ -158,6 +158,10 @@ TEST_CASE("least-tokens keeps short requests off a rank busy with a long prompt"
   const auto by_rank = await_inflight(proxy.port(), 2, 5);
   if (policy == "least-tokens") {
     CHECK(by_rank[long_rank] == 1);  // four short requests cost less than the long one's prompt
+    // What it counted: the long prompt's ~10,000 tokens plus 16 to generate, still in its prefill.
+    const auto m = scrape_metrics(proxy.port());
+    CHECK(metric_sum(m, "dplb_rank_tokens_inflight{", {rank_label(long_rank)}) >= 10'000);
+    CHECK(metric_sum(m, "dplb_rank_tokens_inflight{", {rank_label(1 - long_rank)}) < 100);
   } else {
     CHECK(by_rank[long_rank] >= 2);  // counted as one request like any other: it shares them 3 and 2
   }

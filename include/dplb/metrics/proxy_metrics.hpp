@@ -78,6 +78,7 @@ class proxy_metrics {
  private:
   struct rank_handles {
     prometheus::Gauge* inflight;
+    prometheus::Gauge* tokens_inflight;
     prometheus::Gauge* healthy;
     std::unique_ptr<atomic_histogram> duration;  // each on its own allocation: no line shared between ranks
     std::unique_ptr<atomic_histogram> ttfb;
