@@ -229,3 +229,35 @@ def window_throughput(samples):
     real = sum(last["real"]) - sum(first["real"])
     return {"output_tok_s": (sum(last["generated"]) - sum(first["generated"])) / busy if busy else 0.0,
             "padding": (sum(last["padded"]) - sum(first["padded"])) / real if real else 0.0}
+
+
+def run_cells(script, cells, run_one, opts, report):
+    """Runs run_one(workdir, *cell) for each cell (a tuple; alternate the policies within a repeat so that a slow
+    moment of the machine hits each alike), in a work directory removed afterwards unless opts.keep_logs. Writes
+    <results_dir>/<script>.json (the settings and every run's record) and <script>.md (report(records, elapsed)),
+    prints the report, and exits 1 if any run had failed requests."""
+    import tempfile
+    workdir = Path(tempfile.mkdtemp(prefix=f"dplb-{script}."))
+    records = []
+    started = time.monotonic()
+    try:
+        for cell in cells:
+            log(f"{script}: {', '.join(str(part) for part in cell[:-1])}, run {cell[-1] + 1}/{opts.repeats}")
+            records.append(run_one(workdir, *cell))
+    finally:
+        if opts.keep_logs:
+            log(f"{script}: logs kept in {workdir}")
+        else:
+            for f in workdir.iterdir():
+                f.unlink()
+            workdir.rmdir()
+    results = Path(opts.results_dir)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{script}.json").write_text(json.dumps({
+        "settings": {k: v for k, v in vars(opts).items() if k not in ("dplb", "mock", "bench")},
+        "runs": records}, indent=1))
+    text = report(records, time.monotonic() - started)
+    (results / f"{script}.md").write_text(text)
+    print(text, end="")
+    if any(r["failed"] for r in records):
+        raise SystemExit(1)

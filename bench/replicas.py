@@ -33,14 +33,11 @@ Standard library only; every process started here is stopped by its pid, also on
 """
 
 import argparse
-import json
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
-from benchlib import (GaugeSampler, binaries, finish_bench, log, offered_policies, spread, start_bench, start_dplb,
-                      start_mock, window, window_throughput)
+from benchlib import (GaugeSampler, binaries, finish_bench, log, offered_policies, run_cells, spread, start_bench,
+                      start_dplb, start_mock, window, window_throughput)
 
 RANKS = 4
 A_RANKS = 2  # replica A fronts ranks 0 .. A_RANKS-1
@@ -127,31 +124,9 @@ def main():
     policies = offered_policies(opts.dplb, opts.policies, "replicas")
     if "least-inflight" not in policies:
         raise SystemExit("replicas: the policies must include least-inflight, the reference")
-    workdir = Path(tempfile.mkdtemp(prefix="dplb-replicas."))
-    records = []
-    started = time.monotonic()
-    try:
-        for repeat in range(opts.repeats):
-            for policy in policies:  # alternating, so that a slow moment of the machine hits each alike
-                log(f"replicas: {policy}, run {repeat + 1}/{opts.repeats}")
-                records.append(run_one(opts, workdir, policy, repeat))
-    finally:
-        if opts.keep_logs:
-            log(f"replicas: logs kept in {workdir}")
-        else:
-            for f in workdir.iterdir():
-                f.unlink()
-            workdir.rmdir()
-    results = Path(opts.results_dir)
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "replicas.json").write_text(json.dumps({
-        "settings": {k: v for k, v in vars(opts).items() if k not in ("dplb", "mock", "bench")},
-        "runs": records}, indent=1))
-    text = report(opts, policies, records, time.monotonic() - started)
-    (results / "replicas.md").write_text(text)
-    print(text, end="")
-    if any(r["failed"] for r in records):
-        raise SystemExit(1)
+    cells = [(policy, repeat) for repeat in range(opts.repeats) for policy in policies]
+    run_cells("replicas", cells, lambda workdir, policy, repeat: run_one(opts, workdir, policy, repeat), opts,
+              lambda records, elapsed: report(opts, policies, records, elapsed))
 
 
 def report(opts, policies, records, elapsed):

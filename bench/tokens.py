@@ -36,14 +36,11 @@ Standard library only; every process started here is stopped by its pid, also on
 """
 
 import argparse
-import json
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
-from benchlib import (GaugeSampler, binaries, finish_bench, log, metric_sum, offered_policies, scrape, spread,
-                      start_bench, start_dplb, start_mock, window, window_throughput)
+from benchlib import (GaugeSampler, binaries, finish_bench, log, metric_sum, offered_policies, run_cells, scrape,
+                      spread, start_bench, start_dplb, start_mock, window, window_throughput)
 
 RANKS = 4
 POLICIES = "least-inflight least-tokens"
@@ -138,32 +135,10 @@ def main():
     for workload in workloads:
         if workload not in WORKLOADS:
             raise SystemExit(f"tokens: unknown workload {workload} (known: {' '.join(WORKLOADS)})")
-    workdir = Path(tempfile.mkdtemp(prefix="dplb-tokens."))
-    records = []
-    started = time.monotonic()
-    try:
-        for workload in workloads:
-            for repeat in range(opts.repeats):
-                for policy in policies:  # alternating, so that a slow moment of the machine hits each alike
-                    log(f"tokens: {workload}, {policy}, run {repeat + 1}/{opts.repeats}")
-                    records.append(run_one(opts, workdir, workload, policy, repeat))
-    finally:
-        if opts.keep_logs:
-            log(f"tokens: logs kept in {workdir}")
-        else:
-            for f in workdir.iterdir():
-                f.unlink()
-            workdir.rmdir()
-    results = Path(opts.results_dir)
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "tokens.json").write_text(json.dumps({
-        "settings": {k: v for k, v in vars(opts).items() if k not in ("dplb", "mock", "bench")},
-        "runs": records}, indent=1))
-    text = report(opts, workloads, policies, records, time.monotonic() - started)
-    (results / "tokens.md").write_text(text)
-    print(text, end="")
-    if any(r["failed"] for r in records):
-        raise SystemExit(1)
+    cells = [(workload, policy, repeat) for workload in workloads for repeat in range(opts.repeats)
+             for policy in policies]
+    run_cells("tokens", cells, lambda workdir, *cell: run_one(opts, workdir, *cell), opts,
+              lambda records, elapsed: report(opts, workloads, policies, records, elapsed))
 
 
 def report(opts, workloads, policies, records, elapsed):

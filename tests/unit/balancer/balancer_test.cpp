@@ -9,18 +9,14 @@
 
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/balancer/policy_factory.hpp"
+#include "picks_per_rank.hpp"
 
 using dplb::balancer::balancer;
 using dplb::balancer::make_policy;
 using dplb::balancer::rank_lease;
+using dplb::balancer::test::picks_per_rank;
 
 namespace {
-
-std::vector<std::size_t> counts_of(const balancer& b) {
-  std::vector<std::size_t> out;
-  for (std::size_t r = 0; r < b.rank_count(); ++r) out.push_back(b.picks(r));
-  return out;
-}
 
 std::size_t spread(const std::vector<std::size_t>& v) {
   auto [lo, hi] = std::minmax_element(v.begin(), v.end());
@@ -37,7 +33,7 @@ TEST_CASE("a burst of K*m requests lands exactly m on each rank", "[balancer]") 
   std::vector<rank_lease> held;  // a burst: nothing finishes before every request was placed
   for (std::size_t i = 0; i < ranks * per_rank; ++i) held.push_back(b.acquire());
   INFO(policy_name << " over " << ranks << " ranks");
-  CHECK(counts_of(b) == std::vector<std::size_t>(ranks, per_rank));
+  CHECK(picks_per_rank(b) == std::vector<std::size_t>(ranks, per_rank));
   for (std::size_t r = 0; r < ranks; ++r) CHECK(b.inflight(r) == per_rank);
   held.clear();
   for (std::size_t r = 0; r < ranks; ++r) CHECK(b.inflight(r) == 0);
@@ -49,7 +45,7 @@ TEST_CASE("a burst that does not divide evenly differs by at most one", "[balanc
   balancer b(4, make_policy(policy_name));
   std::vector<rank_lease> held;
   for (std::size_t i = 0; i < burst; ++i) held.push_back(b.acquire());
-  const auto counts = counts_of(b);
+  const auto counts = picks_per_rank(b);
   CHECK(spread(counts) <= 1);
   CHECK(counts[0] + counts[1] + counts[2] + counts[3] == burst);
 }
@@ -107,7 +103,7 @@ TEST_CASE("unusable ranks get no requests, and none usable gives an empty lease"
   std::vector<rank_lease> held;
   for (int i = 0; i < 300; ++i) held.push_back(b.acquire());
   CHECK(b.picks(1) == 0);
-  CHECK(counts_of(b) == std::vector<std::size_t>{100, 0, 100, 100});
+  CHECK(picks_per_rank(b) == std::vector<std::size_t>{100, 0, 100, 100});
   CHECK(b.inflight_skew() == 0);  // the unusable rank is not part of the skew
   for (std::size_t r = 0; r < 4; ++r) b.set_flag(r, dplb::balancer::host_flag::unhealthy, true);
   CHECK_FALSE(b.any_usable());
@@ -141,7 +137,7 @@ TEST_CASE("concurrent picks from several threads stay exact", "[balancer]") {
     });
   }
   for (auto& th : pool) th.join();
-  CHECK(counts_of(b) == std::vector<std::size_t>(ranks, threads * per_thread / ranks));
+  CHECK(picks_per_rank(b) == std::vector<std::size_t>(ranks, threads * per_thread / ranks));
 
   // Concurrent release and re-acquire: counts return to zero, never wrap.
   pool.clear();

@@ -11,6 +11,7 @@
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/balancer/least_load.hpp"
 #include "dplb/balancer/policy_factory.hpp"
+#include "picks_per_rank.hpp"
 
 using namespace std::chrono_literals;
 using dplb::balancer::balancer;
@@ -21,14 +22,9 @@ using dplb::balancer::make_policy;
 using dplb::balancer::pick_context;
 using dplb::balancer::rank_lease;
 using dplb::balancer::request_cost;
+using dplb::balancer::test::picks_per_rank;
 
 namespace {
-
-std::vector<std::uint64_t> picks_of(const balancer& b) {
-  std::vector<std::uint64_t> out;
-  for (std::size_t r = 0; r < b.rank_count(); ++r) out.push_back(b.picks(r));
-  return out;
-}
 
 // A round of engine reads, all good, taken now, before any pick dplb makes from here on.
 std::vector<engine_reading> reads(const balancer& b, const std::vector<engine_load>& loads) {
@@ -54,7 +50,7 @@ TEST_CASE("every policy splits a burst in the ratio of the weights", "[balancer]
   std::vector<rank_lease> held;
   for (int i = 0; i < 600; ++i) held.push_back(b.acquire());
   INFO(policy_name);
-  CHECK(picks_of(b) == std::vector<std::uint64_t>{300, 100, 200});
+  CHECK(picks_per_rank(b) == std::vector<std::uint64_t>{300, 100, 200});
 }
 
 TEST_CASE("requests that finish one after the other still split by weight", "[balancer][weights]") {
@@ -66,7 +62,7 @@ TEST_CASE("requests that finish one after the other still split by weight", "[ba
   std::vector<std::size_t> order;
   for (int i = 0; i < 8; ++i) order.push_back(b.acquire().rank());
   INFO(policy_name);
-  CHECK(picks_of(b) == std::vector<std::uint64_t>{6, 2});
+  CHECK(picks_per_rank(b) == std::vector<std::uint64_t>{6, 2});
   CHECK(order == std::vector<std::size_t>{0, 0, 1, 0, 0, 0, 1, 0});  // interleaved, never a run of the light rank
 }
 
@@ -109,7 +105,7 @@ TEST_CASE("least-load: engine stats raise a rank's load but never lower it below
     b.publish_engine_stats(reads(b, {{.waiting = 10, .running = 0}, {.waiting = 3, .running = 0},
                                      {.waiting = 0, .running = 0}, {.waiting = 25, .running = 0}}));
     for (int i = 0; i < 156; ++i) held.push_back(b.acquire());
-    CHECK(picks_of(b) == std::vector<std::uint64_t>(4, 64));
+    CHECK(picks_per_rank(b) == std::vector<std::uint64_t>(4, 64));
   }
   SECTION("load dplb never saw (another replica, direct clients) steers new requests away") {
     b.publish_engine_stats(reads(b, {{.waiting = 0, .running = 40}, {.waiting = 0, .running = 0},
@@ -117,16 +113,16 @@ TEST_CASE("least-load: engine stats raise a rank's load but never lower it below
     std::vector<rank_lease> held;
     for (int i = 0; i < 40; ++i) held.push_back(b.acquire());
     // Ranks 1 and 2 fill up to rank 3's 20 first; then the three share the load, rank 0 still out.
-    CHECK(picks_of(b) == std::vector<std::uint64_t>{0, 20, 20, 0});
+    CHECK(picks_per_rank(b) == std::vector<std::uint64_t>{0, 20, 20, 0});
     for (int i = 0; i < 3; ++i) held.push_back(b.acquire());
-    CHECK(picks_of(b) == std::vector<std::uint64_t>{0, 21, 21, 1});
+    CHECK(picks_per_rank(b) == std::vector<std::uint64_t>{0, 21, 21, 1});
   }
   SECTION("load the engine reported beyond dplb's counts stays on top of dplb's later picks") {
     b.publish_engine_stats(reads(b, {{.waiting = 0, .running = 5}, {.waiting = 0, .running = 5},
                                      {.waiting = 0, .running = 5}, {.waiting = 0, .running = 5}}));
     std::vector<rank_lease> held;
     for (int i = 0; i < 8; ++i) held.push_back(b.acquire());
-    CHECK(picks_of(b) == std::vector<std::uint64_t>(4, 2));  // 5 unseen by dplb on each: still a four-way rotation
+    CHECK(picks_per_rank(b) == std::vector<std::uint64_t>(4, 2));  // 5 unseen by dplb on each: still a four-way rotation
   }
   SECTION("waiting requests on a rank whose KV cache is over half full weigh more") {
     // Same running + waiting everywhere; rank 0's KV cache is 90% full with 4 waiting: 4 + 6*4*0.4 = 13.6.
@@ -137,7 +133,7 @@ TEST_CASE("least-load: engine stats raise a rank's load but never lower it below
     std::vector<rank_lease> held;
     for (int i = 0; i < 27; ++i) held.push_back(b.acquire());
     CHECK(b.picks(0) == 0);
-    CHECK(picks_of(b) == std::vector<std::uint64_t>{0, 9, 9, 9});
+    CHECK(picks_per_rank(b) == std::vector<std::uint64_t>{0, 9, 9, 9});
   }
   SECTION("stale numbers are ignored: the policy falls back to dplb's own counts") {
     auto round = reads(b, {{.waiting = 0, .running = 100}, {}, {}, {}});
@@ -145,7 +141,7 @@ TEST_CASE("least-load: engine stats raise a rank's load but never lower it below
     b.publish_engine_stats(round);
     std::vector<rank_lease> held;
     for (int i = 0; i < 8; ++i) held.push_back(b.acquire());
-    CHECK(picks_of(b) == std::vector<std::uint64_t>(4, 2));
+    CHECK(picks_per_rank(b) == std::vector<std::uint64_t>(4, 2));
   }
   SECTION("a failed read keeps the last good numbers, which age out") {
     b.publish_engine_stats(reads(b, {{.waiting = 0, .running = 100}, {}, {}, {}}));
