@@ -57,7 +57,28 @@ class reader {
 
   const char* p_;
   const char* const end_;
-  std::vector<bool> nesting_;  // one per open container: true for an array
+  // One bit per open container, true for an array. The first 64 levels live in a word, so that a request
+  // body (a few levels deep) is read without allocating; deeper nesting goes on the heap.
+  class nesting_stack {
+   public:
+    void push(bool array) {
+      if (depth_ < 64) shallow_ = array ? shallow_ | (std::uint64_t{1} << depth_) : shallow_ & ~(std::uint64_t{1} << depth_);
+      else deep_.push_back(array);
+      ++depth_;
+    }
+    bool back() const { return depth_ <= 64 ? (shallow_ >> (depth_ - 1)) & 1 : deep_.back(); }
+    void pop() {
+      if (depth_ > 64) deep_.pop_back();
+      --depth_;
+    }
+    bool empty() const { return depth_ == 0; }
+
+   private:
+    std::size_t depth_ = 0;
+    std::uint64_t shallow_ = 0;
+    std::vector<bool> deep_;
+  };
+  nesting_stack nesting_;
   std::string decoded_;        // the current string, when it had escapes
 };
 
@@ -121,7 +142,7 @@ bool reader::read(Handler& h) {
     if (*p_ == '{' || *p_ == '[') {
       const bool array = *p_++ == '[';
       if (!(array ? h.start_array() : h.start_object())) return false;
-      nesting_.push_back(array);
+      nesting_.push(array);
       skip_whitespace();
       if (p_ == end_) return false;
       if (*p_ != (array ? ']' : '}')) {
@@ -149,7 +170,7 @@ bool reader::close_or_next(Handler& h, bool& next) {
     const bool array = nesting_.back();
     if (*p_ == (array ? ']' : '}')) {
       ++p_;
-      nesting_.pop_back();
+      nesting_.pop();
       if (!(array ? h.end_array() : h.end_object())) return false;
       continue;
     }

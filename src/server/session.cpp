@@ -283,7 +283,9 @@ class session {
     auto lease = shared_.balancer.acquire_or_wait(request, cost, deliver, waiter_id, queued);
     if (lease) co_return slot_result{std::move(lease)};
     if (!queued) {
-      co_return slot_result{{}, shared_.balancer.any_usable() ? slot_refusal::queue_full : slot_refusal::no_usable_rank};
+      // Refused at once: the queue is full, or no rank (the pinned one, for a pinned request) is usable.
+      const bool usable = request.pinned_rank ? shared_.balancer.usable(*request.pinned_rank) : shared_.balancer.any_usable();
+      co_return slot_result{{}, usable ? slot_refusal::queue_full : slot_refusal::no_usable_rank};
     }
     const auto waiting_since = clock_type::now();
     state->timer.expires_after(settings_.queue_timeout);
@@ -351,8 +353,8 @@ class session {
               ? "every rank is at --max-inflight-per-rank and dplb's queue is full; retry later"
           : slot.refusal == slot_refusal::queue_timeout ? "no rank slot freed within --queue-timeout-ms; retry later"
           : request.pinned_rank
-              ? "rank " + std::to_string(*request.pinned_rank) + " (named by X-data-parallel-rank) is not usable now" +
-                    (shared_.balancer.usable(*request.pinned_rank) ? " (at --max-inflight-per-rank)" : "")
+              ? "rank " + std::to_string(*request.pinned_rank) +
+                    " (named by X-data-parallel-rank) is not usable now (down, ejected or drained); retry later"
               : "no backend rank is usable; check the engines and their /health";
       co_return co_await send_error(status, why, client_keep_alive, true);
     }
