@@ -200,7 +200,7 @@ TEST_CASE("a drained rank finishes its request in flight and takes no new one un
   // The stream in flight on it finishes whole.
   const auto reply = streaming.read_responses(1, 10s);
   REQUIRE(reply.final_responses().size() == 1);
-  const auto& response = reply.final_responses().front();
+  const auto response = reply.final_responses().front();  // a copy: final_responses() returns a new vector
   CHECK(response.status == 200);
   CHECK(response.header("x-dplb-rank") == busy_label);
   CHECK_THAT(response.body, Catch::Contains("data: [DONE]"));
