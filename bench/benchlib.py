@@ -261,3 +261,21 @@ def run_cells(script, cells, run_one, opts, report):
     print(text, end="")
     if any(r["failed"] for r in records):
         raise SystemExit(1)
+
+
+def add_run_arguments(parser, repeats=2):
+    """The options every comparison script shares: how many runs, the seed, where results and logs go."""
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--results-dir", default="bench/results")
+    parser.add_argument("--keep-logs", action="store_true")
+
+
+def compared_policies(opts, script, reference="least-inflight"):
+    """Finds the binaries (into opts) and the policies of opts.policies this dplb offers; the reference policy,
+    which the ratios are taken against, must be among them."""
+    opts.dplb, opts.mock, opts.bench = binaries(opts.build_dir, script)
+    policies = offered_policies(opts.dplb, opts.policies, script)
+    if reference not in policies:
+        raise SystemExit(f"{script}: the policies must include {reference}, the reference")
+    return policies

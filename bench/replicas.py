@@ -36,8 +36,8 @@ import argparse
 import statistics
 import time
 
-from benchlib import (GaugeSampler, binaries, finish_bench, log, offered_policies, run_cells, spread, start_bench,
-                      start_dplb, start_mock, window, window_throughput)
+from benchlib import (GaugeSampler, add_run_arguments, compared_policies, finish_bench, log, run_cells, spread,
+                      start_bench, start_dplb, start_mock, window, window_throughput)
 
 RANKS = 4
 A_RANKS = 2  # replica A fronts ranks 0 .. A_RANKS-1
@@ -114,16 +114,9 @@ def main():
     parser.add_argument("--time-scale", type=float, default=2.0)
     parser.add_argument("--stats-interval-ms", type=int, default=100)
     parser.add_argument("--warmup-share", type=float, default=0.1, help="of the window, left out at its start")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--results-dir", default="bench/results")
-    parser.add_argument("--keep-logs", action="store_true")
+    add_run_arguments(parser)
     opts = parser.parse_args()
-
-    opts.dplb, opts.mock, opts.bench = binaries(opts.build_dir, "replicas")
-    policies = offered_policies(opts.dplb, opts.policies, "replicas")
-    if "least-inflight" not in policies:
-        raise SystemExit("replicas: the policies must include least-inflight, the reference")
+    policies = compared_policies(opts, "replicas")
     cells = [(policy, repeat) for repeat in range(opts.repeats) for policy in policies]
     run_cells("replicas", cells, lambda workdir, policy, repeat: run_one(opts, workdir, policy, repeat), opts,
               lambda records, elapsed: report(opts, policies, records, elapsed))

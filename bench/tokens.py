@@ -39,8 +39,8 @@ import argparse
 import statistics
 import time
 
-from benchlib import (GaugeSampler, binaries, finish_bench, log, metric_sum, offered_policies, run_cells, scrape,
-                      spread, start_bench, start_dplb, start_mock, window, window_throughput)
+from benchlib import (GaugeSampler, add_run_arguments, compared_policies, finish_bench, log, metric_sum, run_cells,
+                      scrape, spread, start_bench, start_dplb, start_mock, window, window_throughput)
 
 RANKS = 4
 POLICIES = "least-inflight least-tokens"
@@ -121,16 +121,9 @@ def main():
                         help="lockstep: MoE DP ranks stepping together (each step pads to the largest batch); "
                         "independent: a clock per rank, as the DP ranks of a dense model run")
     parser.add_argument("--warmup-share", type=float, default=0.1, help="of the run, left out at each end")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--results-dir", default="bench/results")
-    parser.add_argument("--keep-logs", action="store_true")
+    add_run_arguments(parser)
     opts = parser.parse_args()
-
-    opts.dplb, opts.mock, opts.bench = binaries(opts.build_dir, "tokens")
-    policies = offered_policies(opts.dplb, opts.policies, "tokens")
-    if "least-inflight" not in policies:
-        raise SystemExit("tokens: the policies must include least-inflight, the reference")
+    policies = compared_policies(opts, "tokens")
     workloads = opts.workloads.split()
     for workload in workloads:
         if workload not in WORKLOADS:
