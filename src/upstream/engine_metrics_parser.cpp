@@ -202,4 +202,8 @@ std::vector<engine_sample> parse_engine_samples(std::string_view text) {
   return samples;
 }
 
+balancer::engine_load load_of(const engine_sample& sample) {
+  return {to_count(sample.waiting), to_count(sample.running), sample.kv_cache_usage.value_or(0.0)};
+}
+
 }  // namespace dplb::upstream

@@ -26,15 +26,6 @@ void engine_stats_poller::start(const asio::any_io_executor& executor) {
   asio::co_spawn(executor, poll_loop(), asio::detached);
 }
 
-namespace {
-
-balancer::engine_load load_of(const engine_sample& sample) {
-  const auto count = [](double v) { return v >= 4e9 ? 4'000'000'000u : static_cast<std::uint32_t>(std::llround(v)); };
-  return {count(sample.waiting), count(sample.running), sample.kv_cache_usage.value_or(0.0)};
-}
-
-}  // namespace
-
 // Which series belong to which rank: a plain backend's page is its one engine, whatever its engine label
 // (an external-LB rank shows its global rank there); a `#dp=N` backend's page shows its N engines, labelled
 // 0..N-1 (internal LB) or with their global ranks from some start (hybrid LB): N labels are taken in

@@ -46,4 +46,8 @@ struct engine_sample {
 // usable series.
 std::vector<engine_sample> parse_engine_samples(std::string_view prometheus_text);
 
+// One engine's sample as the balancer takes it: counts rounded (and capped, as parse_engine_load caps
+// them), the KV-cache usage 0 when the page had none.
+balancer::engine_load load_of(const engine_sample& sample);
+
 }  // namespace dplb::upstream
