@@ -21,7 +21,11 @@ int main(int argc, char** argv) {
   }
   try {
     app::configure_logging(*parsed.run);
-    app::application application(std::move(*parsed.run));
+    // SIGHUP reads the configuration again from the same sources; only its backends are applied.
+    const auto reload_backends = [argc, argv] {
+      return config::parse_command_line(argc, argv, config::process_environment()).run.value().backends;
+    };
+    app::application application(std::move(*parsed.run), reload_backends);
     return application.run();
   } catch (const config::config_error& e) {
     std::cerr << "dplb: " << e.what() << "\n";

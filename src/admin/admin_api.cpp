@@ -13,6 +13,7 @@
 #include "dplb/http/error_response.hpp"
 #include "dplb/metrics/proxy_metrics.hpp"
 #include "dplb/upstream/backend.hpp"
+#include "dplb/upstream/backend_registry.hpp"
 
 namespace dplb::admin {
 
@@ -34,9 +35,10 @@ constexpr std::pair<balancer::host_flag, std::string_view> flag_names[] = {
     {balancer::host_flag::removed, "removed"},
 };
 
-json rank_object(const upstream::topology& topology, const balancer::balancer& b, std::size_t rank) {
-  const auto& host = topology.hosts[rank];
-  const auto& backend = topology.backends[host.backend];
+json rank_object(const upstream::topology& topology, const upstream::backend_registry& registry,
+                 const balancer::balancer& b, std::size_t rank) {
+  const auto& host = topology.hosts()[rank];
+  const auto& backend = topology.backends()[host.backend];
   const std::uint8_t flags = b.flags(rank);
   json names = json::array();
   for (const auto& [bit, name] : flag_names) {
@@ -53,6 +55,7 @@ json rank_object(const upstream::topology& topology, const balancer::balancer& b
               {"url", backend.url},
               {"index_in_url", host.rank_in_url},
               {"dp", backend.dp},
+              {"backend_state", upstream::name_of(registry.state_of(backend.index))},
               {"weight", b.weight(rank)},
               {"flags", std::move(names)},
               {"usable", flags == 0},
@@ -130,9 +133,9 @@ bool same_token(std::string_view given, std::string_view token) noexcept {
   return *static_cast<volatile unsigned*>(&diff) == 0;
 }
 
-admin_api::admin_api(const upstream::topology& topology, balancer::balancer& balancer,
-                     metrics::proxy_metrics& metrics, std::string token)
-    : topology_(topology), balancer_(balancer), metrics_(metrics), token_(std::move(token)) {}
+admin_api::admin_api(const upstream::topology& topology, upstream::backend_registry& registry,
+                     balancer::balancer& balancer, metrics::proxy_metrics& metrics, std::string token)
+    : topology_(topology), registry_(registry), balancer_(balancer), metrics_(metrics), token_(std::move(token)) {}
 
 const std::vector<admin_api::route>& admin_api::routes() {
   static const std::vector<route> table{
@@ -140,6 +143,9 @@ const std::vector<admin_api::route>& admin_api::routes() {
       {"POST", "/ranks/{rank}/drain", &admin_api::drain_rank},
       {"POST", "/ranks/{rank}/undrain", &admin_api::undrain_rank},
       {"PUT", "/ranks/{rank}/weight", &admin_api::set_rank_weight},
+      {"GET", "/backends", &admin_api::list_backends},
+      {"POST", "/backends", &admin_api::add_backend},
+      {"POST", "/backends/remove", &admin_api::remove_backend},
       {"POST", "/backends/drain", &admin_api::drain_backend},
       {"POST", "/backends/undrain", &admin_api::undrain_backend},
   };
@@ -171,7 +177,7 @@ response admin_api::handle(const request& req) const {
 std::optional<std::size_t> admin_api::rank_of(std::string_view segment) const {
   std::size_t rank = 0;
   const auto [end, ec] = std::from_chars(segment.data(), segment.data() + segment.size(), rank);
-  if (ec != std::errc{} || end != segment.data() + segment.size() || rank >= topology_.hosts.size()) {
+  if (ec != std::errc{} || end != segment.data() + segment.size() || rank >= balancer_.rank_count()) {
     return std::nullopt;
   }
   return rank;
@@ -179,7 +185,7 @@ std::optional<std::size_t> admin_api::rank_of(std::string_view segment) const {
 
 response admin_api::list_ranks(const call&) const {
   json ranks = json::array();
-  for (std::size_t r = 0; r < topology_.hosts.size(); ++r) ranks.push_back(rank_object(topology_, balancer_, r));
+  for (std::size_t r = 0; r < balancer_.rank_count(); ++r) ranks.push_back(rank_object(topology_, registry_, balancer_, r));
   return json_response(200, json{{"policy", balancer_.active_policy().name()}, {"ranks", std::move(ranks)}});
 }
 
@@ -187,41 +193,100 @@ void admin_api::set_draining(std::size_t rank, bool on) const {
   // Only the draining bit: the health checks own the others, so neither can undo the other's verdict.
   balancer_.set_flag(rank, balancer::host_flag::draining, on);
   metrics_.rank_draining(rank, on);
-  spdlog::info("rank {} ({}) {} by the admin API", rank, topology_.hosts[rank].name, on ? "drained" : "undrained");
+  spdlog::info("rank {} ({}) {} by the admin API", rank, topology_.hosts()[rank].name, on ? "drained" : "undrained");
 }
 
 response admin_api::set_rank_draining(const call& c, bool on) const {
   const auto rank = rank_of(c.params.at(0));
   if (!rank) return error(404, "no rank " + std::string(c.params.at(0)) + "; GET /ranks lists them");
   set_draining(*rank, on);
-  return json_response(200, rank_object(topology_, balancer_, *rank));
+  return json_response(200, rank_object(topology_, registry_, balancer_, *rank));
 }
+
+namespace {
+
+// The backend a body names in {"url": ...}, normalised as --backend normalises it (so that
+// http://Engine:8000/ finds http://engine:8000). Options after '#' (dp, weight) describe a backend to add;
+// to name an existing one they are refused, since they do not identify it.
+std::optional<config::backend_spec> backend_in_body(std::string_view body_text, bool options_allowed,
+                                                    response& refusal) {
+  const auto body = object_body(body_text, refusal);
+  if (!body) return std::nullopt;
+  const auto url = body->find("url");
+  if (url == body->end() || !url->is_string()) {
+    refusal = error(400, options_allowed
+                             ? R"(expected {"url": "http://HOST:PORT#dp=N&weight=W"}, as --backend takes it)"
+                             : R"(expected {"url": "http://HOST:PORT"}, the backend as --backend names it)");
+    return std::nullopt;
+  }
+  const auto text = url->get<std::string>();
+  if (!options_allowed && text.find('#') != std::string::npos) {
+    refusal = error(400, "give the backend's URL without its #options");
+    return std::nullopt;
+  }
+  config::backend_spec spec;
+  if (auto why = config::parse_backend(text, spec); !why.empty()) {
+    refusal = error(400, "invalid url '" + text + "': " + why);
+    return std::nullopt;
+  }
+  return spec;
+}
+
+json backend_object(const upstream::topology& topology, const upstream::backend_registry& registry,
+                    const balancer::balancer& balancer, const upstream::backend& b) {
+  json ranks = json::array();
+  for (std::size_t r = b.first_rank; r < b.first_rank + b.dp; ++r) {
+    ranks.push_back(rank_object(topology, registry, balancer, r));
+  }
+  return json{{"url", b.url},
+              {"dp", b.dp},
+              {"state", upstream::name_of(registry.state_of(b.index))},
+              {"ranks", std::move(ranks)}};
+}
+
+}  // namespace
 
 response admin_api::set_backend_draining(const call& c, bool on) const {
   response refusal;
-  const auto body = object_body(c.body, refusal);
-  if (!body) return refusal;
-  const auto url = body->find("url");
-  if (url == body->end() || !url->is_string()) {
-    return error(400, R"(expected {"url": "http://HOST:PORT"}, the backend as --backend names it)");
+  const auto spec = backend_in_body(c.body, false, refusal);
+  if (!spec) return refusal;
+  const auto* backend = registry_.active(spec->url);
+  if (!backend) return error(404, "no active backend " + spec->url + "; GET /backends lists them");
+  for (std::size_t r = backend->first_rank; r < backend->first_rank + backend->dp; ++r) set_draining(r, on);
+  return json_response(200, backend_object(topology_, registry_, balancer_, *backend));
+}
+
+response admin_api::list_backends(const call&) const {
+  json backends = json::array();
+  for (const auto& b : topology_.backends()) {
+    if (registry_.state_of(b.index) != upstream::backend_state::removed) backends.push_back(backend_object(topology_, registry_, balancer_, b));
   }
-  const auto text = url->get<std::string>();
-  // Normalised as --backend is, so that http://Engine:8000/ finds http://engine:8000. Options after '#'
-  // describe a backend, they do not name one.
-  config::backend_spec spec;
-  if (text.find('#') != std::string::npos) return error(400, "give the backend's URL without its #options");
-  if (auto why = config::parse_backend(text, spec); !why.empty()) {
-    return error(400, "invalid url '" + text + "': " + why);
+  return json_response(200, json{{"backends", std::move(backends)}});
+}
+
+response admin_api::add_backend(const call& c) const {
+  response refusal;
+  const auto spec = backend_in_body(c.body, true, refusal);
+  if (!spec) return refusal;
+  try {
+    return json_response(201, backend_object(topology_, registry_, balancer_, registry_.add(*spec)));
+  } catch (const upstream::backend_change_error& e) {
+    return error(e.status(), e.what());
   }
-  const auto backend = std::find_if(topology_.backends.begin(), topology_.backends.end(),
-                                    [&](const upstream::backend& b) { return b.url == spec.url; });
-  if (backend == topology_.backends.end()) return error(404, "no backend " + spec.url + "; GET /ranks lists them");
-  json ranks = json::array();
-  for (std::size_t r = backend->first_rank; r < backend->first_rank + backend->dp; ++r) {
-    set_draining(r, on);
-    ranks.push_back(rank_object(topology_, balancer_, r));
+}
+
+response admin_api::remove_backend(const call& c) const {
+  response refusal;
+  const auto spec = backend_in_body(c.body, false, refusal);
+  if (!spec) return refusal;
+  try {
+    // 202: accepted, and done once the requests in flight on it finish ("state" says which).
+    const auto& removed = registry_.remove(spec->url);
+    return json_response(registry_.state_of(removed.index) == upstream::backend_state::removed ? 200 : 202,
+                         backend_object(topology_, registry_, balancer_, removed));
+  } catch (const upstream::backend_change_error& e) {
+    return error(e.status(), e.what());
   }
-  return json_response(200, json{{"url", backend->url}, {"ranks", std::move(ranks)}});
 }
 
 response admin_api::set_rank_weight(const call& c) const {
@@ -238,8 +303,8 @@ response admin_api::set_rank_weight(const call& c) const {
   }
   const auto w = static_cast<std::uint32_t>(weight->get<std::uint64_t>());
   balancer_.set_weight(*rank, w);
-  spdlog::info("rank {} ({}) weight set to {} by the admin API", *rank, topology_.hosts[*rank].name, w);
-  return json_response(200, rank_object(topology_, balancer_, *rank));
+  spdlog::info("rank {} ({}) weight set to {} by the admin API", *rank, topology_.hosts()[*rank].name, w);
+  return json_response(200, rank_object(topology_, registry_, balancer_, *rank));
 }
 
 }  // namespace dplb::admin

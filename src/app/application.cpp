@@ -19,6 +19,7 @@
 #include "dplb/app/memory_trimmer.hpp"
 #include "dplb/app/version.hpp"
 #include "dplb/balancer/policy_factory.hpp"
+#include "dplb/upstream/backend_registry.hpp"
 #include "dplb/upstream/engine_stats_poller.hpp"
 #include "dplb/server/listener.hpp"
 
@@ -84,9 +85,9 @@ unsigned thread_count(unsigned configured) {
 // worker's own thread (other threads only post to it), so the reactor's per-socket locking is switched
 // off (BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO); the scheduler keeps its lock for those posts.
 struct worker {
-  worker(server::shared_state& shared, const std::vector<upstream::backend>& backends,
-         upstream::pool_limits limits, const tcp::endpoint& endpoint)
-      : pool(io.get_executor(), backends, limits),
+  worker(server::shared_state& shared, const upstream::topology& topology, upstream::pool_limits limits,
+         const tcp::endpoint& endpoint)
+      : pool(io.get_executor(), topology, limits),
         deadlines(io.get_executor(), server::deadline_sweeper::period_for(shared.settings)),
         state{shared, pool, deadlines, {}},
         acceptor(server::open_acceptor(io.get_executor(), endpoint)) {}
@@ -108,20 +109,28 @@ std::chrono::milliseconds stats_max_age(const config::settings& s) {
 
 std::vector<std::string> rank_urls(const upstream::topology& topology) {
   std::vector<std::string> urls;
-  for (const auto& h : topology.hosts) urls.push_back(topology.backends[h.backend].url);
+  for (const auto& h : topology.hosts()) urls.push_back(topology.backends()[h.backend].url);
   return urls;
+}
+
+std::unique_ptr<upstream::topology> configured_topology(const std::vector<config::backend_spec>& specs) {
+  auto topology = std::make_unique<upstream::topology>();
+  upstream::add_configured(*topology, specs);
+  return topology;
 }
 
 }  // namespace
 
 struct application::impl {
-  explicit impl(config::settings s)
+  impl(config::settings s, application::backend_source reload)
       : settings(std::move(s)),
-        topology(upstream::resolve_topology(settings.backends)),
-        balancer(topology.hosts.size(), balancer::make_policy(settings.policy, {settings.kv_pressure_weight}),
+        reload_backends(std::move(reload)),
+        topology_storage(configured_topology(settings.backends)),
+        topology(*topology_storage),
+        balancer(topology.hosts().size(), balancer::make_policy(settings.policy, {settings.kv_pressure_weight}),
                  balancer::queue_limits{settings.max_inflight_per_rank, settings.max_queued_requests},
-                 balancer::host_timing{settings.slow_start, stats_max_age(settings)}),
-        metrics(rank_urls(topology), balancer, settings.policy),
+                 balancer::host_timing{settings.slow_start, stats_max_age(settings)}, topology.capacity()),
+        metrics(rank_urls(topology), balancer, settings.policy, topology.capacity()),
         health(topology, balancer, metrics,
                upstream::health_check_settings{
                    settings.health_check_interval, settings.health_check_timeout, "/health",
@@ -132,38 +141,45 @@ struct application::impl {
         stats_interval(config::engine_stats_interval(settings, uses_engine_stats(settings))),
         stats(topology, balancer, stats_interval,
               std::min(settings.health_check_timeout, std::max(stats_interval, std::chrono::milliseconds(50)))),
+        registry(topology, balancer, metrics, health),
         shared{settings, topology, balancer, metrics, health},
-        signals(signal_io, SIGINT, SIGTERM) {
-    for (const auto& h : topology.hosts) balancer.set_weight(h.rank, h.weight);
+        signals(signal_io, SIGINT, SIGTERM),
+        reload_signal(signal_io, SIGHUP) {
+    for (const auto& h : topology.hosts()) balancer.set_weight(h.rank, h.weight);
     const upstream::pool_limits limits{settings.upstream_connect_timeout, settings.upstream_idle_timeout,
                                        settings.upstream_max_idle_per_rank};
     auto endpoint = listen_endpoint(settings.listen);
     const unsigned threads = thread_count(settings.threads);
     for (unsigned i = 0; i < threads; ++i) {
-      workers.push_back(std::make_unique<worker>(shared, topology.backends, limits, endpoint));
+      workers.push_back(std::make_unique<worker>(shared, topology, limits, endpoint));
       // With port 0 the first acceptor picks the port; the others must join that same port.
       if (i == 0) endpoint = workers.front()->acceptor.local_endpoint();
     }
     bound = endpoint;
     if (settings.admin_listen) {
-      admin.emplace(topology, balancer, metrics, settings.admin_token);
+      admin.emplace(topology, registry, balancer, metrics, settings.admin_token);
       admin_acceptor.emplace(admin::open_acceptor(signal_io.get_executor(), listen_endpoint(*settings.admin_listen)));
       admin_bound = admin_acceptor->local_endpoint();
     }
   }
 
   config::settings settings;
-  upstream::topology topology;
+  application::backend_source reload_backends;
+  std::unique_ptr<upstream::topology> topology_storage;  // not movable: its counts are atomics
+  upstream::topology& topology;
   balancer::balancer balancer;
   metrics::proxy_metrics metrics;
   upstream::health_monitor health;
   std::chrono::milliseconds stats_interval;  // 0: the engines' /metrics are never read
   upstream::engine_stats_poller stats;
+  upstream::backend_registry registry;  // the main thread's: admin API, SIGHUP, retirements
   server::shared_state shared;
   std::vector<std::unique_ptr<worker>> workers;
   asio::io_context signal_io;  // the main thread's loop: signals and housekeeping
   asio::signal_set signals;
+  asio::signal_set reload_signal;
   asio::steady_timer housekeeping{signal_io};
+  asio::steady_timer retirements{signal_io};
   memory_trimmer trimmer;
   tcp::endpoint bound;
   // The admin API runs on the main thread's loop, not on a worker's: an admin request (a JSON document
@@ -174,7 +190,8 @@ struct application::impl {
   tcp::endpoint admin_bound;
 };
 
-application::application(config::settings settings) : impl_(std::make_unique<impl>(std::move(settings))) {}
+application::application(config::settings settings, backend_source reload)
+    : impl_(std::make_unique<impl>(std::move(settings), std::move(reload))) {}
 
 application::~application() = default;
 
@@ -198,6 +215,37 @@ void application::schedule_housekeeping() {
                         .count());
     }
     schedule_housekeeping();
+  });
+}
+
+void application::schedule_retirements() {
+  auto& s = *impl_;
+  s.retirements.expires_after(std::chrono::milliseconds(200));
+  s.retirements.async_wait([this, &s](const boost::system::error_code& ec) {
+    if (ec) return;
+    s.registry.retire_drained();
+    schedule_retirements();
+  });
+}
+
+void application::await_reload_signal() {
+  auto& s = *impl_;
+  s.reload_signal.async_wait([this, &s](const boost::system::error_code& ec, int) {
+    if (ec) return;
+    if (!s.reload_backends) {
+      spdlog::warn("SIGHUP ignored: this dplb has no configuration to reload");
+    } else {
+      // Only the backends: every other setting needs a restart.
+      try {
+        const auto summary = s.registry.reload(s.reload_backends());
+        spdlog::info("SIGHUP: backends reloaded: {} added, {} removed, {} reweighted", summary.added.size(),
+                     summary.removed.size(), summary.reweighted.size());
+      } catch (const std::exception& e) {
+        spdlog::error("SIGHUP: backends not (fully) reloaded: {}; fix the configuration and send SIGHUP again",
+                      e.what());
+      }
+    }
+    await_reload_signal();
   });
 }
 
@@ -234,7 +282,7 @@ void application::drain() {
 int application::run() {
   auto& s = *impl_;
   std::string backend_list;
-  for (const auto& h : s.topology.hosts) {
+  for (const auto& h : s.topology.hosts()) {
     backend_list += (backend_list.empty() ? "" : ",") + ("[" + std::to_string(h.rank) + "]" + h.name);
     if (h.weight != 1) backend_list += " weight " + std::to_string(h.weight);
   }
@@ -280,6 +328,8 @@ int application::run() {
     s.signal_io.stop();
   });
   schedule_housekeeping();
+  schedule_retirements();
+  await_reload_signal();
   s.signal_io.run();
 
   drain();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 #include <stdexcept>
 #include <utility>
 
@@ -29,16 +30,46 @@ void rank_lease::release() noexcept {
 }
 
 balancer::balancer(std::size_t rank_count, std::unique_ptr<policy> chosen_policy, queue_limits limits,
-                   host_timing timing)
+                   host_timing timing, std::size_t capacity)
     : policy_(std::move(chosen_policy)),
       limits_(limits),
       timing_(timing),
-      ranks_(rank_count),
+      capacity_(std::max(capacity, rank_count)),
+      ranks_(std::make_unique<rank_state[]>(capacity_)),
+      rank_count_(rank_count),
       detail_(rank_count),
       view_(rank_count),
       loads_(rank_count) {
   if (rank_count == 0) throw std::invalid_argument("balancer needs at least one rank");
   if (!policy_) throw std::invalid_argument("balancer needs a policy");
+}
+
+void balancer::add_ranks(std::span<const std::uint32_t> weights) {
+  std::vector<delivery> ready;  // declared first: any lease left in it is released after the unlock
+  {
+    std::lock_guard lock(pick_mutex_);
+    const std::size_t first = rank_count_.load(std::memory_order_relaxed);
+    if (weights.size() > capacity_ - first) {
+      throw std::length_error("balancer: no room for " + std::to_string(weights.size()) + " more ranks");
+    }
+    const auto now = clock::now();
+    for (std::size_t i = 0; i < weights.size(); ++i) {
+      ranks_[first + i].weight.store(std::max<std::uint32_t>(1, weights[i]), std::memory_order_relaxed);
+      auto& d = detail_.emplace_back();
+      // A new engine's caches are as cold as a readmitted one's.
+      if (timing_.slow_start.count() > 0) {
+        d.ramp_until = now + timing_.slow_start;
+        ++ramping_;
+      }
+    }
+    view_.resize(first + weights.size());
+    loads_.resize(first + weights.size());
+    // Published last: a reader that sees the new count sees the new ranks' weights.
+    rank_count_.store(first + weights.size(), std::memory_order_release);
+    for (std::size_t i = 0; i < weights.size(); ++i) policy_->on_state_change(first + i, 0);
+    if (queueing()) serve_waiters_locked(ready);  // waiters may fit on the new ranks
+  }
+  deliver(ready);
 }
 
 bool balancer::has_room_locked(std::size_t rank) const noexcept {
@@ -52,7 +83,7 @@ void balancer::refresh_view_locked(const pick_context& request) {
   const bool ramping = ramping_ > 0;
   // The clock is read only when something depends on it: a ramp, or engine stats to judge fresh.
   const auto now = ramping || stats_seen_ ? clock::now() : clock::time_point{};
-  for (std::size_t i = 0; i < ranks_.size(); ++i) {
+  for (std::size_t i = 0; i < view_.size(); ++i) {
     auto& v = view_[i];
     const auto& r = ranks_[i];
     auto& d = detail_[i];
@@ -81,11 +112,11 @@ std::optional<std::size_t> balancer::pick_locked(const pick_context& request, re
   if (request.pinned_rank) {
     // The client named the rank: it is the only candidate, and the policy is not asked.
     const auto r = *request.pinned_rank;
-    if (r < ranks_.size() && ranks_[r].flags.load(std::memory_order_relaxed) == 0 && has_room_locked(r)) chosen = r;
+    if (r < rank_count() && ranks_[r].flags.load(std::memory_order_relaxed) == 0 && has_room_locked(r)) chosen = r;
   } else {
     refresh_view_locked(request);
     chosen = policy_->choose(request, view_);
-    if (chosen && (*chosen >= ranks_.size() || !view_[*chosen].usable)) chosen.reset();
+    if (chosen && (*chosen >= view_.size() || !view_[*chosen].usable)) chosen.reset();
   }
   if (!chosen) return std::nullopt;
   // Incremented while the lock is held: the next pick, on any thread, already sees this request.
@@ -157,13 +188,13 @@ rank_lease balancer::acquire_or_wait(const pick_context& request, request_cost c
   std::lock_guard lock(pick_mutex_);
   queued = false;
   const auto pinned = request.pinned_rank;
-  if (pinned && *pinned >= ranks_.size()) return {};
+  if (pinned && *pinned >= detail_.size()) return {};
   auto& line = pinned ? detail_[*pinned].pinned : queue_;
   if (line.empty()) {
     if (const auto chosen = pick_locked(request, cost)) return rank_lease(this, *chosen, cost);
   }
-  const bool any = pinned ? ranks_[*pinned].flags.load(std::memory_order_relaxed) == 0 : std::any_of(
-      ranks_.begin(), ranks_.end(), [](const rank_state& r) { return r.flags.load(std::memory_order_relaxed) == 0; });
+  const bool any = pinned ? ranks_[*pinned].flags.load(std::memory_order_relaxed) == 0 : std::ranges::any_of(
+      ranks_in_use(), [](const rank_state& r) { return r.flags.load(std::memory_order_relaxed) == 0; });
   if (!queueing() || closed_ || !any || waiting_.load(std::memory_order_relaxed) >= limits_.max_waiting) return {};
   waiter_id = next_waiter_id_++;
   line.push_back(waiter{waiter_id, cost, std::move(deliver)});
@@ -286,14 +317,17 @@ void balancer::set_flag(std::size_t rank, host_flag flag, bool on) {
   std::vector<delivery> ready;
   {
     std::lock_guard lock(pick_mutex_);
-    auto& r = ranks_.at(rank);
+    if (rank >= detail_.size()) throw std::out_of_range("balancer: no rank " + std::to_string(rank));
+    auto& r = ranks_[rank];
     const std::uint8_t before = r.flags.load(std::memory_order_relaxed);
     const std::uint8_t after = on ? (before | flag) : (before & ~flag);
     if (after == before) return;
     r.flags.store(after, std::memory_order_relaxed);
     policy_->on_state_change(rank, after);
-    // Back in rotation after a failure: ramp up (a drain's end or a new host starts at full weight).
-    const bool readmitted = after == 0 && (before & (host_flag::unhealthy | host_flag::ejected)) != 0;
+    // Back in rotation after a failure or a removal: ramp up, its caches are cold (a drain's end starts
+    // at full weight: the engine kept serving what was in flight).
+    const bool readmitted =
+        after == 0 && (before & (host_flag::unhealthy | host_flag::ejected | host_flag::removed)) != 0;
     auto& d = detail_[rank];
     if (readmitted && timing_.slow_start.count() > 0) {
       if (d.ramp_until == clock::time_point{}) ++ramping_;
@@ -310,7 +344,8 @@ std::uint8_t balancer::flags(std::size_t rank) const noexcept {
 
 void balancer::set_weight(std::size_t rank, std::uint32_t weight) {
   std::lock_guard lock(pick_mutex_);
-  ranks_.at(rank).weight.store(std::max<std::uint32_t>(1, weight), std::memory_order_relaxed);
+  if (rank >= detail_.size()) throw std::out_of_range("balancer: no rank " + std::to_string(rank));
+  ranks_[rank].weight.store(std::max<std::uint32_t>(1, weight), std::memory_order_relaxed);
 }
 
 std::uint32_t balancer::weight(std::size_t rank) const noexcept {
@@ -330,7 +365,7 @@ std::uint64_t balancer::picks(std::size_t rank) const noexcept {
 }
 
 bool balancer::any_usable() const noexcept {
-  return std::any_of(ranks_.begin(), ranks_.end(),
+  return std::ranges::any_of(ranks_in_use(),
                      [](const rank_state& r) { return r.flags.load(std::memory_order_relaxed) == 0; });
 }
 
@@ -338,7 +373,7 @@ std::uint32_t balancer::inflight_skew() const noexcept {
   std::uint32_t lo = std::numeric_limits<std::uint32_t>::max();
   std::uint32_t hi = 0;
   std::size_t usable_count = 0;
-  for (const auto& r : ranks_) {
+  for (const auto& r : ranks_in_use()) {
     if (r.flags.load(std::memory_order_relaxed) != 0) continue;
     const auto n = r.inflight.load(std::memory_order_relaxed);
     lo = std::min(lo, n);

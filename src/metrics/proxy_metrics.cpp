@@ -4,6 +4,10 @@
 
 #include "dplb/balancer/balancer.hpp"
 
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
 namespace dplb::metrics {
 
 namespace {
@@ -17,8 +21,8 @@ prometheus::Histogram::BucketBoundaries latency_buckets() {
 
 }  // namespace
 
-proxy_metrics::proxy_metrics(const std::vector<std::string>& backend_urls, const balancer::balancer& balancer,
-                             std::string_view policy_name)
+proxy_metrics::proxy_metrics(const std::vector<std::string>& rank_urls, const balancer::balancer& balancer,
+                             std::string_view policy_name, std::size_t capacity)
     : balancer_(balancer),
       registry_(std::make_shared<prometheus::Registry>()),
       requests_family_(prometheus::BuildCounter()
@@ -74,87 +78,112 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& backend_urls, const
                             .Help("Time since the last good read of the rank's engine stats; beyond the staleness "
                                   "bound the policies ignore them")
                             .Register(*registry_)),
-      queue_wait_(latency_buckets()) {
-  auto& inflight = prometheus::BuildGauge()
-                       .Name("dplb_rank_inflight")
-                       .Help("Requests dplb has sent to the rank and not yet finished")
-                       .Register(*registry_);
-  auto& tokens_inflight = prometheus::BuildGauge()
-                              .Name("dplb_rank_tokens_inflight")
-                              .Help("Tokens dplb counts in flight on the rank: under least-tokens each request's "
-                                    "prompt until the engine's first body byte plus the most it may generate; "
-                                    "under the other policies one per request")
-                              .Register(*registry_);
-  auto& healthy = prometheus::BuildGauge()
-                      .Name("dplb_rank_healthy")
-                      .Help("1 while the rank passes its active health checks (GET /health), 0 while it is down")
-                      .Register(*registry_);
-  auto& prompt = prometheus::BuildCounter()
-                     .Name("dplb_prompt_tokens_total")
-                     .Help("Prompt tokens reported in the usage of responses relayed from the rank")
-                     .Register(*registry_);
-  auto& completion = prometheus::BuildCounter()
-                         .Name("dplb_completion_tokens_total")
-                         .Help("Completion tokens reported in the usage of responses relayed from the rank")
-                         .Register(*registry_);
-  auto& connects = prometheus::BuildCounter()
-                       .Name("dplb_upstream_connections_total")
-                       .Help("New TCP connections opened to the rank (pooled reuse does not count)")
-                       .Register(*registry_);
-  auto& retries = prometheus::BuildCounter()
-                      .Name("dplb_upstream_keepalive_retries_total")
-                      .Help("Requests re-sent on a fresh connection because a pooled one was found closed")
-                      .Register(*registry_);
-  auto& errors = prometheus::BuildCounter()
-                     .Name("dplb_upstream_errors_total")
-                     .Help("Failed attempts on the rank, by kind (connect, reset, timeout, protocol, "
-                           "server_error, midstream)")
-                     .Register(*registry_);
-  auto& ejected = prometheus::BuildGauge()
-                      .Name("dplb_rank_ejected")
-                      .Help("1 while the rank is ejected by passive outlier detection")
-                      .Register(*registry_);
-  auto& ejections = prometheus::BuildCounter()
-                        .Name("dplb_rank_ejections_total")
-                        .Help("Times the rank was ejected after consecutive failed requests")
-                        .Register(*registry_);
-  auto& draining = prometheus::BuildGauge()
-                       .Name("dplb_rank_draining")
-                       .Help("1 while the admin API has the rank drained: requests in flight finish, no new one starts")
-                       .Register(*registry_);
+      queue_wait_(latency_buckets()),
+      families_{
+          prometheus::BuildGauge()
+              .Name("dplb_rank_inflight")
+              .Help("Requests dplb has sent to the rank and not yet finished")
+              .Register(*registry_),
+          prometheus::BuildGauge()
+              .Name("dplb_rank_tokens_inflight")
+              .Help("Tokens dplb counts in flight on the rank: under least-tokens each request's "
+                    "prompt until the engine's first body byte plus the most it may generate; "
+                    "under the other policies one per request")
+              .Register(*registry_),
+          prometheus::BuildGauge()
+              .Name("dplb_rank_healthy")
+              .Help("1 while the rank passes its active health checks (GET /health), 0 while it is down")
+              .Register(*registry_),
+          prometheus::BuildCounter()
+              .Name("dplb_prompt_tokens_total")
+              .Help("Prompt tokens reported in the usage of responses relayed from the rank")
+              .Register(*registry_),
+          prometheus::BuildCounter()
+              .Name("dplb_completion_tokens_total")
+              .Help("Completion tokens reported in the usage of responses relayed from the rank")
+              .Register(*registry_),
+          prometheus::BuildCounter()
+              .Name("dplb_upstream_connections_total")
+              .Help("New TCP connections opened to the rank (pooled reuse does not count)")
+              .Register(*registry_),
+          prometheus::BuildCounter()
+              .Name("dplb_upstream_keepalive_retries_total")
+              .Help("Requests re-sent on a fresh connection because a pooled one was found closed")
+              .Register(*registry_),
+          prometheus::BuildCounter()
+              .Name("dplb_upstream_errors_total")
+              .Help("Failed attempts on the rank, by kind (connect, reset, timeout, protocol, "
+                    "server_error, midstream)")
+              .Register(*registry_),
+          prometheus::BuildGauge()
+              .Name("dplb_rank_ejected")
+              .Help("1 while the rank is ejected by passive outlier detection")
+              .Register(*registry_),
+          prometheus::BuildCounter()
+              .Name("dplb_rank_ejections_total")
+              .Help("Times the rank was ejected after consecutive failed requests")
+              .Register(*registry_),
+          prometheus::BuildGauge()
+              .Name("dplb_rank_draining")
+              .Help("1 while the admin API has the rank drained: requests in flight finish, no new one starts")
+              .Register(*registry_),
+      },
+      capacity_(std::max(capacity, rank_urls.size())),
+      ranks_(std::make_unique<rank_handles[]>(capacity_)),
+      rank_labels_(std::make_unique<std::string[]>(capacity_)) {
   prometheus::BuildGauge()
       .Name("dplb_build_info")
       .Help("Always 1; the labels tell the version and the balancing policy")
       .Register(*registry_)
       .Add({{"version", DPLB_VERSION}, {"policy", std::string(policy_name)}})
       .Set(1);
-
-  ranks_.reserve(backend_urls.size());
-  for (std::size_t r = 0; r < backend_urls.size(); ++r) {
-    const auto label = std::to_string(r);
-    rank_labels_.push_back(label);
-    ranks_.push_back(rank_handles{
-        &inflight.Add({{"rank", label}, {"url", backend_urls[r]}}),
-        &tokens_inflight.Add({{"rank", label}}),
-        &healthy.Add({{"rank", label}}),
-        std::make_unique<atomic_histogram>(latency_buckets()),
-        std::make_unique<atomic_histogram>(latency_buckets()),
-        &prompt.Add({{"rank", label}}),
-        &completion.Add({{"rank", label}}),
-        &connects.Add({{"rank", label}}),
-        &retries.Add({{"rank", label}}),
-        &ejected.Add({{"rank", label}}),
-        &ejections.Add({{"rank", label}}),
-        &draining.Add({{"rank", label}}),
-        {},
-        std::make_unique<std::array<std::atomic<prometheus::Counter*>, 600>>(),
-    });
-    for (std::size_t k = 0; k < upstream_error_kinds.size(); ++k) {
-      ranks_.back().errors[k] = &errors.Add({{"rank", label}, {"kind", std::string(upstream_error_kinds[k])}});
-    }
-    ranks_.back().healthy->Set(1);
-  }
+  for (const auto& url : rank_urls) add_rank(url);
 }
+
+void proxy_metrics::add_rank(const std::string& url) {
+  const std::size_t r = rank_count_.load(std::memory_order_relaxed);
+  if (r >= capacity_) throw std::length_error("metrics: no room for rank " + std::to_string(r));
+  const auto label = std::to_string(r);
+  rank_labels_[r] = label;
+  auto& f = families_;
+  ranks_[r] = rank_handles{
+      &f.inflight.Add({{"rank", label}, {"url", url}}),
+      &f.tokens_inflight.Add({{"rank", label}}),
+      &f.healthy.Add({{"rank", label}}),
+      std::make_unique<atomic_histogram>(latency_buckets()),
+      std::make_unique<atomic_histogram>(latency_buckets()),
+      &f.prompt.Add({{"rank", label}}),
+      &f.completion.Add({{"rank", label}}),
+      &f.connects.Add({{"rank", label}}),
+      &f.keepalive_retries.Add({{"rank", label}}),
+      &f.ejected.Add({{"rank", label}}),
+      &f.ejections.Add({{"rank", label}}),
+      &f.draining.Add({{"rank", label}}),
+      {},
+      std::make_unique<std::array<std::atomic<prometheus::Counter*>, 600>>(),
+  };
+  for (std::size_t k = 0; k < upstream_error_kinds.size(); ++k) {
+    ranks_[r].errors[k] = &f.errors.Add({{"rank", label}, {"kind", std::string(upstream_error_kinds[k])}});
+  }
+  ranks_[r].healthy->Set(1);
+  {
+    std::lock_guard lock(render_mutex_);
+    retired_.push_back(0);
+  }
+  rank_count_.store(r + 1, std::memory_order_release);
+}
+
+void proxy_metrics::retire_rank(std::size_t rank) {
+  std::lock_guard lock(render_mutex_);
+  if (rank < retired_.size()) retired_[rank] = 1;
+}
+
+void proxy_metrics::restore_rank(std::size_t rank) {
+  std::lock_guard lock(render_mutex_);
+  if (rank < retired_.size()) retired_[rank] = 0;
+}
+
+bool proxy_metrics::retired(std::size_t rank) const { return rank < retired_.size() && retired_[rank] != 0; }
 
 proxy_metrics::~proxy_metrics() = default;
 
@@ -227,7 +256,9 @@ std::string proxy_metrics::render() {
   // Two scrapes on two workers: one at a time, since the first scrape after a rank's first engine read
   // adds its series.
   std::lock_guard lock(render_mutex_);
-  for (std::size_t r = 0; r < ranks_.size(); ++r) {
+  const std::size_t ranks = rank_count();
+  for (std::size_t r = 0; r < ranks; ++r) {
+    if (retired(r)) continue;
     ranks_[r].inflight->Set(balancer_.inflight(r));
     ranks_[r].tokens_inflight->Set(static_cast<double>(balancer_.cost_inflight(r)));
     refresh_engine_stats(r);
@@ -235,6 +266,15 @@ std::string proxy_metrics::render() {
   skew_.Set(balancer_.inflight_skew());
   queue_depth_.Set(static_cast<double>(balancer_.waiting()));
   auto families = registry_->Collect();
+  if (std::ranges::find(retired_, 1) != retired_.end()) {
+    // A removed rank's series leave with it (its handles stay: see add_rank).
+    for (auto& family : families) {
+      std::erase_if(family.metric, [&](const prometheus::ClientMetric& m) {
+        const auto rank = std::ranges::find(m.label, std::string("rank"), &prometheus::ClientMetric::Label::name);
+        return rank != m.label.end() && retired(std::stoul(rank->value));
+      });
+    }
+  }
   for (auto& family : histogram_families()) families.push_back(std::move(family));
   return prometheus::TextSerializer().Serialize(families);
 }
@@ -273,7 +313,9 @@ std::vector<prometheus::MetricFamily> proxy_metrics::histogram_families() const 
   auto duration = family("dplb_request_duration_seconds", "From the pick of a rank to the end of the relayed response");
   auto ttfb = family("dplb_time_to_first_byte_seconds",
                      "From the pick of a rank to the arrival of the engine's response head");
-  for (std::size_t r = 0; r < ranks_.size(); ++r) {
+  const std::size_t ranks = rank_count();
+  for (std::size_t r = 0; r < ranks; ++r) {
+    if (retired(r)) continue;
     duration.metric.push_back(sample({{"rank", rank_labels_[r]}}, *ranks_[r].duration));
     ttfb.metric.push_back(sample({{"rank", rank_labels_[r]}}, *ranks_[r].ttfb));
   }

@@ -320,7 +320,7 @@ class session {
     balancer::request_cost cost;
     if (shared_.balancer.active_policy().needs_request_facts()) cost = cost_of_body(request);
     if (pinned) {
-      const auto ranks = shared_.topology.hosts.size();
+      const auto ranks = shared_.topology.hosts().size();
       if (*pinned < 0 || static_cast<std::uint64_t>(*pinned) >= ranks) {
         shared_.metrics.rejected(400);
         co_return co_await send_error(400, "X-data-parallel-rank " + std::to_string(*pinned) +
@@ -398,8 +398,8 @@ class session {
       if (attempt.retry_elsewhere && retries < settings_.max_retries && !request.pinned_rank) {
         // Nothing reached the engine's application and nothing reached the client: try another rank.
         // The ranks behind the same URL share the failed server: none of them is tried either.
-        const auto& hosts = shared_.topology.hosts;
-        const auto& failed = shared_.topology.backends[hosts[accounting.rank()].backend];
+        const auto hosts = shared_.topology.hosts();
+        const auto& failed = shared_.topology.backends()[hosts[accounting.rank()].backend];
         tried.resize(hosts.size());
         std::fill_n(tried.begin() + static_cast<std::ptrdiff_t>(failed.first_rank), failed.dp, true);
         request.avoid = &tried;
@@ -442,7 +442,7 @@ class session {
       // Content-Length) is the only way left to tell the client the response is incomplete.
       accounting.finish(accounting.status());
       spdlog::warn("rank {} ({}) failed mid-response; the client sees a truncated response", rank,
-                   shared_.topology.hosts[rank].name);
+                   shared_.topology.hosts()[rank].name);
       co_return false;
     }
     exchange.give_back_if_clean(rank);
@@ -473,7 +473,7 @@ class session {
     const unsigned status = not_delivered ? 503 : ec == beast::error::timeout ? 504 : 502;
     accounting.finish(status);
     const auto rank = accounting.rank();
-    const auto where = "backend rank " + std::to_string(rank) + " (" + shared_.topology.hosts[rank].name + ")";
+    const auto where = "backend rank " + std::to_string(rank) + " (" + shared_.topology.hosts()[rank].name + ")";
     std::string message =
         not_delivered
             ? "no backend rank could take the request; the last tried, " + where +

@@ -26,13 +26,17 @@ bool still_clean(upstream_connection& connection) {
 
 }  // namespace
 
-connection_pool::connection_pool(io::executor executor, const std::vector<backend>& backends,
-                                 pool_limits limits)
-    : executor_(executor), backends_(backends), limits_(limits), idle_(backends.size()),
+connection_pool::connection_pool(io::executor executor, const topology& topology, pool_limits limits)
+    : executor_(executor), topology_(topology), limits_(limits), idle_(topology.backends().size()),
       sweep_timer_(executor) {}
 
+std::vector<connection_ptr>& connection_pool::idle_list(std::size_t backend) {
+  if (backend >= idle_.size()) idle_.resize(backend + 1);
+  return idle_[backend];
+}
+
 connection_ptr connection_pool::take_idle(std::size_t backend) {
-  auto& idle = idle_[backend];
+  auto& idle = idle_list(backend);
   const auto now = std::chrono::steady_clock::now();
   while (!idle.empty()) {
     connection_ptr c = std::move(idle.back());
@@ -48,7 +52,7 @@ connection_ptr connection_pool::take_idle(std::size_t backend) {
 io::task<connect_result> connection_pool::connect(std::size_t backend) {
   auto c = std::make_unique<upstream_connection>(executor_);
   c->stream.expires_after(limits_.connect_timeout);
-  auto [ec, endpoint] = co_await c->stream.async_connect(backends_[backend].endpoints, io::as_result);
+  auto [ec, endpoint] = co_await c->stream.async_connect(topology_.backends()[backend].endpoints, io::as_result);
   if (ec) co_return connect_result{nullptr, ec};
   // Small requests and SSE events must leave at once, not wait for Nagle's algorithm.
   c->stream.socket().set_option(asio::ip::tcp::no_delay(true), ec);
@@ -64,8 +68,8 @@ io::task<connect_result> connection_pool::connect(std::size_t backend) {
 
 void connection_pool::give_back(std::size_t backend, connection_ptr connection) {
   if (stopped_ || !connection) return;
-  auto& idle = idle_[backend];
-  if (idle.size() >= limits_.max_idle_per_rank * backends_[backend].dp) return;  // closes it: the pool stays bounded
+  auto& idle = idle_list(backend);
+  if (idle.size() >= limits_.max_idle_per_rank * topology_.backends()[backend].dp) return;  // closes it: the pool stays bounded
   connection->stream.expires_never();
   connection->idle_since = std::chrono::steady_clock::now();
   connection->reused = true;

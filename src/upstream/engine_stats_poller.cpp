@@ -20,7 +20,7 @@ namespace asio = boost::asio;
 
 engine_stats_poller::engine_stats_poller(const topology& topology, balancer::balancer& balancer,
                                          std::chrono::milliseconds interval, std::chrono::milliseconds timeout)
-    : topology_(topology), balancer_(balancer), interval_(interval), timeout_(timeout), warned_(topology.backends.size()) {}
+    : topology_(topology), balancer_(balancer), interval_(interval), timeout_(timeout), warned_(topology.capacity()) {}
 
 void engine_stats_poller::start(const asio::any_io_executor& executor) {
   asio::co_spawn(executor, poll_loop(), asio::detached);
@@ -86,18 +86,25 @@ asio::awaitable<void> engine_stats_poller::poll_loop() {
   auto executor = co_await asio::this_coro::executor;
   asio::steady_timer timer(executor);
   asio::steady_timer all_done(executor);
-  std::vector<balancer::engine_reading> round(topology_.hosts.size());
+  std::vector<balancer::engine_reading> round;
   for (;;) {
     const auto started = std::chrono::steady_clock::now();
+    // The topology as it is now: backends added later are read from the next round on. A removed one is
+    // not read; its ranks' last numbers go stale, unused.
+    const auto backends = topology_.backends();
+    round.assign(topology_.hosts().size(), balancer::engine_reading{});
     // Every backend at once, then one publication: the policy sees every rank's numbers change together,
     // as a client of vLLM's coordinator does, and one slow engine (bounded by the timeout) delays the
     // others' numbers by no more than it takes. The readers run on this thread and this frame outlives
     // them: it waits for the last one.
-    std::size_t pending = topology_.backends.size();
+    std::size_t pending = 1;  // this loop's own count, dropped once every reader is spawned
     all_done.expires_at(std::chrono::steady_clock::time_point::max());
-    for (const auto& target : topology_.backends) {
+    for (const auto& target : backends) {
+      if ((balancer_.flags(target.first_rank) & balancer::host_flag::removed) != 0) continue;
+      ++pending;
       asio::co_spawn(executor, read_backend(target, round, pending, all_done), asio::detached);
     }
+    --pending;
     while (pending > 0) co_await all_done.async_wait(asio::as_tuple(asio::use_awaitable));
     if (stopped_.load(std::memory_order_relaxed)) co_return;
     balancer_.publish_engine_stats(round);

@@ -22,7 +22,29 @@ constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
 health_monitor::health_monitor(const topology& topology, balancer::balancer& balancer,
                                metrics::proxy_metrics& metrics, health_check_settings settings)
     : topology_(topology), balancer_(balancer), metrics_(metrics), settings_(std::move(settings)),
-      ranks_(topology.hosts.size(), rank_health(settings_.policy)), streaks_(topology.hosts.size()) {}
+      ranks_(topology.hosts().size(), rank_health(settings_.policy)),
+      streaks_(std::make_unique<failure_streak[]>(topology.capacity())) {}
+
+void health_monitor::add_ranks() {
+  std::lock_guard lock(mutex_);
+  const auto hosts = topology_.hosts().size();
+  while (ranks_.size() < hosts) {
+    ranks_.emplace_back(settings_.policy);
+    apply(ranks_.size() - 1);
+  }
+}
+
+void health_monitor::restart(std::size_t rank) {
+  std::lock_guard lock(mutex_);
+  if (rank >= ranks_.size()) return;
+  ranks_[rank] = rank_health(settings_.policy);
+  streaks_[rank].count.store(0, std::memory_order_relaxed);
+  apply(rank);
+}
+
+bool health_monitor::removed(std::size_t rank) const {
+  return (balancer_.flags(rank) & balancer::host_flag::removed) != 0;
+}
 
 void health_monitor::apply(std::size_t rank) {
   const auto& h = ranks_[rank];
@@ -45,10 +67,16 @@ void health_monitor::record(std::size_t rank, request_outcome outcome) {
   std::lock_guard lock(mutex_);
   bool may_eject = false;
   if (!success) {
-    const auto ejected_now = static_cast<std::size_t>(
-        std::count_if(ranks_.begin(), ranks_.end(), [](const rank_health& h) { return h.ejected(); }));
-    may_eject = (ejected_now + 1) * 100 <= settings_.policy.max_ejected_percent * ranks_.size();
+    std::size_t ejected_now = 0;
+    std::size_t in_service = 0;  // removed ranks are no part of the deployment any more
+    for (std::size_t r = 0; r < ranks_.size(); ++r) {
+      if (removed(r)) continue;
+      ++in_service;
+      ejected_now += ranks_[r].ejected() ? 1 : 0;
+    }
+    may_eject = (ejected_now + 1) * 100 <= settings_.policy.max_ejected_percent * in_service;
   }
+  if (rank >= ranks_.size()) return;
   const bool ejects = ranks_[rank].record(outcome, std::chrono::steady_clock::now(), may_eject);
   streak.store(ranks_[rank].consecutive_errors(), std::memory_order_relaxed);
   if (ejects) {
@@ -56,7 +84,7 @@ void health_monitor::record(std::size_t rank, request_outcome outcome) {
     const auto for_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
         *h.ejected_until() - std::chrono::steady_clock::now());
     spdlog::warn("rank {} ({}) ejected for {} ms after {} consecutive failed requests (ejection #{})", rank,
-                 topology_.hosts[rank].name, for_ms.count(), settings_.policy.ejection_threshold, h.times_ejected());
+                 topology_.hosts()[rank].name, for_ms.count(), settings_.policy.ejection_threshold, h.times_ejected());
     metrics_.ejected(rank);
     apply(rank);
   }
@@ -99,7 +127,7 @@ asio::awaitable<void> health_monitor::tick_loop() {
       if (!ranks_[r].ejected()) continue;
       ranks_[r].tick(now);
       if (!ranks_[r].ejected()) {
-        spdlog::info("rank {} ({}) back from ejection", r, topology_.hosts[r].name);
+        spdlog::info("rank {} ({}) back from ejection", r, topology_.hosts()[r].name);
         apply(r);
       }
     }
@@ -113,17 +141,19 @@ asio::awaitable<void> health_monitor::probe_loop() {
     const auto started = std::chrono::steady_clock::now();
     // Probed one after the other: each is bounded by the probe timeout, and a slow backend must not hold
     // the others' verdicts back by more than that.
-    for (const auto& target : topology_.backends) {
+    // The backends as they are at the start of the round; one added meanwhile is probed from the next.
+    for (const auto& target : topology_.backends()) {
+      if (removed(target.first_rank)) continue;
       const bool ok = co_await probe(target);
       std::lock_guard lock(mutex_);
       if (stopped_) co_return;
-      for (std::size_t r = target.first_rank; r < target.first_rank + target.dp; ++r) {
+      for (std::size_t r = target.first_rank; r < target.first_rank + target.dp && r < ranks_.size(); ++r) {
         auto& h = ranks_[r];
         const bool was_healthy = h.healthy();
         ok ? h.probe_succeeded() : h.probe_failed();
         if (h.healthy() != was_healthy) {
-          if (h.healthy()) spdlog::info("rank {} ({}) is healthy again", r, topology_.hosts[r].name);
-          else spdlog::warn("rank {} ({}) is down: {} consecutive failed health checks", r, topology_.hosts[r].name,
+          if (h.healthy()) spdlog::info("rank {} ({}) is healthy again", r, topology_.hosts()[r].name);
+          else spdlog::warn("rank {} ({}) is down: {} consecutive failed health checks", r, topology_.hosts()[r].name,
                             settings_.policy.unhealthy_threshold);
         }
         apply(r);

@@ -267,3 +267,115 @@ TEST_CASE("the admin paths on the public port are proxied to the engines, never 
   }
   CHECK(ranks_of(proxy.admin_port())["ranks"][0]["flags"] == json::array());
 }
+
+namespace {
+
+json backends_of(std::uint16_t admin_port) {
+  const auto r = admin_call(admin_port, bhttp::verb::get, "/backends");
+  REQUIRE(r.status == 200);
+  return json::parse(r.body)["backends"];
+}
+
+bool has_rank_series(const std::map<std::string, double>& metrics, const std::string& rank) {
+  for (const auto& [key, value] : metrics) {
+    if (key.find("rank=\"" + rank + "\"") != std::string::npos) return true;
+  }
+  return false;
+}
+
+// A JSON config file, rewritten by the test and removed at its end.
+class config_file {
+ public:
+  config_file() {
+    char pattern[] = "/tmp/dplb-config-XXXXXX";
+    const int fd = ::mkstemp(pattern);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+    path_ = pattern;
+  }
+  ~config_file() { ::unlink(path_.c_str()); }
+  config_file(const config_file&) = delete;
+  config_file& operator=(const config_file&) = delete;
+  void write(const std::string& text) const { std::ofstream(path_, std::ios::trunc) << text; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace
+
+TEST_CASE("a backend added at runtime takes requests, and removed it finishes its stream and leaves the metrics",
+          "[admin][runtime]") {
+  token_file file;
+  // Each token of a stream takes 30 ms: a 40-token stream is in flight ~1.2 s.
+  mock_engine engine(2, {"--itl-ms", "30"});
+  const auto urls = engine.urls();
+  dplb_proxy proxy({urls[0]}, with_admin(file, {"--policy", "round-robin", "--threads", "2"}));
+  const auto admin = proxy.admin_port();
+
+  const auto added = admin_call(admin, bhttp::verb::post, "/backends", json{{"url", urls[1]}}.dump());
+  REQUIRE(added.status == 201);
+  CHECK(json::parse(added.body)["ranks"][0]["rank"] == 1);
+  CHECK(spread(proxy.port(), 6) == std::map<std::string, int>{{"0", 3}, {"1", 3}});
+  CHECK(has_rank_series(scrape_metrics(proxy.port()), "1"));
+
+  // A stream pinned to rank 1 is in flight when its backend is removed.
+  http_connection streaming(proxy.port());
+  auto stream_request = completion(40, true);
+  stream_request.set("X-data-parallel-rank", "1");
+  std::ostringstream wire;
+  wire << stream_request;
+  streaming.write_raw(wire.str());
+  await_until([&] { return ranks_of(admin); }, [](const json& d) { return d["ranks"][1]["inflight"] == 1; });
+  const auto removed = admin_call(admin, bhttp::verb::post, "/backends/remove", json{{"url", urls[1]}}.dump());
+  REQUIRE(removed.status == 202);
+  CHECK(json::parse(removed.body)["state"] == "removing");
+  CHECK(spread(proxy.port(), 4) == std::map<std::string, int>{{"0", 4}});
+
+  const auto reply = streaming.read_responses(1, 10s);
+  REQUIRE(reply.final_responses().size() == 1);
+  const auto response = reply.final_responses().front();
+  CHECK(response.status == 200);
+  CHECK(response.header("x-dplb-rank") == "1");
+  CHECK_THAT(response.body, Catch::Contains("data: [DONE]"));
+
+  // Once its stream is done, it leaves: out of /backends and out of the metrics.
+  CHECK(await_until([&] { return backends_of(admin).size(); }, [](std::size_t n) { return n == 1; }) == 1);
+  CHECK_FALSE(has_rank_series(scrape_metrics(proxy.port()), "1"));
+  auto pinned = completion(1, false);
+  pinned.set("X-data-parallel-rank", "1");
+  CHECK(http_connection(proxy.port()).send(pinned).status == 503);
+
+  // Added back: the same rank number, in rotation and in the metrics again.
+  const auto back = admin_call(admin, bhttp::verb::post, "/backends", json{{"url", urls[1]}}.dump());
+  REQUIRE(back.status == 201);
+  CHECK(json::parse(back.body)["ranks"][0]["rank"] == 1);
+  CHECK(spread(proxy.port(), 4) == std::map<std::string, int>{{"0", 2}, {"1", 2}});
+  CHECK(has_rank_series(scrape_metrics(proxy.port()), "1"));
+}
+
+TEST_CASE("SIGHUP makes the backends match the config file, and a broken file changes nothing", "[admin][reload]") {
+  token_file file;
+  mock_engine engine(3);
+  const auto urls = engine.urls();
+  config_file config;
+  config.write(json{{"backends", {urls[0], urls[1]}}}.dump());
+  dplb_proxy proxy({}, with_admin(file, {"--config", config.path(), "--policy", "round-robin", "--threads", "1"}));
+  CHECK(spread(proxy.port(), 4) == std::map<std::string, int>{{"0", 2}, {"1", 2}});
+
+  // urls[0] goes, urls[1] weighs 3, urls[2] comes (as rank 2).
+  config.write(json{{"backends", {urls[1] + "#weight=3", urls[2]}}}.dump());
+  REQUIRE(::kill(proxy.process().pid(), SIGHUP) == 0);
+  REQUIRE(proxy.process()
+              .wait_for_line(std::regex("SIGHUP: backends reloaded: 1 added, 1 removed, 1 reweighted"), 10s)
+              .has_value());
+  CHECK(spread(proxy.port(), 8) == std::map<std::string, int>{{"1", 6}, {"2", 2}});
+  const auto doc = ranks_of(proxy.admin_port());
+  CHECK(doc["ranks"][0]["flags"] == json::array({"removed"}));
+
+  config.write("{\"backends\": [");
+  REQUIRE(::kill(proxy.process().pid(), SIGHUP) == 0);
+  REQUIRE(proxy.process().wait_for_line(std::regex("SIGHUP: backends not \\(fully\\) reloaded"), 10s).has_value());
+  CHECK(spread(proxy.port(), 8) == std::map<std::string, int>{{"1", 6}, {"2", 2}});
+}

@@ -3,10 +3,10 @@
 // shared state, so that the whole API is unit-tested without a listener (admin_listener.hpp serves it).
 //
 // Every request must carry `Authorization: Bearer <token>`; then a small router maps path and method to a
-// handler. Routes are a table so that runtime add/remove of backends can slot in as more rows.
+// handler (a table of routes).
 //
-// Threading contract: handle() may be called from any thread; the balancer and the metrics it changes are
-// thread-safe, and the API keeps no state of its own.
+// Threading contract: handle() runs on the backend registry's thread (the main thread's loop); the
+// balancer and the metrics it changes are thread-safe, and the API keeps no state of its own.
 
 #include <cstddef>
 #include <cstdint>
@@ -23,7 +23,8 @@ namespace dplb::metrics {
 class proxy_metrics;
 }
 namespace dplb::upstream {
-struct topology;
+class topology;
+class backend_registry;
 }
 
 namespace dplb::admin {
@@ -52,8 +53,8 @@ struct call {
 class admin_api {
  public:
   // `token` must not be empty (settings refuse an admin listener without one).
-  admin_api(const upstream::topology& topology, balancer::balancer& balancer, metrics::proxy_metrics& metrics,
-            std::string token);
+  admin_api(const upstream::topology& topology, upstream::backend_registry& registry, balancer::balancer& balancer,
+            metrics::proxy_metrics& metrics, std::string token);
 
   response handle(const request& req) const;
 
@@ -73,6 +74,9 @@ class admin_api {
   response undrain_backend(const call& c) const { return set_backend_draining(c, false); }
   response set_backend_draining(const call& c, bool on) const;
   response set_rank_weight(const call& c) const;
+  response list_backends(const call&) const;
+  response add_backend(const call& c) const;
+  response remove_backend(const call& c) const;
 
   // The rank named by a path segment, or nullopt when there is no such rank.
   std::optional<std::size_t> rank_of(std::string_view segment) const;
@@ -81,6 +85,7 @@ class admin_api {
   static const std::vector<route>& routes();
 
   const upstream::topology& topology_;
+  upstream::backend_registry& registry_;
   balancer::balancer& balancer_;
   metrics::proxy_metrics& metrics_;
   std::string token_;

@@ -105,8 +105,15 @@ struct waiter {
 
 class balancer {
  public:
+  // Room is made for `capacity` ranks (at least rank_count) once: the per-rank counters are read without
+  // the lock, so they never move; add_ranks() takes the next ones.
   balancer(std::size_t rank_count, std::unique_ptr<policy> chosen_policy, queue_limits limits = {},
-           host_timing timing = {});
+           host_timing timing = {}, std::size_t capacity = 0);
+
+  // Appends ranks (the next global numbers), each with its weight, usable at once. Unless they are the
+  // first, they ramp up over the slow start like a readmitted rank. Throws std::length_error beyond the
+  // capacity.
+  void add_ranks(std::span<const std::uint32_t> weights);
 
   // Chooses a rank and counts the request on it; an empty lease when no rank is usable (or, pinned, when
   // its rank is not usable or full). A request with `avoid` set is a retry: it does not wait behind queued
@@ -120,7 +127,7 @@ class balancer {
   void set_weight(std::size_t rank, std::uint32_t weight);
   std::uint32_t weight(std::size_t rank) const noexcept;
 
-  std::size_t rank_count() const noexcept { return ranks_.size(); }
+  std::size_t rank_count() const noexcept { return rank_count_.load(std::memory_order_acquire); }
   std::uint32_t inflight(std::size_t rank) const noexcept;
   std::uint64_t cost_inflight(std::size_t rank) const noexcept;
   std::uint64_t picks(std::size_t rank) const noexcept;  // requests ever sent to the rank
@@ -199,10 +206,15 @@ class balancer {
   bool closed_ = false;                    // guarded by pick_mutex_
   std::size_t ramping_ = 0;                // ranks in slow start; guarded by pick_mutex_
   bool stats_seen_ = false;                // a good engine-stats read arrived; guarded by pick_mutex_
-  std::vector<rank_state> ranks_;   // sized once; never resized (atomics are not movable)
-  std::vector<rank_detail> detail_; // guarded by pick_mutex_
+  // Allocated once for the capacity, never moved (atomics are not movable, and readers hold no lock);
+  // ranks_[0, rank_count_) are in use. rank_count_ only grows, under pick_mutex_.
+  std::size_t capacity_;
+  std::unique_ptr<rank_state[]> ranks_;
+  std::atomic<std::size_t> rank_count_{0};
+  std::vector<rank_detail> detail_; // rank_count_ of them; guarded by pick_mutex_
   std::vector<host_view> view_;     // scratch for choose(); guarded by pick_mutex_
   std::vector<engine_load> loads_;  // scratch for on_engine_stats(); guarded by pick_mutex_
+  std::span<rank_state> ranks_in_use() const noexcept { return {ranks_.get(), rank_count()}; }
 };
 
 }  // namespace dplb::balancer

@@ -41,9 +41,18 @@ inline constexpr std::array<std::string_view, 6> upstream_error_kinds{"connect",
 
 class proxy_metrics {
  public:
-  proxy_metrics(const std::vector<std::string>& backend_urls, const balancer::balancer& balancer,
-                std::string_view policy_name);
+  // `rank_urls[r]` is rank r's backend URL. Room is made for `capacity` ranks (at least as many), since
+  // the request path indexes the per-rank handles without a lock.
+  proxy_metrics(const std::vector<std::string>& rank_urls, const balancer::balancer& balancer,
+                std::string_view policy_name, std::size_t capacity = 0);
   ~proxy_metrics();
+
+  // Ranks come and go at runtime (one thread at a time, as the topology's add()). add_rank takes the next
+  // rank number; a retired rank's series leave the exposition (its handles stay, so that a late call on
+  // it is harmless) and come back, with their values, when it is restored.
+  void add_rank(const std::string& url);
+  void retire_rank(std::size_t rank);
+  void restore_rank(std::size_t rank);
 
   // A proxied request finished (response relayed, or dplb answered an error on the rank's behalf).
   void request_finished(std::size_t rank, unsigned status, std::chrono::duration<double> duration);
@@ -99,6 +108,8 @@ class proxy_metrics {
     prometheus::Gauge* engine_stats_age = nullptr;
   };
   void refresh_engine_stats(std::size_t rank);
+  std::size_t rank_count() const noexcept { return rank_count_.load(std::memory_order_acquire); }
+  bool retired(std::size_t rank) const;  // render_mutex_ held
 
   prometheus::Counter& status_counter(std::size_t rank, unsigned status);
   // The lock-free histograms as Prometheus families, for the scrape.
@@ -120,8 +131,28 @@ class proxy_metrics {
   prometheus::Family<prometheus::Gauge>& engine_stats_age_;
   atomic_histogram queue_wait_;
   std::array<std::atomic<prometheus::Counter*>, 600> rejected_by_status_{};  // lazily filled
-  std::vector<rank_handles> ranks_;
-  std::vector<std::string> rank_labels_;
+  // The per-rank families, for add_rank.
+  struct rank_families {
+    prometheus::Family<prometheus::Gauge>& inflight;
+    prometheus::Family<prometheus::Gauge>& tokens_inflight;
+    prometheus::Family<prometheus::Gauge>& healthy;
+    prometheus::Family<prometheus::Counter>& prompt;
+    prometheus::Family<prometheus::Counter>& completion;
+    prometheus::Family<prometheus::Counter>& connects;
+    prometheus::Family<prometheus::Counter>& keepalive_retries;
+    prometheus::Family<prometheus::Counter>& errors;
+    prometheus::Family<prometheus::Gauge>& ejected;
+    prometheus::Family<prometheus::Counter>& ejections;
+    prometheus::Family<prometheus::Gauge>& draining;
+  };
+  rank_families families_;
+  // Allocated once for the capacity: [0, rank_count_) are in use, and an entry never changes once
+  // published (the engine-stats gauges aside, which only render() touches, under render_mutex_).
+  std::size_t capacity_;
+  std::unique_ptr<rank_handles[]> ranks_;
+  std::unique_ptr<std::string[]> rank_labels_;
+  std::atomic<std::size_t> rank_count_{0};
+  std::vector<char> retired_;  // per rank; guarded by render_mutex_
 };
 
 }  // namespace dplb::metrics

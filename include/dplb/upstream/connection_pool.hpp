@@ -41,8 +41,8 @@ struct connect_result {
 
 class connection_pool {
  public:
-  connection_pool(io::executor executor, const std::vector<backend>& backends,
-                  pool_limits limits);
+  // Backends added to the topology later get their idle list on first use.
+  connection_pool(io::executor executor, const topology& topology, pool_limits limits);
 
   // The most recently used idle connection to the backend that is young enough and clean (the engine has
   // neither closed it nor sent anything on it while it waited), or null.
@@ -60,13 +60,14 @@ class connection_pool {
   io::task<void> sweep_loop();
   void stop();
 
-  std::size_t idle_count(std::size_t backend) const { return idle_[backend].size(); }
+  std::size_t idle_count(std::size_t backend) const { return backend < idle_.size() ? idle_[backend].size() : 0; }
 
  private:
   void drop_expired(std::size_t backend, std::chrono::steady_clock::time_point now);
+  std::vector<connection_ptr>& idle_list(std::size_t backend);
 
   io::executor executor_;
-  const std::vector<backend>& backends_;
+  const topology& topology_;
   pool_limits limits_;
   std::vector<std::vector<connection_ptr>> idle_;  // per backend; back() is the most recently used
   io::steady_timer sweep_timer_;

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -42,6 +43,11 @@ class health_monitor {
   health_monitor(const topology& topology, balancer::balancer& balancer,
                  metrics::proxy_metrics& metrics, health_check_settings settings);
 
+  // Hosts added to the topology since (any thread, one at a time): their health starts fresh, good.
+  void add_ranks();
+  // A rank whose backend was added again after a removal starts over: healthy, no ejection history.
+  void restart(std::size_t rank);
+
   // A request's outcome on a rank (any thread). May eject the rank.
   void record(std::size_t rank, request_outcome outcome);
 
@@ -57,6 +63,7 @@ class health_monitor {
   boost::asio::awaitable<void> tick_loop();
   boost::asio::awaitable<bool> probe(const backend& target);
   void apply(std::size_t rank);  // pushes the rank's flags to the balancer; lock held
+  bool removed(std::size_t rank) const;  // its backend was removed: nothing to check
 
   const topology& topology_;
   balancer::balancer& balancer_;
@@ -69,7 +76,7 @@ class health_monitor {
   struct alignas(64) failure_streak {
     std::atomic<std::uint32_t> count{0};
   };
-  std::vector<failure_streak> streaks_;
+  std::unique_ptr<failure_streak[]> streaks_;  // for the topology's capacity: record() reads them unlocked
   bool stopped_ = false;
 };
 

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,8 @@
 #include "dplb/balancer/policy_factory.hpp"
 #include "dplb/metrics/proxy_metrics.hpp"
 #include "dplb/upstream/backend.hpp"
+#include "dplb/upstream/backend_registry.hpp"
+#include "dplb/upstream/health_monitor.hpp"
 
 namespace admin = dplb::admin;
 using dplb::balancer::host_flag;
@@ -24,35 +28,35 @@ const std::string token = "s3cret-token";
 const std::string bearer = "Bearer " + token;
 
 // Two backends: http://127.0.0.1:8100#dp=2 (ranks 0 and 1) and http://engine-b:8101 (rank 2).
-dplb::upstream::topology two_backends() {
-  dplb::upstream::topology t;
+std::unique_ptr<dplb::upstream::topology> two_backends() {
+  auto t = std::make_unique<dplb::upstream::topology>(16);
   dplb::upstream::backend a;
-  a.index = 0;
   a.url = "http://127.0.0.1:8100";
   a.dp = 2;
-  a.first_rank = 0;
+  t->add(std::move(a), 1);
   dplb::upstream::backend b;
-  b.index = 1;
   b.url = "http://engine-b:8101";
-  b.first_rank = 2;
-  t.backends = {a, b};
-  for (std::size_t r = 0; r < 3; ++r) {
-    dplb::upstream::host h;
-    h.rank = r;
-    h.backend = r < 2 ? 0 : 1;
-    h.rank_in_url = r < 2 ? static_cast<std::uint32_t>(r) : 0;
-    h.name = t.backends[h.backend].url;
-    t.hosts.push_back(h);
-  }
+  t->add(std::move(b), 1);
   return t;
 }
 
+// Adds without a name lookup: the admin API's part is what is tested here, not the resolver's.
+dplb::upstream::backend unresolved(const dplb::config::backend_spec& spec) {
+  dplb::upstream::backend b;
+  b.url = spec.url;
+  b.dp = spec.dp;
+  return b;
+}
+
 struct fixture {
-  dplb::upstream::topology topology = two_backends();
-  dplb::balancer::balancer balancer{3, dplb::balancer::make_policy("round-robin")};
+  std::unique_ptr<dplb::upstream::topology> topology_storage = two_backends();
+  dplb::upstream::topology& topology = *topology_storage;
+  dplb::balancer::balancer balancer{3, dplb::balancer::make_policy("round-robin"), {}, {}, topology.capacity()};
   dplb::metrics::proxy_metrics metrics{{"http://127.0.0.1:8100", "http://127.0.0.1:8100", "http://engine-b:8101"},
-                                       balancer, "round-robin"};
-  admin::admin_api api{topology, balancer, metrics, token};
+                                       balancer, "round-robin", topology.capacity()};
+  dplb::upstream::health_monitor health{topology, balancer, metrics, {.interval = std::chrono::milliseconds(0), .policy = {}}};
+  dplb::upstream::backend_registry registry{topology, balancer, metrics, health, unresolved};
+  admin::admin_api api{topology, registry, balancer, metrics, token};
 
   admin::response call(std::string_view method, std::string_view target, std::string_view body = {},
                        std::string_view authorization = bearer) const {
@@ -246,7 +250,7 @@ TEST_CASE("PUT /ranks/{rank}/weight sets the weight within the --backend bounds"
 
 TEST_CASE("unknown admin paths are 404 and known paths with a wrong method 405 with Allow", "[admin]") {
   fixture f;
-  for (const char* target : {"/", "/rank", "/ranks/", "/ranks/0", "/ranks/0/drain/now", "/backends", "/v1/models"}) {
+  for (const char* target : {"/", "/rank", "/ranks/", "/ranks/0", "/ranks/0/drain/now", "/backends/x", "/v1/models"}) {
     INFO(target);
     check_error(f.call("GET", target), 404);
   }
@@ -260,6 +264,115 @@ TEST_CASE("unknown admin paths are 404 and known paths with a wrong method 405 w
   check_error(r, 405);
   CHECK(r.allow == "PUT");
   CHECK(f.balancer.weight(0) == 1);
+  r = f.call("DELETE", "/backends");
+  check_error(r, 405);
+  CHECK(r.allow == "GET, POST");
   // A query string does not change the route.
   CHECK(f.call("GET", "/ranks?verbose=1").status == 200);
+}
+
+TEST_CASE("a backend added at runtime gets the next ranks, and removed it takes nothing new and leaves once idle",
+          "[admin]") {
+  fixture f;
+  auto added = f.call("POST", "/backends", R"({"url": "http://127.0.0.1:8102/#dp=2&weight=3"})");
+  REQUIRE(added.status == 201);
+  auto doc = body_of(added);
+  CHECK(doc["url"] == "http://127.0.0.1:8102");
+  CHECK(doc["state"] == "active");
+  REQUIRE(doc["ranks"].size() == 2);
+  CHECK(doc["ranks"][0]["rank"] == 3);
+  CHECK(doc["ranks"][1]["rank"] == 4);
+  CHECK(doc["ranks"][1]["weight"] == 3);
+  CHECK(f.balancer.rank_count() == 5);
+  CHECK(f.topology.hosts()[4].request_lines.find("X-data-parallel-rank: 1\r\n") != std::string::npos);
+  CHECK_THAT(f.metrics.render(), Catch::Contains(R"(dplb_rank_inflight{rank="4",url="http://127.0.0.1:8102"})"));
+  // Served already: refused, whatever the dp.
+  check_error(f.call("POST", "/backends", R"({"url": "http://127.0.0.1:8102#dp=2"})"), 409);
+  check_error(f.call("POST", "/backends", R"({"url": "http://127.0.0.1:8102"})"), 409);
+  check_error(f.call("POST", "/backends", R"({"url": "ftp://x"})"), 400);
+  CHECK(f.balancer.rank_count() == 5);
+
+  // Rank 3 has a request in flight when its backend is removed.
+  dplb::balancer::pick_context pinned;
+  pinned.pinned_rank = 3;
+  auto lease = f.balancer.acquire(pinned);
+  REQUIRE(lease);
+  auto removed = f.call("POST", "/backends/remove", R"({"url": "http://127.0.0.1:8102"})");
+  REQUIRE(removed.status == 202);
+  doc = body_of(removed);
+  CHECK(doc["state"] == "removing");
+  CHECK(doc["ranks"][0]["flags"] == json::array({"removed"}));
+  CHECK(doc["ranks"][0]["inflight"] == 1);
+  for (int i = 0; i < 30; ++i) {
+    auto l = f.balancer.acquire();
+    REQUIRE(l);
+    CHECK(l.rank() < 3);
+  }
+  CHECK_FALSE(f.balancer.acquire(pinned));
+  CHECK(f.registry.retire_drained().empty());  // still in flight
+  CHECK_THAT(f.metrics.render(), Catch::Contains(R"(rank="3")"));
+  lease.release();
+  CHECK(f.registry.retire_drained() == std::vector<std::string>{"http://127.0.0.1:8102"});
+  CHECK_THAT(f.metrics.render(), !Catch::Contains(R"(rank="3")") && !Catch::Contains(R"(rank="4")"));
+  CHECK(body_of(f.call("GET", "/backends"))["backends"].size() == 2);
+  CHECK(body_of(f.call("GET", "/ranks"))["ranks"][3]["backend_state"] == "removed");
+  check_error(f.call("POST", "/backends/remove", R"({"url": "http://127.0.0.1:8102"})"), 404);
+
+  // Added back with the same dp: the same ranks, usable again, in the metrics again.
+  added = f.call("POST", "/backends", R"({"url": "http://127.0.0.1:8102#dp=2"})");
+  REQUIRE(added.status == 201);
+  doc = body_of(added);
+  CHECK(doc["ranks"][0]["rank"] == 3);
+  CHECK(doc["ranks"][0]["flags"] == json::array());
+  CHECK(doc["ranks"][0]["weight"] == 1);
+  CHECK(f.balancer.rank_count() == 5);
+  CHECK(f.balancer.acquire(pinned));
+  CHECK_THAT(f.metrics.render(), Catch::Contains(R"(dplb_rank_inflight{rank="3")"));
+}
+
+TEST_CASE("a removed backend with nothing in flight leaves at once, and bad removals are refused", "[admin]") {
+  fixture f;
+  const auto removed = f.call("POST", "/backends/remove", R"({"url": "http://engine-b:8101"})");
+  REQUIRE(removed.status == 200);
+  CHECK(body_of(removed)["state"] == "removed");
+  CHECK_FALSE(f.balancer.usable(2));
+  check_error(f.call("POST", "/backends/remove", R"({"url": "http://engine-b:8101#dp=1"})"), 400);
+  check_error(f.call("POST", "/backends/remove", R"({"link": "http://engine-b:8101"})"), 400);
+  check_error(f.call("POST", "/backends/remove", "not json"), 400);
+  // No room: the topology of this fixture holds 16 ranks over its life.
+  const auto full = f.call("POST", "/backends", R"({"url": "http://127.0.0.1:8103#dp=14"})");
+  check_error(full, 507);
+  CHECK_THAT(body_of(full)["error"]["message"].get<std::string>(), Catch::Contains("at most 16"));
+  CHECK(f.balancer.rank_count() == 3);
+}
+
+TEST_CASE("a reload makes the active backends match the configuration", "[admin][reload]") {
+  fixture f;
+  const auto spec = [](std::string text) {
+    dplb::config::backend_spec s;
+    REQUIRE(dplb::config::parse_backend(text, s).empty());
+    return s;
+  };
+  // Rank 0 and 1's backend stays with a new weight; engine-b goes; a new backend comes.
+  const auto summary = f.registry.reload({spec("http://127.0.0.1:8100#dp=2&weight=2"), spec("http://127.0.0.1:8104")});
+  CHECK(summary.reweighted == std::vector<std::string>{"http://127.0.0.1:8100"});
+  CHECK(summary.removed == std::vector<std::string>{"http://engine-b:8101"});
+  CHECK(summary.added == std::vector<std::string>{"http://127.0.0.1:8104"});
+  CHECK(f.balancer.weight(0) == 2);
+  CHECK(f.balancer.weight(1) == 2);
+  CHECK(f.balancer.flags(2) == host_flag::removed);
+  CHECK(f.balancer.rank_count() == 4);
+  CHECK(f.balancer.usable(3));
+  // A dp change is a new set of ranks: the old ones go, new ones come.
+  const auto again = f.registry.reload({spec("http://127.0.0.1:8100#dp=3&weight=2"), spec("http://127.0.0.1:8104")});
+  CHECK(again.removed == std::vector<std::string>{"http://127.0.0.1:8100"});
+  CHECK(again.added == std::vector<std::string>{"http://127.0.0.1:8100"});
+  CHECK(f.balancer.rank_count() == 7);
+  CHECK(f.balancer.flags(0) == host_flag::removed);
+  CHECK(f.balancer.usable(6));
+  // Nothing changed: nothing done.
+  const auto same = f.registry.reload({spec("http://127.0.0.1:8100#dp=3&weight=2"), spec("http://127.0.0.1:8104")});
+  CHECK(same.added.empty());
+  CHECK(same.removed.empty());
+  CHECK(same.reweighted.empty());
 }

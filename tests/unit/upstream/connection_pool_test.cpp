@@ -19,7 +19,7 @@ struct engine_side {
     upstream::backend b;
     b.url = "http://127.0.0.1:" + std::to_string(acceptor.local_endpoint().port());
     b.endpoints.push_back(acceptor.local_endpoint());
-    backends.push_back(b);
+    topology.add(std::move(b), 1);
   }
 
   // A connected engine connection, its engine end kept in `peers`.
@@ -32,7 +32,7 @@ struct engine_side {
   }
 
   asio::ip::tcp::acceptor acceptor;
-  std::vector<upstream::backend> backends;
+  upstream::topology topology{4};
   std::vector<asio::ip::tcp::socket> peers;
 };
 
@@ -43,7 +43,7 @@ TEST_CASE("the pool hands out a clean idle connection, never one the engine wrot
   asio::io_context io;
   engine_side engine(io);
   engine.peers.reserve(3);
-  upstream::connection_pool pool(io.get_executor(), engine.backends, upstream::pool_limits{});
+  upstream::connection_pool pool(io.get_executor(), engine.topology, upstream::pool_limits{});
 
   // The checks happen when a connection is taken, with no event loop run in between: a byte or a close
   // that arrived while it waited must be seen then, not when some completion gets to run.

@@ -23,12 +23,9 @@ struct monitored {
       : balancer(ranks, balancer::make_policy("least-inflight")) {
     for (std::size_t r = 0; r < ranks; ++r) {
       urls.push_back("http://127.0.0.1:" + std::to_string(9000 + r));
-      auto& b = topology.backends.emplace_back();
-      b.index = b.first_rank = r;
+      upstream::backend b;
       b.url = urls.back();
-      auto& h = topology.hosts.emplace_back();
-      h.rank = h.backend = r;
-      h.name = urls.back();
+      topology.add(std::move(b), 1);
     }
     metrics.emplace(urls, balancer, "least-inflight");
     health.emplace(topology, balancer, *metrics, upstream::health_check_settings{.interval = std::chrono::milliseconds(0), .policy = policy});

@@ -1,0 +1,98 @@
+#pragma once
+// Changes the set of backends while dplb runs: the admin API adds and removes them, and SIGHUP makes the
+// set match the config file again. Every part that follows the hosts (topology, metrics, balancer,
+// health) learns of a change here, in an order that keeps each consistent for the threads reading it:
+//  - added: the topology first, then the metrics, then the balancer (from then on the ranks can be
+//    picked), then the health monitor (which accepts outcomes of ranks it has not met yet);
+//  - removed: the balancer's `removed` flag at once (no new request; what is in flight finishes), and
+//    the backend leaves the metrics, the health checks and the engine-stats reads once its last request
+//    is done (retire_drained(), called periodically);
+//  - added again after a removal, with the same URL and dp: it comes back under its old rank numbers,
+//    with fresh health, at the configured weight (and through the slow start, if on).
+// Rank numbers are never reused for another backend (the topology is append-only).
+//
+// Threading contract: one thread (the main thread's loop: the admin API, SIGHUP and the retirement
+// timer all run there). What it changes is thread-safe for the other threads.
+
+#include <cstddef>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dplb/config/settings.hpp"
+#include "dplb/upstream/backend.hpp"
+
+namespace dplb::balancer {
+class balancer;
+}
+namespace dplb::metrics {
+class proxy_metrics;
+}
+
+namespace dplb::upstream {
+
+class health_monitor;
+
+// A change refused, with the HTTP status the admin API answers and a message that says what to do.
+class backend_change_error : public std::runtime_error {
+ public:
+  backend_change_error(unsigned status, const std::string& message) : std::runtime_error(message), status_(status) {}
+  unsigned status() const noexcept { return status_; }
+
+ private:
+  unsigned status_;
+};
+
+enum class backend_state {
+  active,    // takes requests (unless a rank is down or drained)
+  removing,  // removed: takes no new request, its requests in flight finish
+  removed,   // none left in flight: out of the metrics, the health checks and the stats reads
+};
+std::string_view name_of(backend_state state) noexcept;
+
+struct reload_summary {
+  std::vector<std::string> added, removed, reweighted;  // URLs
+};
+
+class backend_registry {
+ public:
+  using resolver = std::function<backend(const config::backend_spec&)>;
+
+  backend_registry(topology& topology, balancer::balancer& balancer, metrics::proxy_metrics& metrics,
+                   health_monitor& health, resolver resolve = resolve_backend);
+
+  // Adds a backend (or brings a removed one back). Throws backend_change_error: 409 when the URL is
+  // already served, 400 when its host does not resolve, 507 when the topology has no room left.
+  const backend& add(const config::backend_spec& spec);
+
+  // Removes the active backend with this (normalised) URL. Throws backend_change_error 404 when none.
+  const backend& remove(std::string_view url);
+
+  // Makes the active set match `specs`: removes the backends not in it (URL and dp), adds the new ones,
+  // and sets the configured weight where it changed. A backend whose dp changed is removed and added
+  // anew (new ranks). Throws backend_change_error for a backend it cannot add; what it did before
+  // stands, and what follows is not done (the caller logs it; the previous configuration mostly holds).
+  reload_summary reload(const std::vector<config::backend_spec>& specs);
+
+  // Finishes the removals whose last request is done. Returns the backends retired.
+  std::vector<std::string> retire_drained();
+
+  backend_state state_of(std::size_t backend) const { return states_.at(backend); }
+  // The active backend with this normalised URL, or nullptr.
+  const backend* active(std::string_view url) const;
+
+ private:
+  void set_state(const backend& b, backend_state state);
+  const backend& revive(const backend& b, const config::backend_spec& spec);
+
+  topology& topology_;
+  balancer::balancer& balancer_;
+  metrics::proxy_metrics& metrics_;
+  health_monitor& health_;
+  resolver resolve_;
+  std::vector<backend_state> states_;  // per backend, in topology order
+};
+
+}  // namespace dplb::upstream

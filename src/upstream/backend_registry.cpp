@@ -1,0 +1,148 @@
+#include "dplb/upstream/backend_registry.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "dplb/balancer/balancer.hpp"
+#include "dplb/metrics/proxy_metrics.hpp"
+#include "dplb/upstream/health_monitor.hpp"
+
+namespace dplb::upstream {
+
+std::string_view name_of(backend_state state) noexcept {
+  switch (state) {
+    case backend_state::active: return "active";
+    case backend_state::removing: return "removing";
+    case backend_state::removed: return "removed";
+  }
+  return "unknown";
+}
+
+backend_registry::backend_registry(topology& topology, balancer::balancer& balancer, metrics::proxy_metrics& metrics,
+                                   health_monitor& health, resolver resolve)
+    : topology_(topology), balancer_(balancer), metrics_(metrics), health_(health), resolve_(std::move(resolve)),
+      states_(topology.backends().size(), backend_state::active) {}
+
+const backend* backend_registry::active(std::string_view url) const {
+  const auto backends = topology_.backends();
+  for (std::size_t i = 0; i < backends.size(); ++i) {
+    if (backends[i].url == url && states_[i] == backend_state::active) return &backends[i];
+  }
+  return nullptr;
+}
+
+void backend_registry::set_state(const backend& b, backend_state state) {
+  states_[b.index] = state;
+  for (std::size_t r = b.first_rank; r < b.first_rank + b.dp; ++r) {
+    balancer_.set_flag(r, balancer::host_flag::removed, state != backend_state::active);
+  }
+}
+
+const backend& backend_registry::add(const config::backend_spec& spec) {
+  if (const auto* served = active(spec.url)) {
+    throw backend_change_error(409, spec.url + " is already a backend (ranks " + std::to_string(served->first_rank) +
+                                        ".." + std::to_string(served->first_rank + served->dp - 1) +
+                                        "); to change its weight use PUT /ranks/{rank}/weight, to change its dp "
+                                        "remove it first");
+  }
+  // A removed backend with the same URL and dp comes back under its ranks. With another dp it is another
+  // set of ranks: new ones (the old, if still draining out, finish on their own connections).
+  const auto backends = topology_.backends();
+  for (const auto& b : backends) {
+    if (b.url == spec.url && b.dp == spec.dp) return revive(b, spec);
+  }
+  if (topology_.hosts().size() + spec.dp > topology_.capacity()) {
+    throw backend_change_error(507, "no room for " + std::to_string(spec.dp) + " more ranks: dplb serves at most " +
+                                        std::to_string(topology_.capacity()) +
+                                        " over its lifetime (a removed backend keeps its ranks); restart dplb to "
+                                        "renumber");
+  }
+  backend resolved;
+  try {
+    resolved = resolve_(spec);
+  } catch (const config::config_error& e) {
+    throw backend_change_error(400, e.what());
+  }
+  const backend& added = topology_.add(std::move(resolved), spec.weight);
+  states_.push_back(backend_state::active);
+  std::vector<std::uint32_t> weights(added.dp, spec.weight);
+  for (std::uint32_t k = 0; k < added.dp; ++k) metrics_.add_rank(added.url);
+  balancer_.add_ranks(weights);
+  health_.add_ranks();
+  spdlog::info("backend {} added: ranks {}..{}, weight {}", added.url, added.first_rank, added.first_rank + added.dp - 1,
+               spec.weight);
+  return added;
+}
+
+const backend& backend_registry::revive(const backend& b, const config::backend_spec& spec) {
+  for (std::size_t r = b.first_rank; r < b.first_rank + b.dp; ++r) {
+    metrics_.restore_rank(r);
+    health_.restart(r);
+    balancer_.set_weight(r, spec.weight);
+    balancer_.set_flag(r, balancer::host_flag::draining, false);
+    metrics_.rank_draining(r, false);
+  }
+  set_state(b, backend_state::active);
+  spdlog::info("backend {} added back: ranks {}..{}, weight {}", b.url, b.first_rank, b.first_rank + b.dp - 1,
+               spec.weight);
+  return b;
+}
+
+const backend& backend_registry::remove(std::string_view url) {
+  const auto* b = active(url);
+  if (!b) throw backend_change_error(404, "no active backend " + std::string(url) + "; GET /ranks lists them");
+  set_state(*b, backend_state::removing);
+  spdlog::info("backend {} removed: ranks {}..{} take no new request; it leaves once its requests have finished",
+               b->url, b->first_rank, b->first_rank + b->dp - 1);
+  retire_drained();  // at once when nothing is in flight
+  return *b;
+}
+
+std::vector<std::string> backend_registry::retire_drained() {
+  std::vector<std::string> retired;
+  const auto backends = topology_.backends();
+  for (std::size_t i = 0; i < states_.size(); ++i) {
+    if (states_[i] != backend_state::removing) continue;
+    const auto& b = backends[i];
+    bool idle = true;
+    for (std::size_t r = b.first_rank; r < b.first_rank + b.dp; ++r) idle = idle && balancer_.inflight(r) == 0;
+    if (!idle) continue;
+    states_[i] = backend_state::removed;
+    for (std::size_t r = b.first_rank; r < b.first_rank + b.dp; ++r) metrics_.retire_rank(r);
+    spdlog::info("backend {} retired: its last request finished", b.url);
+    retired.push_back(b.url);
+  }
+  return retired;
+}
+
+reload_summary backend_registry::reload(const std::vector<config::backend_spec>& specs) {
+  reload_summary summary;
+  const auto wanted = [&](const backend& b) {
+    return std::ranges::any_of(specs, [&](const config::backend_spec& s) { return s.url == b.url && s.dp == b.dp; });
+  };
+  // Removals first: a URL whose dp changed leaves before it comes back with its new ranks.
+  const auto backends = topology_.backends();
+  for (std::size_t i = 0; i < backends.size(); ++i) {
+    if (states_[i] == backend_state::active && !wanted(backends[i])) {
+      remove(backends[i].url);
+      summary.removed.push_back(backends[i].url);
+    }
+  }
+  for (const auto& spec : specs) {
+    if (const auto* b = active(spec.url)) {
+      bool changed = false;
+      for (std::size_t r = b->first_rank; r < b->first_rank + b->dp; ++r) {
+        changed = changed || balancer_.weight(r) != spec.weight;
+        balancer_.set_weight(r, spec.weight);
+      }
+      if (changed) summary.reweighted.push_back(spec.url);
+      continue;
+    }
+    add(spec);
+    summary.added.push_back(spec.url);
+  }
+  return summary;
+}
+
+}  // namespace dplb::upstream
