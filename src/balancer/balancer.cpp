@@ -29,22 +29,46 @@ void rank_lease::release() noexcept {
   if (auto* owner = std::exchange(owner_, nullptr)) owner->release(rank_, cost_);
 }
 
-balancer::balancer(std::size_t rank_count, std::unique_ptr<policy> chosen_policy, queue_limits limits,
-                   host_timing timing, std::size_t capacity)
-    : policy_(std::move(chosen_policy)),
-      limits_(limits),
-      timing_(timing),
-      capacity_(std::max(capacity, rank_count)),
-      ranks_(std::make_unique<rank_state[]>(capacity_)),
-      rank_count_(rank_count),
-      detail_(rank_count),
-      view_(rank_count),
-      loads_(rank_count) {
-  if (rank_count == 0) throw std::invalid_argument("balancer needs at least one rank");
-  if (!policy_) throw std::invalid_argument("balancer needs a policy");
+namespace {
+
+std::vector<std::unique_ptr<policy>> one_policy(std::unique_ptr<policy> p) {
+  std::vector<std::unique_ptr<policy>> out;
+  out.push_back(std::move(p));
+  return out;
 }
 
-void balancer::add_ranks(std::span<const std::uint32_t> weights) {
+}  // namespace
+
+balancer::balancer(std::size_t rank_count, std::unique_ptr<policy> chosen_policy, queue_limits limits,
+                   host_timing timing, std::size_t capacity)
+    : balancer(std::vector<std::size_t>(rank_count, 0), one_policy(std::move(chosen_policy)), limits, timing,
+               capacity) {}
+
+balancer::balancer(std::span<const std::size_t> rank_clusters, std::vector<std::unique_ptr<policy>> policies,
+                   queue_limits limits, host_timing timing, std::size_t capacity)
+    : policies_(std::move(policies)),
+      limits_(limits),
+      timing_(timing),
+      queues_(policies_.size()),
+      capacity_(std::max(capacity, rank_clusters.size())),
+      ranks_(std::make_unique<rank_state[]>(capacity_)),
+      rank_count_(rank_clusters.size()),
+      detail_(rank_clusters.size()),
+      view_(rank_clusters.size()),
+      loads_(rank_clusters.size()) {
+  if (rank_clusters.empty()) throw std::invalid_argument("balancer needs at least one rank");
+  if (policies_.empty() || std::ranges::any_of(policies_, [](const auto& p) { return !p; })) {
+    throw std::invalid_argument("balancer needs a policy per cluster");
+  }
+  for (std::size_t r = 0; r < rank_clusters.size(); ++r) {
+    if (rank_clusters[r] >= policies_.size()) throw std::out_of_range("balancer: rank of an unknown cluster");
+    ranks_[r].cluster = rank_clusters[r];
+  }
+  hears_releases_ = std::ranges::any_of(policies_, [](const auto& p) { return p->hears_releases(); });
+}
+
+void balancer::add_ranks(std::span<const std::uint32_t> weights, std::size_t cluster) {
+  if (cluster >= policies_.size()) throw std::out_of_range("balancer: no cluster " + std::to_string(cluster));
   std::vector<delivery> ready;  // declared first: any lease left in it is released after the unlock
   {
     std::lock_guard lock(pick_mutex_);
@@ -55,6 +79,7 @@ void balancer::add_ranks(std::span<const std::uint32_t> weights) {
     const auto now = clock::now();
     for (std::size_t i = 0; i < weights.size(); ++i) {
       ranks_[first + i].weight.store(std::max<std::uint32_t>(1, weights[i]), std::memory_order_relaxed);
+      ranks_[first + i].cluster = cluster;
       auto& d = detail_.emplace_back();
       // A new engine's caches are as cold as a readmitted one's.
       if (timing_.slow_start.count() > 0) {
@@ -66,7 +91,7 @@ void balancer::add_ranks(std::span<const std::uint32_t> weights) {
     loads_.resize(first + weights.size());
     // Published last: a reader that sees the new count sees the new ranks' weights.
     rank_count_.store(first + weights.size(), std::memory_order_release);
-    for (std::size_t i = 0; i < weights.size(); ++i) policy_->on_state_change(first + i, 0);
+    for (std::size_t i = 0; i < weights.size(); ++i) policies_[cluster]->on_state_change(first + i, 0);
     if (queueing()) serve_waiters_locked(ready);  // waiters may fit on the new ranks
   }
   deliver(ready);
@@ -91,7 +116,7 @@ void balancer::refresh_view_locked(const pick_context& request) {
     v.cost_inflight = r.cost.load(std::memory_order_relaxed);
     v.flags = r.flags.load(std::memory_order_relaxed);
     v.weight = r.weight.load(std::memory_order_relaxed);
-    v.usable = v.flags == 0 && !(request.avoid && i < request.avoid->size() && (*request.avoid)[i]) && has_room_locked(i);
+    v.usable = v.flags == 0 && r.cluster == request.cluster && !(request.avoid && i < request.avoid->size() && (*request.avoid)[i]) && has_room_locked(i);
     if (ramping && d.ramp_until != clock::time_point{}) {
       if (now >= d.ramp_until) {
         d.ramp_until = {};
@@ -115,7 +140,8 @@ std::optional<std::size_t> balancer::pick_locked(const pick_context& request, re
     if (r < rank_count() && ranks_[r].flags.load(std::memory_order_relaxed) == 0 && has_room_locked(r)) chosen = r;
   } else {
     refresh_view_locked(request);
-    chosen = policy_->choose(request, view_);
+    if (request.cluster >= policies_.size()) return std::nullopt;
+    chosen = policies_[request.cluster]->choose(request, view_);
     if (chosen && (*chosen >= view_.size() || !view_[*chosen].usable)) chosen.reset();
   }
   if (!chosen) return std::nullopt;
@@ -143,7 +169,7 @@ rank_lease balancer::acquire(const pick_context& request, request_cost cost) {
   // No jumping the queue, except for a retry: it already had its turn (its first rank failed).
   if (!request.avoid) {
     if (request.pinned_rank ? *request.pinned_rank < detail_.size() && !detail_[*request.pinned_rank].pinned.empty()
-                            : !queue_.empty()) {
+                            : request.cluster < queues_.size() && !queues_[request.cluster].empty()) {
       return {};
     }
   }
@@ -165,7 +191,7 @@ void balancer::publish_engine_stats(std::span<const engine_reading> round) {
     }
     loads_[i] = d.engine;
   }
-  policy_->on_engine_stats(loads_);
+  for (auto& p : policies_) p->on_engine_stats(loads_);
 }
 
 engine_status balancer::engine_stats_of(std::size_t rank) const {
@@ -175,7 +201,8 @@ engine_status balancer::engine_stats_of(std::size_t rank) const {
 }
 
 std::size_t balancer::queued_locked() const noexcept {
-  std::size_t n = queue_.size();
+  std::size_t n = 0;
+  for (const auto& q : queues_) n += q.size();
   for (const auto& d : detail_) n += d.pinned.size();
   return n;
 }
@@ -188,16 +215,19 @@ rank_lease balancer::acquire_or_wait(const pick_context& request, request_cost c
   std::lock_guard lock(pick_mutex_);
   queued = false;
   const auto pinned = request.pinned_rank;
-  if (pinned && *pinned >= detail_.size()) return {};
-  auto& line = pinned ? detail_[*pinned].pinned : queue_;
+  if (pinned ? *pinned >= detail_.size() : request.cluster >= queues_.size()) return {};
+  auto& line = pinned ? detail_[*pinned].pinned : queues_[request.cluster];
   if (line.empty()) {
     if (const auto chosen = pick_locked(request, cost)) return rank_lease(this, *chosen, cost);
   }
-  const bool any = pinned ? ranks_[*pinned].flags.load(std::memory_order_relaxed) == 0 : std::ranges::any_of(
-      ranks_in_use(), [](const rank_state& r) { return r.flags.load(std::memory_order_relaxed) == 0; });
+  bool any = false;  // a rank that may take it once it has room
+  for (std::size_t r = 0; r < detail_.size() && !any; ++r) {
+    const bool candidate = pinned ? r == *pinned : ranks_[r].cluster == request.cluster;
+    any = candidate && ranks_[r].flags.load(std::memory_order_relaxed) == 0;
+  }
   if (!queueing() || closed_ || !any || waiting_.load(std::memory_order_relaxed) >= limits_.max_waiting) return {};
   waiter_id = next_waiter_id_++;
-  line.push_back(waiter{waiter_id, cost, std::move(deliver)});
+  line.push_back(waiter{waiter_id, cost, request.cluster, std::move(deliver)});
   count_waiting_locked();
   queued = true;
   return {};
@@ -211,7 +241,8 @@ bool balancer::cancel_wait(std::uint64_t waiter_id) {
     line.erase(it);
     return true;
   };
-  bool found = erase_from(queue_);
+  bool found = false;
+  for (auto& q : queues_) found = found || erase_from(q);
   for (auto& d : detail_) found = found || erase_from(d.pinned);
   if (found) count_waiting_locked();
   return found;
@@ -221,7 +252,10 @@ void balancer::close() {
   std::deque<waiter> dropped;  // destroyed after the unlock: a waiter's closure may own anything
   std::lock_guard lock(pick_mutex_);
   closed_ = true;
-  dropped.swap(queue_);
+  for (auto& q : queues_) {
+    for (auto& w : q) dropped.push_back(std::move(w));
+    q.clear();
+  }
   for (auto& d : detail_) {
     for (auto& w : d.pinned) dropped.push_back(std::move(w));
     d.pinned.clear();
@@ -229,13 +263,14 @@ void balancer::close() {
   waiting_.store(0, std::memory_order_relaxed);
 }
 
-// Serves waiters oldest first. The oldest waiter is either the head of the shared queue or the head of
-// a rank's pinned queue; a pinned head can be served only when its rank has room, the shared head when
-// the policy finds any rank with room. A shared head that finds none cannot hold back a pinned waiter of
-// a rank with room (that rank is then only free for its pinned waiters, since the pick found no room
-// for the shared head... except for the avoided ranks, which a waiter never has).
+// Serves waiters oldest first. The oldest waiter is the head of a cluster's queue or the head of a rank's
+// pinned queue; a pinned head can be served only when its rank has room, a cluster's head when the policy
+// finds one of the cluster's ranks with room. A head that finds none cannot hold back the waiters of other
+// clusters, nor a pinned waiter of a rank with room (that rank is then only free for its pinned waiters,
+// since the pick found no room for the cluster's head... except for the avoided ranks, which a waiter never
+// has).
 void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
-  bool shared_blocked = false;
+  blocked_.assign(queues_.size(), 0);  // capacity kept: no allocation per release
   for (;;) {
     std::optional<std::size_t> pinned_rank;  // the rank whose pinned head is the oldest servable one
     for (std::size_t r = 0; r < detail_.size(); ++r) {
@@ -243,16 +278,22 @@ void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
       if (line.empty() || ranks_[r].flags.load(std::memory_order_relaxed) != 0 || !has_room_locked(r)) continue;
       if (!pinned_rank || line.front().id < detail_[*pinned_rank].pinned.front().id) pinned_rank = r;
     }
-    const bool shared_first =
-        !queue_.empty() && !shared_blocked && (!pinned_rank || queue_.front().id < detail_[*pinned_rank].pinned.front().id);
-    if (shared_first) {
-      const auto cost = queue_.front().cost;
-      if (const auto chosen = pick_locked({}, cost)) {
-        ready.push_back(delivery{std::move(queue_.front().deliver), rank_lease(this, *chosen, cost)});
-        queue_.pop_front();
-        continue;
+    std::optional<std::size_t> cluster;  // the cluster whose head is the oldest not known to be blocked
+    for (std::size_t c = 0; c < queues_.size(); ++c) {
+      if (queues_[c].empty() || blocked_[c]) continue;
+      if (!cluster || queues_[c].front().id < queues_[*cluster].front().id) cluster = c;
+    }
+    if (cluster && (!pinned_rank || queues_[*cluster].front().id < detail_[*pinned_rank].pinned.front().id)) {
+      auto& line = queues_[*cluster];
+      pick_context request;
+      request.cluster = *cluster;
+      const auto cost = line.front().cost;
+      if (const auto chosen = pick_locked(request, cost)) {
+        ready.push_back(delivery{std::move(line.front().deliver), rank_lease(this, *chosen, cost)});
+        line.pop_front();
+      } else {
+        blocked_[*cluster] = 1;
       }
-      shared_blocked = true;
       continue;
     }
     if (!pinned_rank) break;
@@ -299,7 +340,7 @@ void balancer::release_cost(std::size_t rank, std::uint64_t tokens) noexcept {
 void balancer::release(std::size_t rank, request_cost cost) noexcept {
   auto& r = ranks_[rank];
   if (const std::uint64_t tokens = std::uint64_t{cost.prompt} + cost.decode) release_cost(rank, tokens);
-  if (!queueing() && !policy_->hears_releases()) {
+  if (!queueing() && !hears_releases_) {
     r.inflight.fetch_sub(1, std::memory_order_relaxed);
     return;
   }
@@ -307,7 +348,7 @@ void balancer::release(std::size_t rank, request_cost cost) noexcept {
   {
     std::lock_guard lock(pick_mutex_);
     r.inflight.fetch_sub(1, std::memory_order_relaxed);
-    if (policy_->hears_releases()) policy_->on_release(rank);
+    if (hears_releases_) policy_for_rank(rank).on_release(rank);
     if (queueing()) serve_waiters_locked(ready);
   }
   deliver(ready);
@@ -323,7 +364,7 @@ void balancer::set_flag(std::size_t rank, host_flag flag, bool on) {
     const std::uint8_t after = on ? (before | flag) : (before & ~flag);
     if (after == before) return;
     r.flags.store(after, std::memory_order_relaxed);
-    policy_->on_state_change(rank, after);
+    policy_for_rank(rank).on_state_change(rank, after);
     // Back in rotation after a failure or a removal: ramp up, its caches are cold (a drain's end starts
     // at full weight: the engine kept serving what was in flight).
     const bool readmitted =
@@ -370,17 +411,23 @@ bool balancer::any_usable() const noexcept {
 }
 
 std::uint32_t balancer::inflight_skew() const noexcept {
-  std::uint32_t lo = std::numeric_limits<std::uint32_t>::max();
-  std::uint32_t hi = 0;
-  std::size_t usable_count = 0;
-  for (const auto& r : ranks_in_use()) {
-    if (r.flags.load(std::memory_order_relaxed) != 0) continue;
-    const auto n = r.inflight.load(std::memory_order_relaxed);
-    lo = std::min(lo, n);
-    hi = std::max(hi, n);
-    ++usable_count;
+  const std::size_t ranks = rank_count();
+  std::uint32_t widest = 0;
+  for (std::size_t c = 0; c < policies_.size(); ++c) {
+    std::uint32_t lo = std::numeric_limits<std::uint32_t>::max();
+    std::uint32_t hi = 0;
+    std::size_t usable_count = 0;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      // A rank's cluster never changes once it is published (a plain read is safe: written before the count).
+      if (ranks_[r].cluster != c || ranks_[r].flags.load(std::memory_order_relaxed) != 0) continue;
+      const auto n = ranks_[r].inflight.load(std::memory_order_relaxed);
+      lo = std::min(lo, n);
+      hi = std::max(hi, n);
+      ++usable_count;
+    }
+    if (usable_count >= 2) widest = std::max(widest, hi - lo);
   }
-  return usable_count < 2 ? 0 : hi - lo;
+  return widest;
 }
 
 }  // namespace dplb::balancer

@@ -100,6 +100,7 @@ struct engine_status {
 struct waiter {
   std::uint64_t id = 0;
   request_cost cost;
+  std::size_t cluster = 0;
   std::function<void(rank_lease)> deliver;
 };
 
@@ -109,11 +110,15 @@ class balancer {
   // the lock, so they never move; add_ranks() takes the next ones.
   balancer(std::size_t rank_count, std::unique_ptr<policy> chosen_policy, queue_limits limits = {},
            host_timing timing = {}, std::size_t capacity = 0);
+  // Model groups: cluster c's ranks are balanced by policies[c] among themselves (its own rotation, its own
+  // queue); rank r belongs to cluster rank_clusters[r]. A request names its cluster in pick_context.
+  balancer(std::span<const std::size_t> rank_clusters, std::vector<std::unique_ptr<policy>> policies,
+           queue_limits limits = {}, host_timing timing = {}, std::size_t capacity = 0);
 
-  // Appends ranks (the next global numbers), each with its weight, usable at once. Unless they are the
-  // first, they ramp up over the slow start like a readmitted rank. Throws std::length_error beyond the
-  // capacity.
-  void add_ranks(std::span<const std::uint32_t> weights);
+  // Appends ranks (the next global numbers) of one cluster, each with its weight, usable at once. Unless they
+  // are the first, they ramp up over the slow start like a readmitted rank. Throws std::length_error beyond
+  // the capacity, std::out_of_range for an unknown cluster.
+  void add_ranks(std::span<const std::uint32_t> weights, std::size_t cluster = 0);
 
   // Chooses a rank and counts the request on it; an empty lease when no rank is usable (or, pinned, when
   // its rank is not usable or full). A request with `avoid` set is a retry: it does not wait behind queued
@@ -133,10 +138,15 @@ class balancer {
   std::uint64_t picks(std::size_t rank) const noexcept;  // requests ever sent to the rank
   bool any_usable() const noexcept;
 
-  // max - min in-flight over the usable ranks (0 when fewer than two are usable).
+  // max - min in-flight over the usable ranks of one cluster, the largest over the clusters (0 when no
+  // cluster has two usable ranks): ranks serving different models are not expected to carry alike.
   std::uint32_t inflight_skew() const noexcept;
 
-  const policy& active_policy() const noexcept { return *policy_; }
+  // The policy of the first (or only) cluster; each cluster's own by policy_of.
+  const policy& active_policy() const noexcept { return *policies_.front(); }
+  const policy& policy_of(std::size_t cluster) const { return *policies_.at(cluster); }
+  std::size_t cluster_count() const noexcept { return policies_.size(); }
+  std::size_t cluster_of(std::size_t rank) const noexcept { return ranks_[rank].cluster; }
 
   // A round of engine-stats reads, indexed by rank. Each good reading replaces the rank's engine view; the
   // policy also gets the full snapshot of every rank's latest numbers (the engine-stats baseline replaces
@@ -185,6 +195,7 @@ class balancer {
     std::atomic<std::uint64_t> cost{0};
     std::atomic<std::uint8_t> flags{0};
     std::atomic<std::uint32_t> weight{1};
+    std::size_t cluster = 0;  // written before the rank is published, never after
   };
   // What only the lock guards: rare writes, read by every pick.
   struct rank_detail {
@@ -195,12 +206,15 @@ class balancer {
     clock::time_point ramp_until{};  // slow start ends; epoch: not ramping
     std::deque<waiter> pinned;       // waiters for this rank only
   };
+  policy& policy_for_rank(std::size_t rank) { return *policies_[ranks_[rank].cluster]; }
 
   mutable std::mutex pick_mutex_;
-  std::unique_ptr<policy> policy_;
+  std::vector<std::unique_ptr<policy>> policies_;  // one per cluster
   queue_limits limits_;
   host_timing timing_;
-  std::deque<waiter> queue_;               // guarded by pick_mutex_
+  std::vector<std::deque<waiter>> queues_;  // per cluster: waiters for any of its ranks; guarded by pick_mutex_
+  std::vector<char> blocked_;  // scratch for serve_waiters_locked(); guarded by pick_mutex_
+  bool hears_releases_ = false;  // some cluster's policy hears releases (fixed at construction)
   std::atomic<std::size_t> waiting_{0};    // waiters, pinned or not, for metrics; never decides anything
   std::uint64_t next_waiter_id_ = 1;       // guarded by pick_mutex_
   bool closed_ = false;                    // guarded by pick_mutex_

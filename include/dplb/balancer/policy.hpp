@@ -57,6 +57,7 @@ struct pick_context {
   std::uint32_t decode_tokens = 0;  // the most tokens it may generate: max_tokens (or the default) times n
   std::string_view session_key{};
   std::optional<std::size_t> pinned_rank{};  // the client named the rank: only it is a candidate
+  std::size_t cluster = 0;  // the model group serving the request: only its ranks are candidates
   const std::vector<bool>* avoid = nullptr;  // ranks already tried by this request (a retry)
 };
 
