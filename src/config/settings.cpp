@@ -1013,7 +1013,13 @@ void add_cluster_backends(const cluster_source& c, const std::string& name, rank
     throw config_error(c.label + " has no \"backends\"; list the URLs of the engines that serve its models");
   }
   const auto texts = url_texts_from_json(*backends);
-  if (!texts) throw c.wrong_type("backends", "an array of URL strings", *backends);
+  if (!texts) {
+    // Name the type of what is wrong: the list itself, or the first entry that is not a string.
+    const auto not_text = [](const json& entry) { return !entry.is_string(); };
+    const bool list = backends->is_array();
+    throw c.wrong_type("backends", "an array of URL strings",
+                       list ? *std::find_if(backends->begin(), backends->end(), not_text) : *backends);
+  }
   if (texts->empty()) {
     throw config_error("\"backends\" of " + c.label + " is empty; list the URLs of the engines that serve its models");
   }
