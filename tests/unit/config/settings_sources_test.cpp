@@ -328,7 +328,8 @@ TEST_CASE("a key given twice in the config file is an error", "[config]") {
   const std::string file =
       dir.write("dplb.json", std::string(R"({"backends": ["http://a:1"], "threads": 2, "threads": 4})"));
   CHECK(error_of({"--config", file}) == "key 'threads' appears twice in config file '" + file + "'");
-  // Keys inside nested values are not options and may repeat freely (none exist today, but arrays do).
+  // Only keys are checked: an array's entries are values (a key repeated inside a cluster's object is refused
+  // too, see settings_clusters_test.cpp).
   const std::string ok = dir.write("ok.json", std::string(R"({"backends": ["http://a:1", "http://b:2"]})"));
   CHECK(run({"--config", ok}).backends.size() == 2);
 }
