@@ -343,7 +343,8 @@ constexpr std::array option_table{
                    "tells each request's rank in X-data-parallel-rank: 0..N-1) and/or #weight=W (each of its "
                    "ranks gets W times the share of a weight-1 rank), e.g. http://h:8000#dp=4&weight=2. "
                    "Repeatable, and a value may be a comma-separated list; ranks are numbered in this order "
-                   "over all backends (A#dp=2 then B: ranks 0 and 1 on A, 2 on B). Required.",
+                   "over all backends (A#dp=2 then B: ranks 0 and 1 on A, 2 on B). Required, unless the config "
+                   "file defines clusters (see --config).",
         .kind = value_kind::url_list,
         .show_default = [](const settings&) { return std::string("none (required)"); }},
     option_spec{.flag = "policy",
@@ -412,7 +413,11 @@ constexpr std::array option_table{
                 .env = "DPLB_CONFIG",
                 .value_name = "FILE",
                 .meaning = "JSON config file whose keys are the options' names in snake_case; unknown keys "
-                           "are an error.",
+                           "are an error. Only the file defines model groups, \"clusters\": [{\"name\", \"models\", "
+                           "\"backends\", \"policy\", \"default\"}, ...]: a request goes to the cluster that "
+                           "lists its body's \"model\", one without a model to the default cluster. A file holds "
+                           "\"clusters\" or \"backends\", not both; --backend and DPLB_BACKENDS replace its "
+                           "clusters. See docs/configuration.md.",
                 .set_text = [](settings& s, std::string_view v) {
                   if (v.empty()) return std::string("expected a file path");
                   s.config_file = std::string(v);
@@ -670,16 +675,42 @@ std::string read_file(const std::string& path, std::string_view what) {
   return text.str();
 }
 
-json read_config_file(const std::string& path) {
-  const std::string text = read_file(path, "config file");
-  // nlohmann keeps the last of two equal keys; a repeated key is as likely a mistake as an unknown one.
-  std::set<std::string> seen;
-  std::optional<std::string> repeated;
-  const json::parser_callback_t note_keys = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::key && depth == 1 && !repeated && !seen.insert(parsed.get<std::string>()).second) {
-      repeated = parsed.get<std::string>();
-    }
+// The one key only the config file has: a model group is a structure (models, backends, a policy) that
+// neither a flag nor a variable can hold.
+constexpr std::string_view clusters_key = "clusters";
+// The keys of one cluster's object.
+constexpr std::array<std::string_view, 5> cluster_keys{"name", "models", "backends", "policy", "default"};
+
+const option_spec& backend_option() {
+  static const option_spec& backend = find_option("backend");
+  return backend;
+}
+
+// nlohmann keeps the last of two equal keys; a repeated key is as likely a mistake as an unknown one, in the
+// file's own object and in the objects inside it (a cluster's two "models" would drop the first silently).
+// Fed every event of the parse; `message` holds the error for the first repeat, "" while there is none.
+struct repeated_key_finder {
+  std::vector<std::set<std::string>> open_objects;  // the keys read so far of each object being parsed
+  std::string top_key;                              // the file's key whose value is being parsed
+  std::string message;
+
+  bool note(json::parse_event_t event, const json& parsed, const std::string& path) {
+    if (event == json::parse_event_t::object_start) open_objects.emplace_back();
+    if (event == json::parse_event_t::object_end) open_objects.pop_back();
+    if (event != json::parse_event_t::key || !message.empty()) return true;
+    const std::string key = parsed.get<std::string>();
+    if (open_objects.size() == 1) top_key = key;
+    if (open_objects.back().insert(key).second) return true;
+    message = "key '" + key + "' appears twice in " +
+              (open_objects.size() == 1 ? "" : "an object under '" + top_key + "' in ") + "config file '" + path + "'";
     return true;
+  }
+};
+
+json parse_config_json(const std::string& text, const std::string& path) {
+  repeated_key_finder repeats;
+  const json::parser_callback_t note_keys = [&](int, json::parse_event_t event, json& parsed) {
+    return repeats.note(event, parsed, path);
   };
   json doc;
   try {
@@ -695,23 +726,52 @@ json read_config_file(const std::string& path) {
   if (!doc.is_object()) {
     throw config_error("config file '" + path + "' must hold a JSON object, e.g. {\"backends\": [\"http://127.0.0.1:8100\"]}");
   }
-  if (repeated) throw config_error("key '" + *repeated + "' appears twice in config file '" + path + "'");
+  if (!repeats.message.empty()) throw config_error(repeats.message);
+  return doc;
+}
 
+// `what` names the object in the message: "config file '/etc/dplb.json'", "cluster 'llama' in config file ...".
+template <typename Keys>
+void refuse_unknown_keys(const json& object, const Keys& known, const std::string& what) {
+  for (const auto& item : object.items()) {
+    if (std::find(known.begin(), known.end(), item.key()) != known.end()) continue;
+    std::string msg = "unknown key '" + item.key() + "' in " + what;
+    if (auto near = closest(item.key(), known)) {
+      msg += " (did you mean '" + *near + "'?)";
+    } else {
+      msg += "; known keys: " + join(known, ", ", ", ");
+    }
+    throw config_error(msg);
+  }
+}
+
+json read_config_file(const std::string& path) {
+  const json doc = parse_config_json(read_file(path, "config file"), path);
   std::vector<std::string_view> keys;
   for (const auto& o : option_table) {
     if (!o.key.empty()) keys.push_back(o.key);
   }
-  for (const auto& item : doc.items()) {
-    if (std::find(keys.begin(), keys.end(), item.key()) != keys.end()) continue;
-    std::string msg = "unknown key '" + item.key() + "' in config file '" + path + "'";
-    if (auto near = closest(item.key(), keys)) {
-      msg += " (did you mean '" + *near + "'?)";
-    } else {
-      msg += "; known keys: " + join(keys, ", ", ", ");
-    }
-    throw config_error(msg);
+  keys.push_back(clusters_key);
+  refuse_unknown_keys(doc, keys, "config file '" + path + "'");
+  // Which of the two lists the file meant would be a guess; like an unknown key, refused even when a
+  // higher-precedence source replaces both.
+  if (doc.contains(clusters_key) && doc.contains(backend_option().key)) {
+    throw config_error("config file '" + path + "' has both \"clusters\" and \"backends\"; move the backends into a "
+                       "cluster's \"backends\" (or drop \"clusters\")");
   }
   return doc;
+}
+
+// A backend list in the file: an array of URL strings or one comma-separated string; nullopt for another type.
+std::optional<std::vector<std::string>> url_texts_from_json(const json& node) {
+  if (node.is_string()) return std::vector<std::string>{node.get<std::string>()};
+  if (!node.is_array()) return std::nullopt;
+  std::vector<std::string> texts;
+  for (const auto& item : node) {
+    if (!item.is_string()) return std::nullopt;
+    texts.push_back(item.get<std::string>());
+  }
+  return texts;
 }
 
 std::vector<std::string> texts_from_json(const option_spec& o, const json& node, const std::string& path) {
@@ -725,16 +785,9 @@ std::vector<std::string> texts_from_json(const option_spec& o, const json& node,
       // A fraction or a negative number is dumped and then refused with the range, like any bad number.
       if (!node.is_number()) throw wrong_type("a number");
       return {node.dump()};
-    case value_kind::url_list: {
-      if (node.is_string()) return {node.get<std::string>()};
-      if (!node.is_array()) throw wrong_type("an array of URL strings");
-      std::vector<std::string> texts;
-      for (const auto& item : node) {
-        if (!item.is_string()) throw wrong_type("an array of URL strings");
-        texts.push_back(item.get<std::string>());
-      }
-      return texts;
-    }
+    case value_kind::url_list:
+      if (auto texts = url_texts_from_json(node)) return *texts;
+      throw wrong_type("an array of URL strings");
     default:
       // A number where text is parsed as one (kv_pressure_weight) may be written as a JSON number.
       if (!node.is_string()) throw wrong_type("a string");
@@ -776,43 +829,80 @@ std::string_view trim(std::string_view s) {
   return s.substr(first, s.find_last_not_of(" \t") - first + 1);
 }
 
-std::vector<backend_spec> parse_backends(const option_spec& o, const raw_value& v) {
-  std::vector<backend_spec> backends;
-  std::size_t ranks = 0;
-  std::map<std::string, std::pair<std::size_t, std::string>> rank_of;  // normal form -> rank, as written
-  for (const std::string& text : v.texts) {
-    std::size_t start = 0;
-    while (true) {
-      const std::size_t comma = std::min(text.find(',', start), text.size());
-      const std::string_view entry = trim(std::string_view(text).substr(start, comma - start));
-      if (entry.empty()) bad_value(o, v, text, "empty entry; expected http://HOST:PORT[,http://HOST:PORT...]");
-      backend_spec normal;
-      if (auto why = parse_backend(entry, normal); !why.empty()) bad_value(o, v, entry, why);
-      const auto [it, fresh] = rank_of.emplace(normal.url, std::pair{ranks, std::string(entry)});
-      if (!fresh) {
-        // The same engine twice would silently get twice the share of requests.
-        throw config_error("duplicate --backend '" + std::string(entry) + "'" + v.origin + ": same engine as rank " +
-                           std::to_string(it->second.first) + " ('" + it->second.second +
-                           "'); list each engine once");
+// Backends in rank order, from one flat list or from each cluster's list in turn. Refuses an engine listed
+// twice, in one list or in two clusters (it would get twice its share, and belong to two policies), and
+// more than max_ranks ranks in all.
+class rank_list {
+ public:
+  // Appends the backends of `v` (each text a URL or a comma-separated list) to cluster `cluster`, named
+  // `cluster_name` in messages ("" for a flat list).
+  void add(const raw_value& v, std::size_t cluster, const std::string& cluster_name) {
+    for (const std::string& text : v.texts) {
+      std::size_t start = 0;
+      while (true) {
+        const std::size_t comma = std::min(text.find(',', start), text.size());
+        const std::string_view entry = trim(std::string_view(text).substr(start, comma - start));
+        if (entry.empty()) {
+          bad_value(backend_option(), v, text, "empty entry; expected http://HOST:PORT[,http://HOST:PORT...]");
+        }
+        add_one(v, entry, cluster, cluster_name);
+        if (comma == text.size()) break;
+        start = comma + 1;
       }
-      ranks += normal.dp;
-      if (ranks > max_ranks) {
-        throw config_error("too many ranks" + v.origin + ": the backends add up to more than " +
-                           std::to_string(max_ranks) + " DP ranks");
-      }
-      backends.push_back(std::move(normal));
-      if (comma == text.size()) break;
-      start = comma + 1;
     }
   }
-  return backends;
+
+  std::vector<backend_spec> take() && { return std::move(backends_); }
+
+ private:
+  struct first_listing {
+    std::size_t rank;
+    std::string as_written;
+    std::string cluster_name;
+  };
+
+  void add_one(const raw_value& v, std::string_view entry, std::size_t cluster, const std::string& cluster_name) {
+    backend_spec normal;
+    if (auto why = parse_backend(entry, normal); !why.empty()) bad_value(backend_option(), v, entry, why);
+    normal.cluster = cluster;
+    const auto [it, fresh] = first_.emplace(normal.url, first_listing{ranks_, std::string(entry), cluster_name});
+    if (!fresh) {
+      const first_listing& first = it->second;
+      throw config_error("duplicate --backend '" + std::string(entry) + "'" + v.origin + ": same engine as rank " +
+                         std::to_string(first.rank) + " ('" + first.as_written + "'" +
+                         (first.cluster_name.empty() ? "" : " of cluster '" + first.cluster_name + "'") +
+                         "); list each engine once" + (cluster_name.empty() ? "" : ", in one cluster"));
+    }
+    ranks_ += normal.dp;
+    if (ranks_ > max_ranks) {
+      throw config_error("too many ranks" + v.origin + ": the backends add up to more than " +
+                         std::to_string(max_ranks) + " DP ranks" + (cluster_name.empty() ? "" : " over all clusters"));
+    }
+    backends_.push_back(std::move(normal));
+  }
+
+  std::vector<backend_spec> backends_;
+  std::size_t ranks_ = 0;
+  std::map<std::string, first_listing> first_;  // normal form -> where the engine was first listed
+};
+
+// The canonical spelling of a choice, matched case-insensitively (DPLB_LOG_LEVEL=INFO is a natural thing to
+// write); nullopt when it is none of them.
+std::optional<std::string_view> canonical_choice(std::span<const std::string_view> choices, std::string_view text) {
+  const std::string lower = to_lower(text);
+  const auto it = std::find(choices.begin(), choices.end(), lower);
+  if (it == choices.end()) return std::nullopt;
+  return *it;
 }
 
 void apply(const option_spec& o, const raw_value& v, settings& s) {
   switch (o.kind) {
-    case value_kind::url_list:
-      s.backends = parse_backends(o, v);
+    case value_kind::url_list: {
+      rank_list ranks;
+      ranks.add(v, 0, "");
+      s.backends = std::move(ranks).take();
       return;
+    }
     case value_kind::number: {
       const bool duration = o.unit == "ms";
       const auto n = duration ? parse_milliseconds(v.texts.front()) : parse_unsigned(v.texts.front());
@@ -825,11 +915,9 @@ void apply(const option_spec& o, const raw_value& v, settings& s) {
       return;
     }
     case value_kind::choice: {
-      // Case-insensitive because DPLB_LOG_LEVEL=INFO is a natural thing to write; stored in canonical form.
-      const std::string lower = to_lower(v.texts.front());
-      const auto it = std::find(o.choices.begin(), o.choices.end(), lower);
-      if (it == o.choices.end()) bad_value(o, v, v.texts.front(), "expected " + join(o.choices, ", ", " or "));
-      o.set_text(s, *it);
+      const auto choice = canonical_choice(o.choices, v.texts.front());
+      if (!choice) bad_value(o, v, v.texts.front(), "expected " + join(o.choices, ", ", " or "));
+      o.set_text(s, *choice);
       return;
     }
     case value_kind::text:
@@ -839,6 +927,201 @@ void apply(const option_spec& o, const raw_value& v, settings& s) {
     case value_kind::flag:
       return;
   }
+}
+
+// --- model groups: the file's "clusters" ---
+
+// A cluster's name labels metrics and log lines, so it keeps to characters every exporter and log parser
+// takes as they are.
+bool valid_cluster_name(std::string_view name) {
+  return !name.empty() && name.size() <= max_cluster_name_length &&
+         std::all_of(name.begin(), name.end(), [](unsigned char c) {
+           return std::isalnum(c) || c == '.' || c == '_' || c == '-';
+         });
+}
+
+// One cluster object of the file, with what its error messages call it: "cluster 'llama' in config file
+// 'P'" when it has a name, else its place, "clusters[1] in config file 'P'".
+struct cluster_source {
+  const json& object;
+  std::size_t index;
+  std::string path;  // of the config file
+  std::string place;
+  std::string label;
+
+  config_error wrong_type(std::string_view key, std::string_view wanted, const json& value) const {
+    return config_error("\"" + std::string(key) + "\" of " + label + " must be " + std::string(wanted) + ", not " +
+                        value.type_name());
+  }
+};
+
+cluster_source cluster_at(const json& clusters, std::size_t index, const std::string& path) {
+  const json& object = clusters[index];
+  const std::string place = "clusters[" + std::to_string(index) + "] in config file '" + path + "'";
+  if (!object.is_object()) {
+    throw config_error(place + " must be an object, e.g. {\"name\": \"llama\", \"models\": [...], " +
+                       "\"backends\": [...]}, not " + std::string(object.type_name()));
+  }
+  const auto name = object.find("name");
+  const bool named = name != object.end() && name->is_string() && !name->get<std::string>().empty();
+  std::string label = named ? "cluster '" + name->get<std::string>() + "' in config file '" + path + "'" : place;
+  return {object, index, path, place, std::move(label)};
+}
+
+std::string cluster_name_of(const cluster_source& c) {
+  const auto name = c.object.find("name");
+  if (name == c.object.end()) {
+    throw config_error(c.label + " has no \"name\"; give each cluster a name of letters, digits, '.', '_' or '-'");
+  }
+  if (!name->is_string()) throw c.wrong_type("name", "a string", *name);
+  const std::string text = name->get<std::string>();
+  if (!valid_cluster_name(text)) {
+    throw config_error("invalid \"name\" '" + text + "' of " + c.place + ": use 1 to " +
+                       std::to_string(max_cluster_name_length) +
+                       " letters, digits, '.', '_' or '-' (it labels the cluster's metrics)");
+  }
+  return text;
+}
+
+// The requests' "model" values the cluster serves, compared exactly as vLLM compares served model names.
+std::vector<std::string> cluster_models_of(const cluster_source& c) {
+  const auto models = c.object.find("models");
+  if (models == c.object.end()) {
+    throw config_error(c.label + " has no \"models\"; list the model names it serves (the requests' \"model\")");
+  }
+  if (!models->is_array()) throw c.wrong_type("models", "an array of model names", *models);
+  if (models->empty()) {
+    throw config_error("\"models\" of " + c.label + " is empty; list the model names it serves");
+  }
+  std::vector<std::string> names;
+  for (const json& model : *models) {
+    if (!model.is_string()) throw c.wrong_type("models", "an array of model names (strings)", model);
+    std::string name = model.get<std::string>();
+    if (name.empty()) throw config_error("\"models\" of " + c.label + " holds an empty model name; remove it");
+    if (std::find(names.begin(), names.end(), name) != names.end()) {
+      throw config_error("model '" + name + "' is listed twice in " + c.label + "; list it once");
+    }
+    names.push_back(std::move(name));
+  }
+  return names;
+}
+
+// The cluster's backends, appended to `ranks` (global rank order) and checked as --backend checks a list.
+void add_cluster_backends(const cluster_source& c, const std::string& name, rank_list& ranks) {
+  const auto backends = c.object.find("backends");
+  if (backends == c.object.end()) {
+    throw config_error(c.label + " has no \"backends\"; list the URLs of the engines that serve its models");
+  }
+  const auto texts = url_texts_from_json(*backends);
+  if (!texts) {
+    // Name the type of what is wrong: the list itself, or the first entry that is not a string.
+    const auto not_text = [](const json& entry) { return !entry.is_string(); };
+    const bool list = backends->is_array();
+    throw c.wrong_type("backends", "an array of URL strings",
+                       list ? *std::find_if(backends->begin(), backends->end(), not_text) : *backends);
+  }
+  if (texts->empty()) {
+    throw config_error("\"backends\" of " + c.label + " is empty; list the URLs of the engines that serve its models");
+  }
+  ranks.add(raw_value{*texts, " (from \"backends\" of " + c.label + ")"}, c.index, name);
+}
+
+// The cluster's own policy, validated as --policy is; the top-level policy when it sets none.
+std::string cluster_policy_of(const cluster_source& c, const std::string& default_policy) {
+  const auto policy = c.object.find("policy");
+  if (policy == c.object.end()) return default_policy;
+  if (!policy->is_string()) throw c.wrong_type("policy", "a string", *policy);
+  const auto choice = canonical_choice(policy_names, policy->get<std::string>());
+  if (!choice) {
+    throw config_error("invalid \"policy\" '" + policy->get<std::string>() + "' of " + c.label + ": expected " +
+                       join(policy_names, ", ", " or "));
+  }
+  return std::string(*choice);
+}
+
+bool marked_default(const cluster_source& c) {
+  const auto mark = c.object.find("default");
+  if (mark == c.object.end()) return false;
+  if (!mark->is_boolean()) throw c.wrong_type("default", "true or false", *mark);
+  return mark->get<bool>();
+}
+
+// A model served by two clusters would leave the cluster of its requests to a guess.
+void refuse_shared_models(const std::vector<cluster_spec>& clusters, const std::string& path) {
+  std::map<std::string_view, std::string_view> cluster_of_model;
+  for (const cluster_spec& c : clusters) {
+    for (const std::string& model : c.models) {
+      const auto [it, fresh] = cluster_of_model.emplace(model, c.name);
+      if (!fresh) {
+        throw config_error("model '" + model + "' is listed by cluster '" + std::string(it->second) +
+                           "' and by cluster '" + c.name + "' in config file '" + path +
+                           "'; a model belongs to one cluster");
+      }
+    }
+  }
+}
+
+void refuse_shared_name(const std::vector<cluster_spec>& clusters, const std::string& name, const std::string& path) {
+  const auto named_so = [&](const cluster_spec& c) { return c.name == name; };
+  const auto same = std::find_if(clusters.begin(), clusters.end(), named_so);
+  if (same == clusters.end()) return;
+  throw config_error("two clusters are named '" + name + "' in config file '" + path + "' (clusters[" +
+                     std::to_string(same - clusters.begin()) + "] and clusters[" + std::to_string(clusters.size()) +
+                     "]); give each its own name");
+}
+
+// One cluster of the file, checked alone and against the clusters before it; its backends go to `ranks`.
+cluster_spec read_cluster(const cluster_source& source, const settings& s, rank_list& ranks) {
+  refuse_unknown_keys(source.object, cluster_keys, source.label);
+  std::string name = cluster_name_of(source);
+  refuse_shared_name(s.clusters, name, source.path);
+  std::vector<std::string> models = cluster_models_of(source);
+  add_cluster_backends(source, name, ranks);
+  std::string policy = cluster_policy_of(source, s.policy);
+  return {.name = std::move(name), .models = std::move(models), .policy = std::move(policy)};
+}
+
+// The file's "clusters": every cluster with its models and policy, their backends flattened in cluster
+// order (ranks are numbered globally), and the default cluster (the one marked, else the first).
+void read_clusters(settings& s, const json& clusters, const std::string& path) {
+  const std::string key = "key 'clusters' in config file '" + path + "'";
+  if (!clusters.is_array()) {
+    throw config_error(key + " must be an array of cluster objects, not " + std::string(clusters.type_name()));
+  }
+  if (clusters.empty()) throw config_error(key + " is empty; define at least one cluster (or remove the key)");
+  rank_list ranks;
+  std::optional<std::size_t> default_index;
+  for (std::size_t i = 0; i < clusters.size(); ++i) {
+    const cluster_source source = cluster_at(clusters, i, path);
+    s.clusters.push_back(read_cluster(source, s, ranks));
+    if (!marked_default(source)) continue;
+    if (default_index) {
+      throw config_error("clusters '" + s.clusters[*default_index].name + "' and '" + s.clusters[i].name +
+                         "' in config file '" + path + "' are both \"default\": true; mark one");
+    }
+    default_index = i;
+  }
+  refuse_shared_models(s.clusters, path);
+  s.backends = std::move(ranks).take();
+  s.default_cluster = default_index.value_or(0);
+}
+
+// The backends come whole from the highest-precedence source that has any, never merged: --backend, then
+// DPLB_BACKENDS, then the file's "clusters" or "backends". A flat list, from whichever source, is one
+// implicit cluster that serves every model with the top-level policy.
+void resolve_backends(settings& s, const command_line_values& cli, const environment& env, const json& file,
+                      const std::string& path) {
+  if (auto v = pick(backend_option(), cli, env, file, path)) {
+    apply(backend_option(), *v, s);
+  } else if (file.is_object() && file.contains(clusters_key)) {
+    read_clusters(s, file.at(clusters_key), path);
+    return;
+  }
+  if (s.backends.empty()) {
+    throw config_error("no backend given: pass --backend http://HOST:PORT (repeatable) or set DPLB_BACKENDS");
+  }
+  s.clusters = {cluster_spec{.name = implicit_cluster_name, .models = {}, .policy = s.policy}};
+  s.default_cluster = 0;
 }
 
 std::string_view trim_whitespace(std::string_view s) {
@@ -896,7 +1179,8 @@ std::string help_text() {
       << ": an HTTP/1.1 load balancer in front of vLLM engine servers, one per data-parallel rank.\n\n"
       << "Every option can also be set by its environment variable or by its key in the JSON config file.\n"
       << "Precedence, per option: command line > environment > config file > default. The backend list is\n"
-      << "taken whole from the highest-precedence source that has one (sources are never merged).\n"
+      << "taken whole from the highest-precedence source that has one (sources are never merged), the config\n"
+      << "file's \"clusters\" included.\n"
       << "The admin API's token is the one setting without a flag or key: DPLB_ADMIN_TOKEN (environment only),\n"
       << "unless --admin-token-file names a file that holds it.\n\n"
       << visible_options();
@@ -924,13 +1208,13 @@ parse_result parse_command_line(int argc, const char* const* argv, const environ
     apply(config_option, *where, s);
     file = read_config_file(*s.config_file);
   }
+  const std::string file_path = s.config_file.value_or("");
   for (const auto& o : option_table) {
-    if (o.kind == value_kind::flag || &o == &config_option) continue;
-    if (auto v = pick(o, cli, env, file, s.config_file.value_or(""))) apply(o, *v, s);
+    if (o.kind == value_kind::flag || &o == &config_option || &o == &backend_option()) continue;
+    if (auto v = pick(o, cli, env, file, file_path)) apply(o, *v, s);
   }
-  if (s.backends.empty()) {
-    throw config_error("no backend given: pass --backend http://HOST:PORT (repeatable) or set DPLB_BACKENDS");
-  }
+  // After the loop: a cluster without a policy of its own takes the top-level one.
+  resolve_backends(s, cli, env, file, file_path);
   resolve_admin_token(s, env);
   return {std::move(s), {}};
 }

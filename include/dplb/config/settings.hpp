@@ -38,12 +38,28 @@ struct backend_spec {
   std::string url;           // normalised "http://host:port"
   std::uint32_t dp = 1;      // DP ranks served behind the URL; each gets X-data-parallel-rank: 0..dp-1
   std::uint32_t weight = 1;  // relative share of each of its ranks; every policy honours it
+  std::size_t cluster = 0;   // index into settings.clusters
 
   bool operator==(const backend_spec&) const = default;
 };
 inline constexpr std::uint32_t max_dp_per_backend = 1024;
 inline constexpr std::uint32_t max_backend_weight = 10'000;
-inline constexpr std::size_t max_ranks = 4096;  // over all backends
+inline constexpr std::size_t max_ranks = 4096;  // over all backends of all clusters
+
+// A model group: the ranks serving one set of models, with their own balancing policy.
+struct cluster_spec {
+  std::string name;  // unique, non-empty; the metrics' and logs' name for it
+  // The body "model" values it serves, compared exactly (as vLLM compares served model names); empty only
+  // in the implicit cluster (serves any model).
+  std::vector<std::string> models;
+  std::string policy;  // its balancing policy (a balancer::policy_names entry); defaults to settings.policy
+
+  bool operator==(const cluster_spec&) const = default;
+};
+// A cluster's name goes into metric labels and log lines: [A-Za-z0-9._-], 1 to this many characters.
+inline constexpr std::size_t max_cluster_name_length = 64;
+// The name of the one cluster made when the configuration defines none.
+inline constexpr const char* implicit_cluster_name = "default";
 
 // The one setting that is only an environment variable: a secret on the command line would show in `ps`
 // and in shell history, and one in the config file would sit in a file meant to be shared.
@@ -52,10 +68,14 @@ inline constexpr const char* admin_token_variable = "DPLB_ADMIN_TOKEN";
 struct settings {
   listen_address listen;
   // Engine servers in rank order: ranks are numbered across them, so `A#dp=2, B` is ranks 0 and 1 on A
-  // and rank 2 on B.
+  // and rank 2 on B. With clusters, every backend of every cluster: cluster 0's first, then cluster 1's, ...
   std::vector<backend_spec> backends;
+  // Never empty once parsed: without a "clusters" section, one cluster named "default" with every backend,
+  // settings.policy, and no model list (it serves every model: the engines answer for unknown ones).
+  std::vector<cluster_spec> clusters;
+  std::size_t default_cluster = 0;  // where a request without a "model" goes
   // Balancing policy name (balancer::policy_names): "round-robin" or "least-inflight", or one of the
-  // baselines kept for benchmarks, "random" and "engine-stats".
+  // baselines kept for benchmarks, "random" and "engine-stats". The policy of every cluster that sets none.
   std::string policy = "least-inflight";
   // How often every backend's /metrics is read (vLLM's coordinator: 100 ms); 0 = never. Unset: 100 ms for
   // a policy that uses engine stats, never for the others (see engine_stats_interval()).
@@ -146,6 +166,8 @@ struct parse_result {
 
 // Parses argv (argv[0] is the program name), then the environment, then the config file named by
 // --config or DPLB_CONFIG, applying precedence command line > environment > config file > defaults.
+// The backends come whole from one source: --backend, else DPLB_BACKENDS, else the file's "clusters" or
+// "backends" (a file holds one of the two).
 // Throws config_error with a one-line message on any problem (unknown flag, bad value, no backend, ...).
 parse_result parse_command_line(int argc, const char* const* argv, const environment& env);
 

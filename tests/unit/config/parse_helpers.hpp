@@ -1,9 +1,17 @@
 #pragma once
-// Shared by the config tests: run dplb's parser on an argument list and an environment as main() would.
+// Shared by the config tests: run dplb's parser on an argument list and an environment as main() would, and
+// write the config files it reads.
 
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
+
+#include <stdlib.h>  // mkdtemp
+
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "dplb/config/settings.hpp"
@@ -43,6 +51,45 @@ inline std::string error_of(const std::vector<std::string>& args, const environm
   }
   FAIL("expected a config_error");
   return {};
+}
+
+// A fresh directory for config files, removed with everything in it when the test ends.
+class temp_dir {
+ public:
+  temp_dir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "dplb-config-test-XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path_ = pattern;
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+
+  std::string write(const std::string& name, const std::string& content) const {
+    const auto file = path_ / name;
+    std::ofstream(file, std::ios::binary) << content;
+    return file.string();
+  }
+  std::string write_json(const std::string& name, const nlohmann::json& content) const {
+    return write(name, content.dump(2));
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// The repository root, found from this file's own path. ccache (CCACHE_BASEDIR) makes __FILE__ relative to the
+// build directory, which is the parent of the tests/ directory holding this binary.
+inline std::filesystem::path source_root() {
+  std::filesystem::path here = __FILE__;
+  if (here.is_relative()) {
+    here = std::filesystem::canonical("/proc/self/exe").parent_path().parent_path() / here;
+  }
+  return here.lexically_normal().parent_path().parent_path().parent_path().parent_path();
 }
 
 }  // namespace dplb::config::test

@@ -5,8 +5,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <stdlib.h>  // mkdtemp
-
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
@@ -27,34 +25,9 @@ namespace {
 using cfg::test::error_of;
 using cfg::test::parse;
 using cfg::test::run;
+using cfg::test::source_root;
+using cfg::test::temp_dir;
 using cfg::test::urls_of;
-
-// A fresh directory for config files, removed with everything in it when the test ends.
-class temp_dir {
- public:
-  temp_dir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "dplb-config-test-XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-
-  std::string write(const std::string& name, const std::string& content) const {
-    const auto file = path_ / name;
-    std::ofstream(file, std::ios::binary) << content;
-    return file.string();
-  }
-  std::string write_json(const std::string& name, const json& content) const { return write(name, content.dump(2)); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 // The naming contract: --log-format is DPLB_LOG_FORMAT and "log_format"; --backend is the one exception
 // (DPLB_BACKENDS, "backends") because it names a list.
@@ -131,16 +104,6 @@ std::vector<option_case> every_option() {
 }
 
 const std::string a_backend = "http://127.0.0.1:8100";
-
-// The repository root, found from this file's own path. ccache (CCACHE_BASEDIR) makes __FILE__ relative to the
-// build directory, which is the parent of the tests/ directory holding this binary.
-std::filesystem::path source_root() {
-  std::filesystem::path here = __FILE__;
-  if (here.is_relative()) {
-    here = std::filesystem::canonical("/proc/self/exe").parent_path().parent_path() / here;
-  }
-  return here.lexically_normal().parent_path().parent_path().parent_path().parent_path();
-}
 
 }  // namespace
 
@@ -365,7 +328,8 @@ TEST_CASE("a key given twice in the config file is an error", "[config]") {
   const std::string file =
       dir.write("dplb.json", std::string(R"({"backends": ["http://a:1"], "threads": 2, "threads": 4})"));
   CHECK(error_of({"--config", file}) == "key 'threads' appears twice in config file '" + file + "'");
-  // Keys inside nested values are not options and may repeat freely (none exist today, but arrays do).
+  // Only keys are checked: an array's entries are values (a key repeated inside a cluster's object is refused
+  // too, see settings_clusters_test.cpp).
   const std::string ok = dir.write("ok.json", std::string(R"({"backends": ["http://a:1", "http://b:2"]})"));
   CHECK(run({"--config", ok}).backends.size() == 2);
 }
