@@ -158,7 +158,7 @@ TEST_CASE("the default cluster is the one marked \"default\": true, else the fir
         "\"default\" of cluster 'llama' in config file '%' must be true or false, not string");
 }
 
-TEST_CASE("--backend and DPLB_BACKENDS replace the file's clusters entirely", "[config][clusters]") {
+TEST_CASE("the file's clusters are replaced entirely by --backend and DPLB_BACKENDS", "[config][clusters]") {
   const clusters_file file(json{llama_cluster(), with(qwen_cluster(), "default", true)}, json{{"policy", "round-robin"}});
   const std::vector<cfg::cluster_spec> implicit{implicit_cluster("round-robin")};
   SECTION("--backend") {
@@ -328,7 +328,7 @@ TEST_CASE("both shipped example config files parse", "[config][clusters]") {
   CHECK_THAT(text_of(source_root() / "docs" / "configuration.md"), Catch::Contains(text_of(clustered)));
 }
 
-TEST_CASE("--help tells where model groups are defined", "[config][clusters]") {
+TEST_CASE("option --help tells where model groups are defined", "[config][clusters]") {
   const std::string help = cfg::help_text();
   CHECK_THAT(help, Catch::Contains("\"clusters\""));
   CHECK_THAT(help, Catch::Contains("docs/configuration.md"));
