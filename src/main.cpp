@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
     app::configure_logging(*parsed.run);
     // SIGHUP reads the configuration again from the same sources; only its backends are applied.
     const auto reload_backends = [argc, argv] {
-      return config::parse_command_line(argc, argv, config::process_environment()).run.value().backends;
+      return config::parse_command_line(argc, argv, config::process_environment()).run.value();
     };
     app::application application(std::move(*parsed.run), reload_backends);
     return application.run();

@@ -56,6 +56,7 @@ json rank_object(const upstream::topology& topology, const upstream::backend_reg
               {"index_in_url", host.rank_in_url},
               {"dp", backend.dp},
               {"backend_state", upstream::name_of(registry.state_of(backend.index))},
+              {"cluster", registry.cluster_name(backend.cluster)},
               {"weight", b.weight(rank)},
               {"flags", std::move(names)},
               {"usable", flags == 0},
@@ -134,8 +135,10 @@ bool same_token(std::string_view given, std::string_view token) noexcept {
 }
 
 admin_api::admin_api(const upstream::topology& topology, upstream::backend_registry& registry,
-                     balancer::balancer& balancer, metrics::proxy_metrics& metrics, std::string token)
-    : topology_(topology), registry_(registry), balancer_(balancer), metrics_(metrics), token_(std::move(token)) {}
+                     balancer::balancer& balancer, metrics::proxy_metrics& metrics, std::string token,
+                     std::size_t default_cluster)
+    : topology_(topology), registry_(registry), balancer_(balancer), metrics_(metrics), token_(std::move(token)),
+      default_cluster_(default_cluster) {}
 
 const std::vector<admin_api::route>& admin_api::routes() {
   static const std::vector<route> table{
@@ -240,6 +243,7 @@ json backend_object(const upstream::topology& topology, const upstream::backend_
   }
   return json{{"url", b.url},
               {"dp", b.dp},
+              {"cluster", registry.cluster_name(b.cluster)},
               {"state", upstream::name_of(registry.state_of(b.index))},
               {"ranks", std::move(ranks)}};
 }
@@ -266,8 +270,16 @@ response admin_api::list_backends(const call&) const {
 
 response admin_api::add_backend(const call& c) const {
   response refusal;
-  const auto spec = backend_in_body(c.body, true, refusal);
+  auto spec = backend_in_body(c.body, true, refusal);
   if (!spec) return refusal;
+  // The model group it joins: by name, else the default one.
+  const auto body = json::parse(c.body);
+  spec->cluster = default_cluster_;
+  if (const auto cluster = body.find("cluster"); cluster != body.end()) {
+    const auto named = cluster->is_string() ? registry_.cluster_named(cluster->get<std::string>()) : std::nullopt;
+    if (!named) return error(400, "\"cluster\" must name a model group of the configuration; GET /backends shows them");
+    spec->cluster = *named;
+  }
   try {
     return json_response(201, backend_object(topology_, registry_, balancer_, registry_.add(*spec)));
   } catch (const upstream::backend_change_error& e) {

@@ -100,7 +100,51 @@ struct worker {
   std::thread thread;
 };
 
-bool uses_engine_stats(const config::settings& s) { return balancer::make_policy(s.policy)->uses_engine_stats(); }
+// Whether some cluster's policy balances on engine stats (then they are read by default).
+bool uses_engine_stats(const config::settings& s) {
+  return std::ranges::any_of(s.clusters, [](const config::cluster_spec& c) {
+    return balancer::make_policy(c.policy)->uses_engine_stats();
+  });
+}
+
+// One policy per cluster, in cluster order.
+std::vector<std::unique_ptr<balancer::policy>> cluster_policies(const config::settings& s) {
+  std::vector<std::unique_ptr<balancer::policy>> out;
+  for (const auto& c : s.clusters) out.push_back(balancer::make_policy(c.policy, {s.kv_pressure_weight}));
+  return out;
+}
+
+std::vector<std::string> cluster_names(const config::settings& s) {
+  std::vector<std::string> out;
+  for (const auto& c : s.clusters) out.push_back(c.name);
+  return out;
+}
+
+// The backends of a configuration read again (SIGHUP), numbered by the running model groups: those are fixed
+// at start-up, so a backend joins the running group of its group's name, and a new name is refused.
+std::vector<config::backend_spec> backends_for_reload(const config::settings& running, const config::settings& fresh) {
+  std::vector<config::backend_spec> out;
+  for (auto spec : fresh.backends) {
+    const auto& name = fresh.clusters.at(spec.cluster).name;
+    const auto same = std::ranges::find(running.clusters, name, &config::cluster_spec::name);
+    if (same == running.clusters.end()) {
+      throw config::config_error("model group '" + name + "' is new: model groups change only with a restart");
+    }
+    if (same->models != fresh.clusters[spec.cluster].models || same->policy != fresh.clusters[spec.cluster].policy) {
+      spdlog::warn("SIGHUP: model group '{}' has other models or another policy in the configuration; those change "
+                   "only with a restart (its backends are reloaded)", name);
+    }
+    spec.cluster = static_cast<std::size_t>(same - running.clusters.begin());
+    out.push_back(std::move(spec));
+  }
+  return out;
+}
+
+std::vector<std::size_t> rank_clusters(const upstream::topology& topology) {
+  std::vector<std::size_t> out;
+  for (const auto& h : topology.hosts()) out.push_back(h.cluster);
+  return out;
+}
 
 // Engine stats older than three reads (each bounded by the health-check timeout) are stale.
 std::chrono::milliseconds stats_max_age(const config::settings& s) {
@@ -127,7 +171,7 @@ struct application::impl {
         reload_backends(std::move(reload)),
         topology_storage(configured_topology(settings.backends)),
         topology(*topology_storage),
-        balancer(topology.hosts().size(), balancer::make_policy(settings.policy, {settings.kv_pressure_weight}),
+        balancer(rank_clusters(topology), cluster_policies(settings),
                  balancer::queue_limits{settings.max_inflight_per_rank, settings.max_queued_requests},
                  balancer::host_timing{settings.slow_start, stats_max_age(settings)}, topology.capacity()),
         metrics(rank_urls(topology), balancer, settings.policy, topology.capacity()),
@@ -141,8 +185,9 @@ struct application::impl {
         stats_interval(config::engine_stats_interval(settings, uses_engine_stats(settings))),
         stats(topology, balancer, stats_interval,
               std::min(settings.health_check_timeout, std::max(stats_interval, std::chrono::milliseconds(50)))),
-        registry(topology, balancer, metrics, health),
-        shared{settings, topology, balancer, metrics, health},
+        registry(topology, balancer, metrics, health, cluster_names(settings)),
+        models(settings),
+        shared{settings, topology, balancer, metrics, health, models},
         signals(signal_io, SIGINT, SIGTERM),
         reload_signal(signal_io, SIGHUP) {
     for (const auto& h : topology.hosts()) balancer.set_weight(h.rank, h.weight);
@@ -157,7 +202,7 @@ struct application::impl {
     }
     bound = endpoint;
     if (settings.admin_listen) {
-      admin.emplace(topology, registry, balancer, metrics, settings.admin_token);
+      admin.emplace(topology, registry, balancer, metrics, settings.admin_token, settings.default_cluster);
       admin_acceptor.emplace(admin::open_acceptor(signal_io.get_executor(), listen_endpoint(*settings.admin_listen)));
       admin_bound = admin_acceptor->local_endpoint();
     }
@@ -173,6 +218,7 @@ struct application::impl {
   std::chrono::milliseconds stats_interval;  // 0: the engines' /metrics are never read
   upstream::engine_stats_poller stats;
   upstream::backend_registry registry;  // the main thread's: admin API, SIGHUP, retirements
+  server::model_routes models;
   server::shared_state shared;
   std::vector<std::unique_ptr<worker>> workers;
   asio::io_context signal_io;  // the main thread's loop: signals and housekeeping
@@ -237,7 +283,7 @@ void application::await_reload_signal() {
     } else {
       // Only the backends: every other setting needs a restart.
       try {
-        const auto summary = s.registry.reload(s.reload_backends());
+        const auto summary = s.registry.reload(backends_for_reload(s.settings, s.reload_backends()));
         spdlog::info("SIGHUP: backends reloaded: {} added, {} removed, {} reweighted", summary.added.size(),
                      summary.removed.size(), summary.reweighted.size());
       } catch (const std::exception& e) {
@@ -290,6 +336,19 @@ int application::run() {
   spdlog::info("dplb {} listening on {} policy={} threads={} backends={} max_open_files={}", version(),
                listen_address(), s.balancer.active_policy().name(), s.workers.size(), backend_list, open_files);
 
+  if (s.models.by_model()) {
+    for (std::size_t c = 0; c < s.settings.clusters.size(); ++c) {
+      const auto& cluster = s.settings.clusters[c];
+      std::string ranks;
+      for (const auto& h : s.topology.hosts()) {
+        if (h.cluster == c) ranks += (ranks.empty() ? "" : ",") + std::to_string(h.rank);
+      }
+      std::string models;
+      for (const auto& m : cluster.models) models += (models.empty() ? "" : ",") + m;
+      spdlog::info("model group {}{}: policy={} ranks={} models={}", cluster.name,
+                   c == s.settings.default_cluster ? " (default)" : "", cluster.policy, ranks, models);
+    }
+  }
   if (s.admin) {
     spdlog::info("admin API listening on {}", format_endpoint(s.admin_bound));
     asio::co_spawn(s.signal_io, admin::accept_loop(*s.admin, *s.admin_acceptor), asio::detached);

@@ -22,11 +22,15 @@ std::string_view error_type_for(unsigned status) noexcept {
   }
 }
 
-std::string error_body(unsigned status, std::string_view message) {
+std::string error_body(unsigned status, std::string_view message, std::string_view param) {
   nlohmann::ordered_json body;
   body["error"]["message"] = message;
   body["error"]["type"] = error_type_for(status);
-  body["error"]["param"] = nullptr;
+  if (param.empty()) {
+    body["error"]["param"] = nullptr;
+  } else {
+    body["error"]["param"] = param;
+  }
   body["error"]["code"] = status;
   return body.dump();
 }

@@ -143,6 +143,9 @@ class session {
     if (decision.pinned_rank_conflict) {
       co_return co_await reject(400, "request has X-data-parallel-rank headers that disagree; send one", keep_alive);
     }
+    if (shared_.models.by_model() && is_models_list(method, decision.target())) {
+      co_return co_await serve_models_list(method, keep_alive);
+    }
     co_return co_await proxy(method, keep_alive, decision.pinned_rank);
   }
 
@@ -204,11 +207,11 @@ class session {
   }
 
   io::task<bool> send_error(unsigned status, std::string_view message, bool keep_alive,
-                                   bool retry_later = false) {
+                                   bool retry_later = false, std::string_view param = {}) {
     bhttp::response<bhttp::string_body> response{static_cast<bhttp::status>(status), 11};
     response.set(bhttp::field::content_type, "application/json");
     if (retry_later) response.set(bhttp::field::retry_after, "1");
-    response.body() = http::error_body(status, message);
+    response.body() = http::error_body(status, message, param);
     co_return co_await send_local(response, keep_alive, false);
   }
 
@@ -222,6 +225,20 @@ class session {
     auto [ec, n] = co_await bhttp::async_write(client_.socket(), response, as_result);
     client_deadline_.expires_never();
     co_return !ec && keep_alive;
+  }
+
+  static bool is_models_list(bhttp::verb method, std::string_view target) {
+    return (method == bhttp::verb::get || method == bhttp::verb::head) &&
+           target.substr(0, target.find('?')) == "/v1/models";
+  }
+
+  // With model groups no one engine knows every model: dplb answers GET /v1/models with their union.
+  io::task<bool> serve_models_list(bhttp::verb method, bool keep_alive) {
+    bhttp::response<bhttp::string_body> response{bhttp::status::ok, 11};
+    response.set(bhttp::field::content_type, "application/json");
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    response.body() = shared_.models.models_list(std::chrono::duration_cast<std::chrono::seconds>(now).count());
+    co_return co_await send_local(response, keep_alive, method == bhttp::verb::head);
   }
 
   io::task<bool> serve_own_path(bhttp::verb method, std::string_view path, bool keep_alive) {
@@ -318,9 +335,8 @@ class session {
     set_upstream_framing(upstream_head_, method, request_body_.size());
     balancer::pick_context request;
     balancer::request_cost cost;
-    if (shared_.balancer.active_policy().needs_request_facts()) cost = cost_of_body(request);
+    const auto ranks = shared_.topology.hosts().size();
     if (pinned) {
-      const auto ranks = shared_.topology.hosts().size();
       if (*pinned < 0 || static_cast<std::uint64_t>(*pinned) >= ranks) {
         shared_.metrics.rejected(400);
         co_return co_await send_error(400, "X-data-parallel-rank " + std::to_string(*pinned) +
@@ -328,6 +344,31 @@ class session {
                                       client_keep_alive);
       }
       request.pinned_rank = static_cast<std::size_t>(*pinned);
+    }
+    // The body is read only when something depends on it: the model picks the cluster (model groups), or
+    // the cluster's policy weighs tokens.
+    const auto& models = shared_.models;
+    request.cluster = models.default_cluster();
+    if (request.pinned_rank) request.cluster = shared_.balancer.cluster_of(*request.pinned_rank);
+    if (models.by_model() || shared_.balancer.active_policy().needs_request_facts()) {
+      const auto facts = inspect_request_body(request_body_);
+      if (models.by_model() && !facts.model.empty()) {
+        const auto served = models.cluster_of(facts.model);
+        if (!served) {
+          // As vLLM answers a model it does not serve.
+          shared_.metrics.rejected(404);
+          co_return co_await send_error(404, "The model `" + facts.model + "` does not exist.", client_keep_alive,
+                                        false, "model");
+        }
+        if (request.pinned_rank && *served != request.cluster) {
+          shared_.metrics.rejected(400);
+          co_return co_await send_error(400, "X-data-parallel-rank " + std::to_string(*request.pinned_rank) +
+                                                 " is not a rank of the model group serving `" + facts.model + "`",
+                                        client_keep_alive);
+        }
+        request.cluster = *served;
+      }
+      if (shared_.balancer.policy_of(request.cluster).needs_request_facts()) cost = cost_of(facts, request);
     }
     // Without --max-inflight-per-rank a slot is taken at once, without a coroutine of its own. (Not a
     // conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among them.)
@@ -452,8 +493,7 @@ class session {
   // What the request costs in tokens, from its body (for a policy that asks): the prompt, and the most it
   // may generate (max_tokens, else --default-max-tokens, times n). A separate function, so that the facts
   // are not part of proxy()'s coroutine frame.
-  balancer::request_cost cost_of_body(balancer::pick_context& request) const {
-    const auto facts = inspect_request_body(request_body_);
+  balancer::request_cost cost_of(const request_facts& facts, balancer::pick_context& request) const {
     const std::uint64_t decode =
         std::uint64_t{facts.max_tokens.value_or(settings_.default_max_tokens)} * std::max<std::uint32_t>(1, facts.choices);
     const balancer::request_cost cost{facts.prompt_tokens, static_cast<std::uint32_t>(std::min<std::uint64_t>(decode, UINT32_MAX))};

@@ -67,7 +67,7 @@ backend resolve_backend(const config::backend_spec& spec) {
 }
 
 void add_configured(topology& into, const std::vector<config::backend_spec>& specs) {
-  for (const auto& spec : specs) into.add(resolve_backend(spec), spec.weight);
+  for (const auto& spec : specs) into.add(resolve_backend(spec), spec.weight, spec.cluster);
 }
 
 }  // namespace dplb::upstream

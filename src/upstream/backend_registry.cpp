@@ -20,9 +20,16 @@ std::string_view name_of(backend_state state) noexcept {
 }
 
 backend_registry::backend_registry(topology& topology, balancer::balancer& balancer, metrics::proxy_metrics& metrics,
-                                   health_monitor& health, resolver resolve)
-    : topology_(topology), balancer_(balancer), metrics_(metrics), health_(health), resolve_(std::move(resolve)),
+                                   health_monitor& health, std::vector<std::string> clusters, resolver resolve)
+    : topology_(topology), balancer_(balancer), metrics_(metrics), health_(health), clusters_(std::move(clusters)),
+      resolve_(std::move(resolve)),
       states_(topology.backends().size(), backend_state::active) {}
+
+std::optional<std::size_t> backend_registry::cluster_named(std::string_view name) const {
+  const auto it = std::ranges::find(clusters_, name);
+  if (it == clusters_.end()) return std::nullopt;
+  return static_cast<std::size_t>(it - clusters_.begin());
+}
 
 const backend* backend_registry::active(std::string_view url) const {
   const auto backends = topology_.backends();
@@ -40,6 +47,7 @@ void backend_registry::set_state(const backend& b, backend_state state) {
 }
 
 const backend& backend_registry::add(const config::backend_spec& spec) {
+  if (spec.cluster >= clusters_.size()) throw backend_change_error(400, "no model group " + std::to_string(spec.cluster));
   if (const auto* served = active(spec.url)) {
     throw backend_change_error(409, spec.url + " is already a backend (ranks " + std::to_string(served->first_rank) +
                                         ".." + std::to_string(served->first_rank + served->dp - 1) +
@@ -50,7 +58,7 @@ const backend& backend_registry::add(const config::backend_spec& spec) {
   // set of ranks: new ones (the old, if still draining out, finish on their own connections).
   const auto backends = topology_.backends();
   for (const auto& b : backends) {
-    if (b.url == spec.url && b.dp == spec.dp) return revive(b, spec);
+    if (b.url == spec.url && b.dp == spec.dp && b.cluster == spec.cluster) return revive(b, spec);
   }
   if (topology_.hosts().size() + spec.dp > topology_.capacity()) {
     throw backend_change_error(507, "no room for " + std::to_string(spec.dp) + " more ranks: dplb serves at most " +
@@ -64,11 +72,11 @@ const backend& backend_registry::add(const config::backend_spec& spec) {
   } catch (const config::config_error& e) {
     throw backend_change_error(400, e.what());
   }
-  const backend& added = topology_.add(std::move(resolved), spec.weight);
+  const backend& added = topology_.add(std::move(resolved), spec.weight, spec.cluster);
   states_.push_back(backend_state::active);
   std::vector<std::uint32_t> weights(added.dp, spec.weight);
   for (std::uint32_t k = 0; k < added.dp; ++k) metrics_.add_rank(added.url);
-  balancer_.add_ranks(weights);
+  balancer_.add_ranks(weights, spec.cluster);
   health_.add_ranks();
   spdlog::info("backend {} added: ranks {}..{}, weight {}", added.url, added.first_rank, added.first_rank + added.dp - 1,
                spec.weight);
@@ -119,7 +127,9 @@ std::vector<std::string> backend_registry::retire_drained() {
 reload_summary backend_registry::reload(const std::vector<config::backend_spec>& specs) {
   reload_summary summary;
   const auto wanted = [&](const backend& b) {
-    return std::ranges::any_of(specs, [&](const config::backend_spec& s) { return s.url == b.url && s.dp == b.dp; });
+    return std::ranges::any_of(specs, [&](const config::backend_spec& s) {
+      return s.url == b.url && s.dp == b.dp && s.cluster == b.cluster;
+    });
   };
   // Removals first: a URL whose dp changed leaves before it comes back with its new ranks.
   const auto backends = topology_.backends();

@@ -6,10 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <signal.h>
-#include <stdlib.h>  // mkstemp
-#include <unistd.h>
 
-#include <fstream>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -18,6 +15,7 @@
 #include "await.hpp"
 #include "http_client.hpp"
 #include "processes.hpp"
+#include "temp_file.hpp"
 
 using namespace dplb::test;
 using json = nlohmann::json;
@@ -27,24 +25,9 @@ namespace {
 
 const std::string token = "integration-admin-token-7f3a";
 
-// A file holding the admin token (with the newline an editor leaves), removed when the test ends.
-class token_file {
- public:
-  token_file() {
-    char pattern[] = "/tmp/dplb-admin-token-XXXXXX";
-    const int fd = ::mkstemp(pattern);
-    REQUIRE(fd >= 0);
-    ::close(fd);
-    path_ = pattern;
-    std::ofstream(path_) << token << "\n";
-  }
-  ~token_file() { ::unlink(path_.c_str()); }
-  token_file(const token_file&) = delete;
-  token_file& operator=(const token_file&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+// A file holding the admin token (with the newline an editor leaves).
+struct token_file : temp_file {
+  token_file() : temp_file(token + "\n") {}
 };
 
 // dplb's extra arguments for an admin API on an ephemeral loopback port.
@@ -283,26 +266,6 @@ bool has_rank_series(const std::map<std::string, double>& metrics, const std::st
   return false;
 }
 
-// A JSON config file, rewritten by the test and removed at its end.
-class config_file {
- public:
-  config_file() {
-    char pattern[] = "/tmp/dplb-config-XXXXXX";
-    const int fd = ::mkstemp(pattern);
-    REQUIRE(fd >= 0);
-    ::close(fd);
-    path_ = pattern;
-  }
-  ~config_file() { ::unlink(path_.c_str()); }
-  config_file(const config_file&) = delete;
-  config_file& operator=(const config_file&) = delete;
-  void write(const std::string& text) const { std::ofstream(path_, std::ios::trunc) << text; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 }  // namespace
 
 TEST_CASE("a backend added at runtime takes requests, and removed it finishes its stream and leaves the metrics",
@@ -359,7 +322,7 @@ TEST_CASE("SIGHUP makes the backends match the config file, and a broken file ch
   token_file file;
   mock_engine engine(3);
   const auto urls = engine.urls();
-  config_file config;
+  temp_file config;
   config.write(json{{"backends", {urls[0], urls[1]}}}.dump());
   dplb_proxy proxy({}, with_admin(file, {"--config", config.path(), "--policy", "round-robin", "--threads", "1"}));
   CHECK(spread(proxy.port(), 4) == std::map<std::string, int>{{"0", 2}, {"1", 2}});

@@ -53,8 +53,9 @@ struct call {
 class admin_api {
  public:
   // `token` must not be empty (settings refuse an admin listener without one).
+  // A backend added without a "cluster" joins `default_cluster`.
   admin_api(const upstream::topology& topology, upstream::backend_registry& registry, balancer::balancer& balancer,
-            metrics::proxy_metrics& metrics, std::string token);
+            metrics::proxy_metrics& metrics, std::string token, std::size_t default_cluster = 0);
 
   response handle(const request& req) const;
 
@@ -89,6 +90,7 @@ class admin_api {
   balancer::balancer& balancer_;
   metrics::proxy_metrics& metrics_;
   std::string token_;
+  std::size_t default_cluster_;
 };
 
 // Whether `given` equals `token`, in a time that depends only on given's length (never on where the first

@@ -5,7 +5,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "dplb/config/settings.hpp"
 
@@ -18,7 +17,7 @@ class application {
  public:
   // Where SIGHUP reads the backends from: the configuration parsed again from the same sources (so the
   // config file's backends, unless --backend or DPLB_BACKENDS override them). Throws config::config_error.
-  using backend_source = std::function<std::vector<config::backend_spec>()>;
+  using backend_source = std::function<config::settings()>;
 
   // Resolves the backends and binds the listening port; throws config::config_error (bad backend) or
   // boost::system::system_error (port in use) at start-up. Without a backend source, SIGHUP is ignored.

@@ -10,7 +10,8 @@ namespace dplb::http {
 // The OpenAI error type for a status (BadRequestError, NotFoundError, ServiceUnavailableError, ...).
 std::string_view error_type_for(unsigned status) noexcept;
 
-// The JSON body, with the message escaped properly.
-std::string error_body(unsigned status, std::string_view message);
+// The JSON body, with the message escaped properly. `param` names the request field at fault (vLLM's
+// unknown model: "model"); empty, it is null.
+std::string error_body(unsigned status, std::string_view message, std::string_view param = {});
 
 }  // namespace dplb::http

@@ -10,6 +10,7 @@
 #include "dplb/config/settings.hpp"
 #include "dplb/metrics/proxy_metrics.hpp"
 #include "dplb/server/deadline_sweeper.hpp"
+#include "dplb/server/model_routes.hpp"
 #include "dplb/upstream/backend.hpp"
 #include "dplb/upstream/connection_pool.hpp"
 #include "dplb/upstream/health_monitor.hpp"
@@ -24,6 +25,7 @@ struct shared_state {
   balancer::balancer& balancer;
   metrics::proxy_metrics& metrics;
   upstream::health_monitor& health;
+  const model_routes& models;
   std::atomic<std::size_t> client_connections{0};  // open now, all workers
   std::atomic<bool> draining{false};               // SIGTERM received: finish what is in flight, take nothing new
 };

@@ -7,7 +7,7 @@
 //  - removed: the balancer's `removed` flag at once (no new request; what is in flight finishes), and
 //    the backend leaves the metrics, the health checks and the engine-stats reads once its last request
 //    is done (retire_drained(), called periodically);
-//  - added again after a removal, with the same URL and dp: it comes back under its old rank numbers,
+//  - added again after a removal, with the same URL, dp and model group: it comes back under its old ranks,
 //    with fresh health, at the configured weight (and through the slow start, if on).
 // Rank numbers are never reused for another backend (the topology is append-only).
 //
@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -60,8 +61,10 @@ class backend_registry {
  public:
   using resolver = std::function<backend(const config::backend_spec&)>;
 
+  // `clusters` names the model groups, in index order (fixed for the process's life).
   backend_registry(topology& topology, balancer::balancer& balancer, metrics::proxy_metrics& metrics,
-                   health_monitor& health, resolver resolve = resolve_backend);
+                   health_monitor& health, std::vector<std::string> clusters = {config::implicit_cluster_name},
+                   resolver resolve = resolve_backend);
 
   // Adds a backend (or brings a removed one back). Throws backend_change_error: 409 when the URL is
   // already served, 400 when its host does not resolve, 507 when the topology has no room left.
@@ -70,7 +73,7 @@ class backend_registry {
   // Removes the active backend with this (normalised) URL. Throws backend_change_error 404 when none.
   const backend& remove(std::string_view url);
 
-  // Makes the active set match `specs`: removes the backends not in it (URL and dp), adds the new ones,
+  // Makes the active set match `specs`: removes the backends not in it (URL, dp, group), adds new ones,
   // and sets the configured weight where it changed. A backend whose dp changed is removed and added
   // anew (new ranks). Throws backend_change_error for a backend it cannot add; what it did before
   // stands, and what follows is not done (the caller logs it; the previous configuration mostly holds).
@@ -80,6 +83,8 @@ class backend_registry {
   std::vector<std::string> retire_drained();
 
   backend_state state_of(std::size_t backend) const { return states_.at(backend); }
+  const std::string& cluster_name(std::size_t cluster) const { return clusters_.at(cluster); }
+  std::optional<std::size_t> cluster_named(std::string_view name) const;
   // The active backend with this normalised URL, or nullptr.
   const backend* active(std::string_view url) const;
 
@@ -91,6 +96,7 @@ class backend_registry {
   balancer::balancer& balancer_;
   metrics::proxy_metrics& metrics_;
   health_monitor& health_;
+  std::vector<std::string> clusters_;
   resolver resolve_;
   std::vector<backend_state> states_;  // per backend, in topology order
 };

@@ -55,7 +55,7 @@ struct fixture {
   dplb::metrics::proxy_metrics metrics{{"http://127.0.0.1:8100", "http://127.0.0.1:8100", "http://engine-b:8101"},
                                        balancer, "round-robin", topology.capacity()};
   dplb::upstream::health_monitor health{topology, balancer, metrics, {.interval = std::chrono::milliseconds(0), .policy = {}}};
-  dplb::upstream::backend_registry registry{topology, balancer, metrics, health, unresolved};
+  dplb::upstream::backend_registry registry{topology, balancer, metrics, health, {"default"}, unresolved};
   admin::admin_api api{topology, registry, balancer, metrics, token};
 
   admin::response call(std::string_view method, std::string_view target, std::string_view body = {},
@@ -290,6 +290,8 @@ TEST_CASE("a backend added at runtime gets the next ranks, and removed it takes 
   check_error(f.call("POST", "/backends", R"({"url": "http://127.0.0.1:8102#dp=2"})"), 409);
   check_error(f.call("POST", "/backends", R"({"url": "http://127.0.0.1:8102"})"), 409);
   check_error(f.call("POST", "/backends", R"({"url": "ftp://x"})"), 400);
+  check_error(f.call("POST", "/backends", R"({"url": "http://127.0.0.1:8109", "cluster": "nope"})"), 400);
+  CHECK(doc["cluster"] == "default");
   CHECK(f.balancer.rank_count() == 5);
 
   // Rank 3 has a request in flight when its backend is removed.
