@@ -140,6 +140,12 @@ std::vector<config::backend_spec> backends_for_reload(const config::settings& ru
   return out;
 }
 
+std::vector<std::string> rank_cluster_names(const upstream::topology& topology, const config::settings& s) {
+  std::vector<std::string> out;
+  for (const auto& h : topology.hosts()) out.push_back(s.clusters.at(h.cluster).name);
+  return out;
+}
+
 std::vector<std::size_t> rank_clusters(const upstream::topology& topology) {
   std::vector<std::size_t> out;
   for (const auto& h : topology.hosts()) out.push_back(h.cluster);
@@ -174,7 +180,7 @@ struct application::impl {
         balancer(rank_clusters(topology), cluster_policies(settings),
                  balancer::queue_limits{settings.max_inflight_per_rank, settings.max_queued_requests},
                  balancer::host_timing{settings.slow_start, stats_max_age(settings)}, topology.capacity()),
-        metrics(rank_urls(topology), balancer, settings.policy, topology.capacity()),
+        metrics(rank_urls(topology), balancer, settings.policy, topology.capacity(), rank_cluster_names(topology, settings)),
         health(topology, balancer, metrics,
                upstream::health_check_settings{
                    settings.health_check_interval, settings.health_check_timeout, "/health",

@@ -22,7 +22,8 @@ prometheus::Histogram::BucketBoundaries latency_buckets() {
 }  // namespace
 
 proxy_metrics::proxy_metrics(const std::vector<std::string>& rank_urls, const balancer::balancer& balancer,
-                             std::string_view policy_name, std::size_t capacity)
+                             std::string_view policy_name, std::size_t capacity,
+                             const std::vector<std::string>& rank_clusters)
     : balancer_(balancer),
       registry_(std::make_shared<prometheus::Registry>()),
       requests_family_(prometheus::BuildCounter()
@@ -127,6 +128,10 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& rank_urls, const ba
               .Name("dplb_rank_draining")
               .Help("1 while the admin API has the rank drained: requests in flight finish, no new one starts")
               .Register(*registry_),
+          prometheus::BuildGauge()
+              .Name("dplb_rank_cluster")
+              .Help("Always 1; the cluster label names the model group the rank serves")
+              .Register(*registry_),
       },
       capacity_(std::max(capacity, rank_urls.size())),
       ranks_(std::make_unique<rank_handles[]>(capacity_)),
@@ -137,10 +142,12 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& rank_urls, const ba
       .Register(*registry_)
       .Add({{"version", DPLB_VERSION}, {"policy", std::string(policy_name)}})
       .Set(1);
-  for (const auto& url : rank_urls) add_rank(url);
+  for (std::size_t r = 0; r < rank_urls.size(); ++r) {
+    add_rank(rank_urls[r], r < rank_clusters.size() ? rank_clusters[r] : std::string("default"));
+  }
 }
 
-void proxy_metrics::add_rank(const std::string& url) {
+void proxy_metrics::add_rank(const std::string& url, const std::string& cluster) {
   const std::size_t r = rank_count_.load(std::memory_order_relaxed);
   if (r >= capacity_) throw std::length_error("metrics: no room for rank " + std::to_string(r));
   const auto label = std::to_string(r);
@@ -166,6 +173,7 @@ void proxy_metrics::add_rank(const std::string& url) {
     ranks_[r].errors[k] = &f.errors.Add({{"rank", label}, {"kind", std::string(upstream_error_kinds[k])}});
   }
   ranks_[r].healthy->Set(1);
+  f.cluster.Add({{"rank", label}, {"cluster", cluster}}).Set(1);
   {
     std::lock_guard lock(render_mutex_);
     retired_.push_back(0);

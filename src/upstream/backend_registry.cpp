@@ -75,7 +75,7 @@ const backend& backend_registry::add(const config::backend_spec& spec) {
   const backend& added = topology_.add(std::move(resolved), spec.weight, spec.cluster);
   states_.push_back(backend_state::active);
   std::vector<std::uint32_t> weights(added.dp, spec.weight);
-  for (std::uint32_t k = 0; k < added.dp; ++k) metrics_.add_rank(added.url);
+  for (std::uint32_t k = 0; k < added.dp; ++k) metrics_.add_rank(added.url, clusters_[spec.cluster]);
   balancer_.add_ranks(weights, spec.cluster);
   health_.add_ranks();
   spdlog::info("backend {} added: ranks {}..{}, weight {}", added.url, added.first_rank, added.first_rank + added.dp - 1,

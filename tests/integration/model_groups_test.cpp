@@ -83,7 +83,10 @@ TEST_CASE("the body's model picks the model group, and each group balances its o
   CHECK(json::parse(unknown.body) ==
         json::parse(R"({"error":{"message":"The model `gpt-4` does not exist.","type":"NotFoundError","param":"model","code":404}})"));
   CHECK(complete(client, qwen).status == 200);
-  CHECK(metric_sum(scrape_metrics(proxy.port()), "dplb_rejected_requests_total{", {"code=\"404\""}) == 1);
+  const auto metrics = scrape_metrics(proxy.port());
+  CHECK(metric_sum(metrics, "dplb_rejected_requests_total{", {"code=\"404\""}) == 1);
+  CHECK(metric_sum(metrics, "dplb_rank_cluster{", {"cluster=\"llama\""}) == 2);
+  CHECK(metric_sum(metrics, "dplb_rank_cluster{", {"cluster=\"qwen\"", "rank=\"2\""}) == 1);
 }
 
 TEST_CASE("GET /v1/models answers every group's models, and pinning stays within the model's group", "[clusters]") {

@@ -41,16 +41,18 @@ inline constexpr std::array<std::string_view, 6> upstream_error_kinds{"connect",
 
 class proxy_metrics {
  public:
-  // `rank_urls[r]` is rank r's backend URL. Room is made for `capacity` ranks (at least as many), since
-  // the request path indexes the per-rank handles without a lock.
+  // `rank_urls[r]` is rank r's backend URL, `rank_clusters[r]` the name of its model group (all "default"
+  // when empty). Room is made for `capacity` ranks (at least as many), since the request path indexes the
+  // per-rank handles without a lock.
   proxy_metrics(const std::vector<std::string>& rank_urls, const balancer::balancer& balancer,
-                std::string_view policy_name, std::size_t capacity = 0);
+                std::string_view policy_name, std::size_t capacity = 0,
+                const std::vector<std::string>& rank_clusters = {});
   ~proxy_metrics();
 
   // Ranks come and go at runtime (one thread at a time, as the topology's add()). add_rank takes the next
   // rank number; a retired rank's series leave the exposition (its handles stay, so that a late call on
   // it is harmless) and come back, with their values, when it is restored.
-  void add_rank(const std::string& url);
+  void add_rank(const std::string& url, const std::string& cluster = "default");
   void retire_rank(std::size_t rank);
   void restore_rank(std::size_t rank);
 
@@ -144,6 +146,7 @@ class proxy_metrics {
     prometheus::Family<prometheus::Gauge>& ejected;
     prometheus::Family<prometheus::Counter>& ejections;
     prometheus::Family<prometheus::Gauge>& draining;
+    prometheus::Family<prometheus::Gauge>& cluster;
   };
   rank_families families_;
   // Allocated once for the capacity: [0, rank_count_) are in use, and an entry never changes once
