@@ -349,7 +349,7 @@ class session {
     // the cluster's policy weighs tokens.
     const auto& models = shared_.models;
     request.cluster = models.default_cluster();
-    if (request.pinned_rank) request.cluster = shared_.balancer.cluster_of(*request.pinned_rank);
+    if (request.pinned_rank) request.cluster = shared_.topology.hosts()[*request.pinned_rank].cluster;
     if (models.by_model() || shared_.balancer.active_policy().needs_request_facts()) {
       const auto facts = inspect_request_body(request_body_);
       if (models.by_model() && !facts.model.empty()) {

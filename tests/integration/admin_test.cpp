@@ -7,10 +7,13 @@
 #include <nlohmann/json.hpp>
 #include <signal.h>
 
+#include <atomic>
 #include <map>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "await.hpp"
 #include "http_client.hpp"
@@ -341,4 +344,51 @@ TEST_CASE("SIGHUP makes the backends match the config file, and a broken file ch
   REQUIRE(::kill(proxy.process().pid(), SIGHUP) == 0);
   REQUIRE(proxy.process().wait_for_line(std::regex("SIGHUP: backends not \\(fully\\) reloaded"), 10s).has_value());
   CHECK(spread(proxy.port(), 8) == std::map<std::string, int>{{"1", 6}, {"2", 2}});
+}
+
+TEST_CASE("backends added and removed while requests flow lose no request and leak no count", "[admin][runtime]") {
+  token_file file;
+  mock_engine engine(3);
+  const auto urls = engine.urls();
+  dplb_proxy proxy({urls[0]}, with_admin(file, {"--policy", "least-inflight", "--threads", "2"}));
+  const auto admin = proxy.admin_port();
+
+  std::atomic<bool> changes_done{false};
+  std::atomic<int> ok{0}, failed{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 2; ++c) {
+    clients.emplace_back([&] {
+      http_connection client(proxy.port());
+      // Until the changes are over, and then some more: every request races the set changing.
+      for (int after = 0; after < 20;) {
+        const auto r = client.send(completion(1, false));
+        (r.status == 200 ? ok : failed).fetch_add(1);
+        if (changes_done.load()) ++after;
+      }
+    });
+  }
+  for (int round = 0; round < 5; ++round) {
+    for (std::size_t i : {1, 2}) {
+      CHECK(admin_call(admin, bhttp::verb::post, "/backends", json{{"url", urls[i]}}.dump()).status == 201);
+    }
+    for (std::size_t i : {1, 2}) {
+      CHECK(admin_call(admin, bhttp::verb::post, "/backends/remove", json{{"url", urls[i]}}.dump()).status / 100 == 2);
+    }
+  }
+  changes_done = true;
+  for (auto& t : clients) t.join();
+  // Back in, so that their series are in the exposition again (a retired rank's leave it).
+  for (std::size_t i : {1, 2}) {
+    CHECK(admin_call(admin, bhttp::verb::post, "/backends", json{{"url", urls[i]}}.dump()).status == 201);
+  }
+  CHECK(failed.load() == 0);
+  CHECK(ok.load() >= 40);
+  // Every request counted once, and no count left behind on any rank, removed ones included.
+  const auto metrics = await_metrics(proxy.port(), [&](const std::map<std::string, double>& m) {
+    return metric_sum(m, "dplb_requests_total{") == ok.load();
+  });
+  CHECK(metric_sum(metrics, "dplb_requests_total{") == ok.load());
+  const auto doc = ranks_of(admin);
+  REQUIRE(doc["ranks"].size() == 3);  // the removed backends came back under their ranks each round
+  for (const auto& rank : doc["ranks"]) CHECK(rank["inflight"] == 0);
 }
