@@ -26,16 +26,25 @@ std::uint32_t padded_batch(std::uint32_t n, const std::vector<std::uint32_t>& si
 void batch_scheduler::submit(request_id id, std::uint64_t prompt_tokens, std::uint64_t max_tokens) {
   waiting_.push_back(
       request{id, std::max<std::uint64_t>(prompt_tokens, 1), std::max<std::uint64_t>(max_tokens, 1), 0});
+  prompt_pending_ += waiting_.back().prefill_left;
+  decode_pending_ += waiting_.back().tokens_left;
+}
+
+void batch_scheduler::forget(const request& r) {
+  prompt_pending_ -= r.prefill_left;
+  decode_pending_ -= r.tokens_left;
 }
 
 bool batch_scheduler::abort(request_id id) {
   const auto same = [id](const request& r) { return r.id == id; };
   if (const auto at = std::find_if(running_.begin(), running_.end(), same); at != running_.end()) {
     kv_tokens_ -= at->kv;
+    forget(*at);
     running_.erase(at);  // erase, not swap: admission order is the scheduling order
     return true;
   }
   if (const auto at = std::find_if(waiting_.begin(), waiting_.end(), same); at != waiting_.end()) {
+    forget(*at);
     waiting_.erase(at);
     return true;
   }
@@ -79,6 +88,7 @@ void batch_scheduler::end_step(std::uint32_t padded, std::vector<token_event>& o
     if (r.scheduled == 0) continue;  // admitted after the budget ran out, or not scheduled
     if (r.prefill_left != 0) {
       r.prefill_left -= r.scheduled;
+      prompt_pending_ -= r.scheduled;
       r.kv += r.scheduled;
       kv_tokens_ += r.scheduled;
       r.scheduled = 0;
@@ -87,6 +97,7 @@ void batch_scheduler::end_step(std::uint32_t padded, std::vector<token_event>& o
       r.scheduled = 0;
     }
     --r.tokens_left;
+    --decode_pending_;
     ++r.kv;
     ++kv_tokens_;
     out.push_back(token_event{r.id, r.tokens_left == 0});

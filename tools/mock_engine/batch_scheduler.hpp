@@ -93,6 +93,11 @@ class batch_scheduler {
   // the running requests (waiting ones hold none). What vllm:kv_cache_usage_perc is a fraction of.
   std::uint64_t kv_tokens() const { return kv_tokens_; }
 
+  // The work the rank still owes its requests, waiting and running: prompt tokens not yet prefilled, and
+  // tokens not yet produced. A balancer that weighs requests by their tokens tries to even these out.
+  std::uint64_t prompt_tokens_pending() const { return prompt_pending_; }
+  std::uint64_t decode_tokens_pending() const { return decode_pending_; }
+
  private:
   struct request {
     request_id id;
@@ -101,6 +106,8 @@ class batch_scheduler {
     std::uint64_t scheduled;     // tokens scheduled in the step in flight (0 = not in it)
     std::uint64_t kv = 0;        // tokens of KV it holds (prefilled and produced), counted in kv_tokens_
   };
+
+  void forget(const request& r);  // takes an aborted request's pending work off the totals
 
   const engine_config config_;
   std::deque<request> waiting_;   // arrival order
@@ -111,6 +118,8 @@ class batch_scheduler {
   std::uint64_t padded_tokens_ = 0;
   std::uint64_t real_tokens_ = 0;
   std::uint64_t kv_tokens_ = 0;
+  std::uint64_t prompt_pending_ = 0;  // sum of prefill_left over waiting and running
+  std::uint64_t decode_pending_ = 0;  // sum of tokens_left over waiting and running
 };
 
 }  // namespace dplb::mock::sim

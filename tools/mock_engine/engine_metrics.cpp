@@ -179,6 +179,12 @@ std::string render_metrics(const port_metrics& p, std::string_view port_label,
         "mock_step_lag_seconds_total", "counter",
         "Wall seconds between each step's due end and its handling, summed: the event loop's delay.",
         [](const engine_view& e) { return seconds(e.metrics.sim_lag_ns.load(std::memory_order_relaxed)); });
+    w.engine_series("mock_prompt_tokens_pending", "gauge",
+                    "Prompt tokens of the waiting and running requests not yet prefilled.",
+                    counted(&engine_metrics::sim_prompt_pending));
+    w.engine_series("mock_decode_tokens_pending", "gauge",
+                    "Tokens the waiting and running requests have still to produce (max_tokens minus produced).",
+                    counted(&engine_metrics::sim_decode_pending));
   }
   return w.take();
 }

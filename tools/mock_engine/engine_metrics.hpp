@@ -56,6 +56,10 @@ struct engine_metrics {
   std::atomic<std::uint64_t> sim_real_tokens{0};    // mock_real_tokens_total: sum of real batches
   std::atomic<std::uint64_t> sim_step_ns{0};        // mock_step_seconds_total, in simulated nanoseconds
   std::atomic<std::uint64_t> sim_lag_ns{0};         // mock_step_lag_seconds_total, in wall nanoseconds
+  // The scheduler's outstanding work (waiting and running requests): mock_prompt_tokens_pending (not yet
+  // prefilled) and mock_decode_tokens_pending (not yet produced).
+  std::atomic<std::uint64_t> sim_prompt_pending{0};
+  std::atomic<std::uint64_t> sim_decode_pending{0};
 };
 
 // Values a test imposes on an engine's gauges (the admin port's /metrics/override); unset: the real one.

@@ -119,6 +119,8 @@ Simulated serving (--simulate; off by default, and then none of this applies):
                                1 - real / padded
     mock_step_seconds_total    simulated seconds spent in steps
     mock_step_lag_seconds_total  wall seconds the event loop handled step ends late, summed
+    mock_prompt_tokens_pending   gauge: prompt tokens of waiting and running requests not yet prefilled
+    mock_decode_tokens_pending   gauge: tokens they have still to produce
 
 Fault injection, on the admin port (always up, whatever the faults; answers JSON):
   GET    /fault?rank=<i>        the rank's fault state

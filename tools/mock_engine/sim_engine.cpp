@@ -215,6 +215,8 @@ void sim_engine::publish(const clock_state& clock) {
     m.sim_steps.store(s.steps(), std::memory_order_relaxed);
     m.sim_padded_tokens.store(s.padded_tokens(), std::memory_order_relaxed);
     m.sim_real_tokens.store(s.real_tokens(), std::memory_order_relaxed);
+    m.sim_prompt_pending.store(s.prompt_tokens_pending(), std::memory_order_relaxed);
+    m.sim_decode_pending.store(s.decode_tokens_pending(), std::memory_order_relaxed);
     m.kv_cache_usage.store(std::min(1.0, static_cast<double>(s.kv_tokens()) / kv_cache_tokens_),
                            std::memory_order_relaxed);
   }

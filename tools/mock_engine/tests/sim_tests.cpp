@@ -282,6 +282,40 @@ TEST_CASE("kv_tokens counts the prefilled and produced tokens of admitted reques
   CHECK(s.kv_tokens() == 0);
 }
 
+TEST_CASE("the pending tokens are the prompt not yet prefilled and the tokens not yet produced", "[sim]") {
+  engine_config c = decode_only();
+  c.max_num_seqs = 1;
+  c.max_num_batched_tokens = 4;
+  batch_scheduler s(c);
+  s.submit(1, 6, 2);
+  s.submit(2, 3, 1);  // waits behind it: still owed in full
+  CHECK(s.prompt_tokens_pending() == 6 + 3);
+  CHECK(s.decode_tokens_pending() == 2 + 1);
+  std::vector<token_event> out;
+  s.begin_step();
+  CHECK(s.prompt_tokens_pending() == 9);  // the chunk counts once the step that computes it ends
+  s.end_step(1, out);
+  CHECK(s.prompt_tokens_pending() == 2 + 3);
+  CHECK(s.decode_tokens_pending() == 3);
+  s.begin_step();
+  s.end_step(1, out);  // the rest of the prompt and the first token
+  CHECK(s.prompt_tokens_pending() == 3);
+  CHECK(s.decode_tokens_pending() == 1 + 1);
+  s.submit(3, 5, 7);
+  CHECK(s.abort(2));  // a waiting request leaves with what it was owed
+  CHECK(s.prompt_tokens_pending() == 5);
+  CHECK(s.decode_tokens_pending() == 1 + 7);
+  CHECK(s.abort(1));  // and so does a running one
+  CHECK(s.prompt_tokens_pending() == 5);
+  CHECK(s.decode_tokens_pending() == 7);
+  s.begin_step();
+  s.end_step(1, out);
+  s.begin_step();
+  s.end_step(1, out);
+  CHECK(s.prompt_tokens_pending() == 0);
+  CHECK(s.decode_tokens_pending() == 6);
+}
+
 TEST_CASE("a lockstep step takes the slowest rank's padded batch, idle ranks run a dummy", "[sim]") {
   const engine_config c = decode_only();
   fixture f(c, 4, true);
