@@ -174,13 +174,15 @@ def finish_bench(proc, result_path, timeout_s=330):
 class GaugeSampler:
     """Reads every rank's /metrics through the mock's admin port every `interval` s on a thread of its own,
     from start() to stop(): samples of {gauge: [value per rank]} for the vLLM gauges running, waiting and
-    kv_cache_usage_perc (the engines' own view, whoever sent the requests), and the counters of generated
-    tokens and simulated busy seconds, so that a window of the run has its own throughput."""
+    kv_cache_usage_perc (the engines' own view, whoever sent the requests), the simulated engines' outstanding
+    tokens (mock_prompt_tokens_pending, mock_decode_tokens_pending), and the counters of generated tokens and
+    simulated busy seconds, so that a window of the run has its own throughput."""
 
     GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
               "kv": "vllm:kv_cache_usage_perc", "generated": "vllm:generation_tokens_total",
               "busy_s": "mock_step_seconds_total", "padded": "mock_padded_tokens_total",
-              "real": "mock_real_tokens_total"}
+              "real": "mock_real_tokens_total", "prompt_pending": "mock_prompt_tokens_pending",
+              "decode_pending": "mock_decode_tokens_pending"}
 
     def __init__(self, admin_port, ranks, interval=0.05):
         self.urls = [f"http://127.0.0.1:{admin_port}/metrics?rank={r}" for r in range(ranks)]
@@ -218,14 +220,16 @@ def spread(samples, per_rank):
             "samples": len(spreads)}
 
 
-def window_throughput(samples):
-    """Simulated output tokens per second between the first and the last sample of a lockstep engine:
-    generated tokens over the simulated busy time of the window (every rank shares the clock), and the
-    padded / real decode tokens of the window."""
+def window_throughput(samples, own_clocks=False):
+    """Simulated output tokens per second between the first and the last sample: generated tokens over the
+    simulated busy time of the window, and the padded / real decode tokens of the window. Lockstep ranks
+    share one clock (rank 0's busy time is every rank's); with own_clocks (ranks stepping on their own, an
+    idle one not counting time), the busiest rank's, since that much simulated time passed at least."""
     if len(samples) < 2:
         return {"output_tok_s": 0.0, "padding": 0.0}
     first, last = samples[0], samples[-1]
-    busy = last["busy_s"][0] - first["busy_s"][0]
+    busy_deltas = [b - a for a, b in zip(first["busy_s"], last["busy_s"])]
+    busy = max(busy_deltas) if own_clocks else busy_deltas[0]
     real = sum(last["real"]) - sum(first["real"])
     return {"output_tok_s": (sum(last["generated"]) - sum(first["generated"])) / busy if busy else 0.0,
             "padding": (sum(last["padded"]) - sum(first["padded"])) / real if real else 0.0}

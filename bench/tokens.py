@@ -91,8 +91,10 @@ def run_one(opts, workdir, workload, policy, repeat):
         "workload": workload, "policy": policy, "repeat": repeat, "run_s": ended - started, "samples": len(steady),
         "load_spread": spread(steady, lambda s: [r + w for r, w in zip(s["running"], s["waiting"])]),
         "kv_spread": spread(steady, lambda s: [kv * opts.kv_cache_tokens for kv in s["kv"]]),
+        "outstanding_spread": spread(steady, lambda s: [p + d for p, d in zip(s["prompt_pending"],
+                                                                                  s["decode_pending"])]),
         "waiting_max": max((max(s["waiting"]) for s in steady), default=0),
-        **window_throughput(steady),
+        **window_throughput(steady, own_clocks=opts.engines == "independent"),
         "prompt_tokens": prompt_tokens,
         "per_rank": [int(result["per_rank"].get(str(r), 0)) for r in range(RANKS)],
         # A client's wall-clock figures, read back as the simulated engine's. Without streaming TTFT is the
@@ -142,21 +144,32 @@ def report(opts, workloads, policies, records, elapsed):
              f"{opts.concurrency} in flight, {opts.num_prompts} requests per run, {opts.repeats} runs per cell, "
              f"{elapsed:.0f} s",
              "",
-             "Engines (steady window; medians over runs): max-min over the ranks of running+waiting and of KV tokens "
-             "held (mean, p95), output tok/s (simulated), padded/real decode tokens; prompt tokens per rank (x1000). "
-             "Client: TTFT mean and p99 (s, simulated; streaming only), mean E2E (s). Ratio: to least-inflight, "
-             "above 1 better (tok/s: policy / least-inflight; TTFT, E2E: least-inflight / policy).",
+             "Engines (steady window; medians over runs): max-min over the ranks of the outstanding tokens (prompt "
+             "not yet prefilled + tokens still to generate), of running+waiting and of KV tokens held (mean, p95), "
+             "output tok/s (simulated), padded/real decode tokens; prompt tokens per rank (x1000). Client: TTFT mean "
+             "and p99 (s, simulated; streaming only), mean E2E (s). Ratio: to least-inflight, above 1 better (tok/s: "
+             "policy / least-inflight; outstanding max-min, TTFT, E2E: least-inflight / policy), each run's against "
+             "the median of least-inflight's.",
              "",
-             "| workload | policy | reqs per rank | prompt ktok per rank | max-min load mean, p95 | max-min KV tok mean, p95 "
-             "| output tok/s | padded/real | TTFT mean | TTFT p99 | E2E mean | tok/s ratio | TTFT mean, p99 ratio | E2E ratio |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| workload | policy | reqs per rank | prompt ktok per rank | max-min outstanding tok mean, p95 "
+             "| max-min load mean, p95 | max-min KV tok mean, p95 | output tok/s | padded/real | TTFT mean | TTFT p99 "
+             "| E2E mean | outstanding ratio (every run) | tok/s ratio (every run) | TTFT mean ratio (every run), p99 ratio "
+             "| E2E ratio |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     out = lines.append
     for workload in workloads:
         cell = {p: [r for r in records if r["workload"] == workload and r["policy"] == p] for p in policies}
 
-        def value(policy, key):
-            vals = [r[key] for r in cell[policy] if r[key] is not None]
+        def value(policy, key, part=None):
+            vals = [r[key] if part is None else r[key][part] for r in cell[policy] if r[key] is not None]
             return med(vals) if vals else None
+
+        def ratios(runs, key, ref, higher_better, part=None):
+            vals = [r[key] if part is None else r[key][part] for r in runs if r[key] is not None]
+            if not vals or not ref:
+                return "-"
+            each = [v / ref if higher_better else (ref / v if v else float("inf")) for v in vals]
+            return f"{med(each):.3f} ({', '.join(f'{e:.3f}' for e in each)})"
 
         for policy in policies:
             runs = cell[policy]
@@ -164,19 +177,30 @@ def report(opts, workloads, policies, records, elapsed):
             prompts = "/".join(f"{med(r['prompt_tokens'][i] for r in runs) / 1000:.0f}" for i in range(RANKS))
             tput = value(policy, "output_tok_s")
             ttft, ttft99, e2e = value(policy, "mean_ttft_s"), value(policy, "p99_ttft_s"), value(policy, "mean_e2e_s")
-            ref_ttft, ref_ttft99 = value("least-inflight", "mean_ttft_s"), value("least-inflight", "p99_ttft_s")
+            ref_ttft99 = value("least-inflight", "p99_ttft_s")
             ttft_text = f"{ttft:.2f} | {ttft99:.2f}" if ttft is not None else "- | -"
-            ttft_ratio = f"{ref_ttft / ttft:.3f}, {ref_ttft99 / ttft99:.3f}" if ttft is not None else "-"
-            each = ", ".join(f"{r['output_tok_s'] / value('least-inflight', 'output_tok_s'):.3f}" for r in runs)
+            ttft_ratio = (f"{ratios(runs, 'mean_ttft_s', value('least-inflight', 'mean_ttft_s'), False)}, "
+                          f"{ref_ttft99 / ttft99:.3f}") if ttft is not None else "-"
             out(f"| {workload} | {policy} | {split} | {prompts} "
-                f"| {med(r['load_spread']['mean'] for r in runs):.1f}, {med(r['load_spread']['p95'] for r in runs):.0f} "
-                f"| {med(r['kv_spread']['mean'] for r in runs):,.0f}, {med(r['kv_spread']['p95'] for r in runs):,.0f} "
+                f"| {value(policy, 'outstanding_spread', 'mean'):,.0f}, {value(policy, 'outstanding_spread', 'p95'):,.0f} "
+                f"| {value(policy, 'load_spread', 'mean'):.1f}, {value(policy, 'load_spread', 'p95'):.0f} "
+                f"| {value(policy, 'kv_spread', 'mean'):,.0f}, {value(policy, 'kv_spread', 'p95'):,.0f} "
                 f"| {tput:,.0f} | {value(policy, 'padding'):.3f} | {ttft_text} | {e2e:.2f} "
-                f"| {tput / value('least-inflight', 'output_tok_s'):.3f} ({each}) | {ttft_ratio} "
+                f"| {ratios(runs, 'outstanding_spread', value('least-inflight', 'outstanding_spread', 'mean'), False, 'mean')} "
+                f"| {ratios(runs, 'output_tok_s', value('least-inflight', 'output_tok_s'), True)} | {ttft_ratio} "
                 f"| {value('least-inflight', 'mean_e2e_s') / e2e:.3f} |")
     out("")
-    runs = ", ".join(f"{r['run_s']:.0f}" for r in records)
-    out(f"Run lengths (wall s): {runs}. Failed requests: {sum(r['failed'] for r in records)}.")
+    out("Every run: max-min outstanding tokens (mean), output tok/s (engines, simulated), client tok/s, TTFT mean "
+        "and p99 (s), wall s.")
+    out("")
+    out("| workload | policy | run | max-min outstanding tok | output tok/s | client tok/s | TTFT mean | TTFT p99 | wall s |")
+    out("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in records:
+        ttft = (f"{r['mean_ttft_s']:.2f} | {r['p99_ttft_s']:.2f}" if r["mean_ttft_s"] is not None else "- | -")
+        out(f"| {r['workload']} | {r['policy']} | {r['repeat'] + 1} | {r['outstanding_spread']['mean']:,.0f} "
+            f"| {r['output_tok_s']:,.0f} | {r['client_tok_s']:,.0f} | {ttft} | {r['run_s']:.0f} |")
+    out("")
+    out(f"Failed requests: {sum(r['failed'] for r in records)}.")
     return "\n".join(lines) + "\n"
 
 
