@@ -5,18 +5,27 @@
 
 namespace dplb::balancer {
 
-std::optional<std::size_t> least_tokens::choose(const pick_context& request, std::span<const host_view> hosts) {
-  // A request whose cost is unknown (no body facts) still counts as one token, as the balancer counts it.
-  const double cost = std::max(1.0, static_cast<double>(request.prompt_tokens) + request.decode_tokens);
-  const auto tokens_after = [cost](const host_view& h) { return (static_cast<double>(h.cost_inflight) + cost) / h.weight; };
-  double fewest_tokens = std::numeric_limits<double>::infinity();
+double least_tokens::work_of(const host_view& h) noexcept {
+  return (static_cast<double>(h.cost_inflight) + slot_tokens * h.inflight) / h.weight;
+}
+
+std::optional<std::size_t> least_tokens::choose(const pick_context& /*request*/, std::span<const host_view> hosts) {
+  // Rule 1: only the ranks within the band of the fewest requests in flight are candidates.
+  double fewest_requests = std::numeric_limits<double>::infinity();
   for (const auto& h : hosts) {
-    if (h.usable) fewest_tokens = std::min(fewest_tokens, tokens_after(h));
+    if (h.usable) fewest_requests = std::min(fewest_requests, h.inflight / h.weight);
   }
-  // The hosts within a request's cost of the fewest tokens are a tie, which least-inflight settles.
-  near_.assign(hosts.begin(), hosts.end());
-  for (auto& h : near_) h.usable = h.usable && tokens_after(h) - fewest_tokens <= cost / h.weight;
-  return lowest_score(std::span<const host_view>(near_), ties_, [](const host_view& h) { return h.inflight / h.weight; });
+  const auto in_band = [&](const host_view& h) { return h.inflight / h.weight - fewest_requests <= request_band / h.weight; };
+  // Rule 2: among them, the least work; within one slot of it is a tie.
+  double least_work = std::numeric_limits<double>::infinity();
+  for (const auto& h : hosts) {
+    if (h.usable && in_band(h)) least_work = std::min(least_work, work_of(h));
+  }
+  const auto near_least_work = [&](const host_view& h) {
+    return in_band(h) && work_of(h) - least_work <= slot_tokens / h.weight;
+  };
+  // Rule 3: a tie goes to the fewest requests in flight per weight, and a tie of those to the rotation.
+  return lowest_score(hosts, ties_, [](const host_view& h) { return h.inflight / h.weight; }, near_least_work);
 }
 
 }  // namespace dplb::balancer

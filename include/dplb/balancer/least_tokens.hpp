@@ -1,30 +1,48 @@
 #pragma once
-#include <vector>
-
 #include "dplb/balancer/policy.hpp"
 
 namespace dplb::balancer {
 
-// The usable rank with the fewest tokens outstanding per unit of weight once it takes this request,
-// (cost_inflight + cost) / weight. A request's cost is its prompt tokens plus the most it may generate
-// (pick_context), and the balancer gives the prompt part back at the response's first byte (the prefill
-// is done then), the rest at the end. A 30,000-token prompt thus weighs what it costs the engine, not
-// what a 100-token one does.
-// Ranks whose token loads are within this request's cost of the lowest are a tie, and a tie goes to the
-// fewest requests in flight per weight, and a tie of those to the `rotation` (least-inflight). Token counts of text prompts are
-// estimates that differ from request to request of a uniform benchmark (the same 1,024 tokens are more or
-// fewer characters), and balancing those differences would split a burst 65/63 where the requests are
-// the same: a rank's decode batch, what lockstep DP ranks pad to, is a count of requests. Tokens decide
-// only when they differ by more than a request.
+// Places a request by the work its rank still owes, in tokens, while keeping the ranks' request counts
+// within a small band of each other.
+//
+// What dplb counts per rank (host_view::cost_inflight) is every request's prompt tokens until the response's
+// first body byte (the prefill is done then) plus its max_tokens until the end (pick_context). Those count
+// alike there, and they do not cost the engine alike: a prompt token waiting for its prefill holds up every
+// request queued behind it on that rank (their first tokens, and under DP lockstep every rank's step), while a
+// request that is decoding holds one slot of the batch whatever its max_tokens, and the batch, the number of
+// requests, is what a step's time and a lockstep group's padding follow. Hence three rules:
+//
+//  1. Candidates: the usable ranks whose requests in flight per weight are within `request_band` of the
+//     fewest. Tokens never pull the counts further apart than that: a long prompt does not empty its rank
+//     of short requests (which on lockstep ranks would pad every rank's batch to the fullest one's).
+//  2. Among them, the least work per weight, work_of(): tokens in flight plus `slot_tokens` per request in
+//     flight. A rank with a long prompt not yet prefilled, or several long ones at once, is avoided (so
+//     long prompts spread over the ranks, and short requests keep off the rank busy prefilling); a rank
+//     with one request fewer weighs a slot less. Work within one slot of the least is a tie: estimates of
+//     text prompts differ from request to request of a uniform workload, and those differences must not
+//     decide (a burst of 256 like requests on 4 idle ranks lands 64/64/64/64).
+//  3. A tie goes to the fewest requests in flight per weight, and a tie of those to the `rotation`
+//     (least-inflight's order, weighted round-robin for unequal weights).
+// O(ranks) per pick, nothing allocated.
 class least_tokens final : public policy {
  public:
+  // How many requests in flight (per weight) a candidate may have beyond the fewest. Two keeps a lockstep
+  // group's batches within one CUDA-graph size of each other most of the time (sizes step by 8).
+  static constexpr double request_band = 2;
+  // What one request's place in the batch weighs against tokens: a request in flight counts as this many
+  // tokens besides its own (about one 1,000-token prompt, the order of a typical request's whole cost).
+  static constexpr double slot_tokens = 1024;
+
   std::optional<std::size_t> choose(const pick_context& request, std::span<const host_view> hosts) override;
   std::string_view name() const noexcept override { return "least-tokens"; }
   bool needs_request_facts() const noexcept override { return true; }
 
+  // The work a rank owes per unit of weight, as rule 2 weighs it.
+  static double work_of(const host_view& h) noexcept;
+
  private:
   rotation ties_;
-  std::vector<host_view> near_;  // scratch: the hosts in the tie, the others marked unusable
 };
 
 }  // namespace dplb::balancer

@@ -133,16 +133,25 @@ class rotation {
   std::vector<double> credit_;
 };
 
-// The usable host with the lowest score; ties go to `ties`. Scores compare exactly: a policy's scores are
-// ratios of whole numbers, and IEEE division rounds equal ratios to the same double.
-template <class Score>
-std::optional<std::size_t> lowest_score(std::span<const host_view> hosts, rotation& ties, Score score) {
+// The candidate host (usable, and accepted by `is_candidate`) with the lowest score; ties go to `ties`.
+// Scores compare exactly: a policy's scores are ratios of whole numbers, and IEEE division rounds equal
+// ratios to the same double.
+template <class Score, class IsCandidate>
+std::optional<std::size_t> lowest_score(std::span<const host_view> hosts, rotation& ties, Score score,
+                                        IsCandidate is_candidate) {
+  const auto candidate = [&](const host_view& h) { return h.usable && is_candidate(h); };
   std::optional<double> lowest;
   for (const auto& h : hosts) {
-    if (h.usable && (!lowest || score(h) < *lowest)) lowest = score(h);
+    if (candidate(h) && (!lowest || score(h) < *lowest)) lowest = score(h);
   }
   if (!lowest) return std::nullopt;
-  return ties.pick(hosts, [&](std::size_t i) { return hosts[i].usable && score(hosts[i]) == *lowest; });
+  return ties.pick(hosts, [&](std::size_t i) { return candidate(hosts[i]) && score(hosts[i]) == *lowest; });
+}
+
+// The usable host with the lowest score; ties go to `ties`.
+template <class Score>
+std::optional<std::size_t> lowest_score(std::span<const host_view> hosts, rotation& ties, Score score) {
+  return lowest_score(hosts, ties, score, [](const host_view&) { return true; });
 }
 
 }  // namespace dplb::balancer

@@ -21,7 +21,6 @@ using dplb::balancer::host_flag;
 using dplb::balancer::make_policy;
 using dplb::balancer::pick_context;
 using dplb::balancer::rank_lease;
-using dplb::balancer::request_cost;
 using dplb::balancer::test::picks_per_rank;
 
 namespace {
@@ -172,28 +171,6 @@ TEST_CASE("least-load's score: dplb's live count plus what the engine had beyond
   CHECK(no_kv.load_of(h) == 12);
   h.engine.fresh = false;  // stale: dplb's count alone
   CHECK(policy.load_of(h) == 7);
-}
-
-TEST_CASE("least-tokens: a long prompt weighs what it costs, and its prompt part leaves at the first byte",
-          "[balancer][least-tokens]") {
-  balancer b(2, make_policy("least-tokens"));
-  auto big = b.acquire({}, request_cost{.prompt = 30'000, .decode = 100});
-  CHECK(b.cost_inflight(big.rank()) == 30'100);
-  // Short requests all go to the other rank until it carries as many tokens.
-  std::vector<rank_lease> held;
-  for (int i = 0; i < 100; ++i) held.push_back(b.acquire({}, request_cost{.prompt = 100, .decode = 100}));
-  CHECK(b.picks(big.rank()) == 1);
-  CHECK(b.cost_inflight(1 - big.rank()) == 20'000);
-  big.prompt_done();
-  CHECK(b.cost_inflight(big.rank()) == 100);
-  big.prompt_done();  // once only
-  CHECK(b.cost_inflight(big.rank()) == 100);
-  held.push_back(b.acquire({}, request_cost{.prompt = 100, .decode = 100}));
-  CHECK(held.back().rank() == big.rank());
-  big.release();
-  held.clear();
-  CHECK(b.cost_inflight(0) == 0);
-  CHECK(b.cost_inflight(1) == 0);
 }
 
 TEST_CASE("a pinned request goes to its rank only, and waits in that rank's own queue", "[balancer][pinned]") {
