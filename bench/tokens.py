@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""least-tokens against least-inflight on a mixed long/short workload, on 4 lockstep ranks.
+"""least-tokens against least-inflight on a mixed long/short workload, on 4 lockstep or independent ranks.
 
 Run through bench/tokens.sh (it documents the knobs). For each workload, policy and repeat: a fresh simulated
 engine (dplb-mock-engine --simulate --dp-lockstep, 4 ranks stepping together as MoE DP ranks), a fresh dplb
@@ -21,16 +21,17 @@ ranks), so the two policies trade differently: least-inflight evens the batches,
 
 Measured, over the steady window (from --warmup-share to (1 - --warmup-share) of the run, so the ramp-up and
 the drain are left out), from every rank's /metrics (the mock's admin port) every 50 ms:
-  - max - min over the ranks of running + waiting, and of the KV-cache tokens held (vllm:kv_cache_usage_perc x
-    --kv-cache-tokens: the prefilled prompt and generated tokens of the running requests), mean and p95.
-    Neither the engines nor dplb export the outstanding tokens least-tokens counts; the KV tokens held are
-    the engine-side measure closest to it;
-  - the engines' output-token throughput in the window (generated tokens / simulated busy time, exact) and
-    padded / real decode tokens;
+  - max - min over the ranks of the outstanding tokens (the simulator's mock_prompt_tokens_pending +
+    mock_decode_tokens_pending: prompt tokens not yet prefilled plus tokens still to generate, over the
+    waiting and running requests), of running + waiting, and of the KV-cache tokens held
+    (vllm:kv_cache_usage_perc x --kv-cache-tokens), mean and p95;
+  - the engines' output-token throughput in the window (generated tokens / simulated busy time, exact: the
+    shared clock's under lockstep, the busiest rank's with independent ranks) and padded / real decode tokens;
   - the client's TTFT mean and p99 and output tok/s (whole run, read back as simulated time), and the prompt
     tokens each rank prefilled (vllm:prompt_tokens_total).
-Ratios: least-tokens / least-inflight for throughput, least-inflight / least-tokens for TTFT (above 1:
-least-tokens better).
+Ratios: least-tokens / least-inflight for throughput, least-inflight / least-tokens for the outstanding-token
+max-min and TTFT (above 1: least-tokens better); each run's against the median of least-inflight's runs, all
+listed, and every run's own figures in a second table.
 
 Standard library only; every process started here is stopped by its pid, also on errors and Ctrl-C.
 """
