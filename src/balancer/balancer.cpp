@@ -22,7 +22,7 @@ rank_lease& rank_lease::operator=(rank_lease&& other) noexcept {
 }
 
 void rank_lease::prompt_done() noexcept {
-  if (owner_ && cost_.prompt > 0) owner_->release_cost(rank_, std::exchange(cost_.prompt, 0));
+  if (owner_ && cost_.prompt > 0) owner_->release_cost(rank_, request_cost{std::exchange(cost_.prompt, 0), 0});
 }
 
 void rank_lease::release() noexcept {
@@ -114,6 +114,7 @@ void balancer::refresh_view_locked(const pick_context& request) {
     auto& d = detail_[i];
     v.inflight = r.inflight.load(std::memory_order_relaxed);
     v.cost_inflight = r.cost.load(std::memory_order_relaxed);
+    v.prompt_inflight = r.prompt_cost.load(std::memory_order_relaxed);
     v.flags = r.flags.load(std::memory_order_relaxed);
     v.weight = r.weight.load(std::memory_order_relaxed);
     v.usable = v.flags == 0 && r.cluster == request.cluster && !(request.avoid && i < request.avoid->size() && (*request.avoid)[i]) && has_room_locked(i);
@@ -150,6 +151,7 @@ std::optional<std::size_t> balancer::pick_locked(const pick_context& request, re
   r.inflight.fetch_add(1, std::memory_order_relaxed);
   r.picks.fetch_add(1, std::memory_order_relaxed);
   if (const std::uint64_t tokens = std::uint64_t{cost.prompt} + cost.decode) r.cost.fetch_add(tokens, std::memory_order_relaxed);
+  if (cost.prompt > 0) r.prompt_cost.fetch_add(cost.prompt, std::memory_order_relaxed);
   return chosen;
 }
 
@@ -323,8 +325,10 @@ void balancer::deliver(std::vector<delivery>& ready) noexcept {
   }
 }
 
-void balancer::release_cost(std::size_t rank, std::uint64_t tokens) noexcept {
-  ranks_[rank].cost.fetch_sub(tokens, std::memory_order_relaxed);
+void balancer::release_cost(std::size_t rank, request_cost cost) noexcept {
+  auto& r = ranks_[rank];
+  if (const std::uint64_t tokens = std::uint64_t{cost.prompt} + cost.decode) r.cost.fetch_sub(tokens, std::memory_order_relaxed);
+  if (cost.prompt > 0) r.prompt_cost.fetch_sub(cost.prompt, std::memory_order_relaxed);
 }
 
 // No freed slot may leave a waiter behind. A waiter is enqueued under pick_mutex_ after its pick, in
@@ -339,7 +343,7 @@ void balancer::release_cost(std::size_t rank, std::uint64_t tokens) noexcept {
 // Without queueing nothing ever waits, and unless the policy hears releases a release stays lock-free.
 void balancer::release(std::size_t rank, request_cost cost) noexcept {
   auto& r = ranks_[rank];
-  if (const std::uint64_t tokens = std::uint64_t{cost.prompt} + cost.decode) release_cost(rank, tokens);
+  release_cost(rank, cost);
   if (!queueing() && !hears_releases_) {
     r.inflight.fetch_sub(1, std::memory_order_relaxed);
     return;

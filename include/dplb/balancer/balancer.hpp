@@ -171,7 +171,7 @@ class balancer {
  private:
   friend class rank_lease;
   void release(std::size_t rank, request_cost cost) noexcept;
-  void release_cost(std::size_t rank, std::uint64_t tokens) noexcept;
+  void release_cost(std::size_t rank, request_cost cost) noexcept;
   std::optional<std::size_t> pick_locked(const pick_context& request, request_cost cost);
   bool has_room_locked(std::size_t rank) const noexcept;
   void refresh_view_locked(const pick_context& request);
@@ -192,7 +192,8 @@ class balancer {
   struct alignas(64) rank_state {
     std::atomic<std::uint32_t> inflight{0};
     std::atomic<std::uint64_t> picks{0};
-    std::atomic<std::uint64_t> cost{0};
+    std::atomic<std::uint64_t> cost{0};         // tokens: prompts not yet prefilled plus generation
+    std::atomic<std::uint64_t> prompt_cost{0};  // the prompt part of `cost`
     std::atomic<std::uint8_t> flags{0};
     std::atomic<std::uint32_t> weight{1};
     std::size_t cluster = 0;  // written before the rank is published, never after

@@ -43,6 +43,7 @@ enum host_flag : std::uint8_t {
 struct host_view {
   std::uint32_t inflight = 0;       // requests dplb has sent to this rank and not yet finished
   std::uint64_t cost_inflight = 0;  // their cost in tokens (least-tokens), prompt parts released at first byte
+  std::uint64_t prompt_inflight = 0;  // the prompt part of cost_inflight: prefill not yet done
   double weight = 1;                // configured weight, scaled down while the rank ramps up (slow start)
   std::uint8_t flags = 0;           // host_flag bits
   bool usable = true;               // no flag, not avoided by this pick, below --max-inflight-per-rank

@@ -6,6 +6,10 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
 #include <vector>
 
 #include "dplb/balancer/balancer.hpp"
@@ -146,4 +150,38 @@ TEST_CASE("least-tokens honours weights: work and counts are per unit of weight"
   // slots) / 2 = 5,748 against 2 * 1,100 + 3,000 + 2 slots = 7,248.
   std::array hosts{rank_with(4, 4 * 1'100 + 3'000, 2), rank_with(2, 2 * 1'100 + 3'000)};
   CHECK(policy.choose({}, hosts) == 0u);
+}
+
+namespace {
+
+// Chooses rank 0 and keeps what it was shown.
+struct view_spy final : dplb::balancer::policy {
+  std::optional<std::size_t> choose(const dplb::balancer::pick_context&, std::span<const host_view> hosts) override {
+    seen.assign(hosts.begin(), hosts.end());
+    return 0;
+  }
+  std::string_view name() const noexcept override { return "spy"; }
+  std::vector<host_view> seen;
+};
+
+}  // namespace
+
+TEST_CASE("a policy sees the prompt part of the tokens in flight apart, until the first byte", "[balancer][least-tokens]") {
+  auto spy = std::make_unique<view_spy>();
+  auto* seen = spy.get();
+  balancer b(1, std::move(spy));
+  auto first = b.acquire({}, long_prompt);
+  auto second = b.acquire({}, short_request);
+  CHECK(seen->seen.at(0).cost_inflight == long_prompt.prompt + long_prompt.decode);
+  CHECK(seen->seen.at(0).prompt_inflight == long_prompt.prompt);
+  first.prompt_done();
+  auto third = b.acquire({}, short_request);
+  CHECK(seen->seen.at(0).prompt_inflight == short_request.prompt);
+  CHECK(seen->seen.at(0).cost_inflight == long_prompt.decode + short_request.prompt + short_request.decode);
+  second.release();  // before its first byte: its prompt leaves with it
+  third.release();
+  first.release();
+  auto last = b.acquire();
+  CHECK(seen->seen.at(0).prompt_inflight == 0);
+  CHECK(seen->seen.at(0).cost_inflight == 0);
 }
