@@ -504,8 +504,8 @@ constexpr std::array option_table{
         .env = "DPLB_ADMIN_LISTEN",
         .key = "admin_listen",
         .value_name = "HOST:PORT",
-        .meaning = "Serve the admin API (drain and undrain ranks or backends, set weights, list ranks; see "
-                   "docs/operations.md) on this address, a listener of its own: the public port never serves it. "
+        .meaning = "Serve the admin API (list ranks and backends, add and remove backends, drain and undrain "
+                   "ranks or backends, set weights; see docs/operations.md) on this address, a listener of its own: the public port never serves it. "
                    "Needs a token (--admin-token-file or DPLB_ADMIN_TOKEN); bind it to a private address.",
         .set_text = [](settings& s, std::string_view v) { return parse_listen(v, s.admin_listen.emplace()); },
         .show_default = [](const settings&) { return std::string("none (no admin API)"); }},
@@ -1182,7 +1182,9 @@ std::string help_text() {
       << "taken whole from the highest-precedence source that has one (sources are never merged), the config\n"
       << "file's \"clusters\" included.\n"
       << "The admin API's token is the one setting without a flag or key: DPLB_ADMIN_TOKEN (environment only),\n"
-      << "unless --admin-token-file names a file that holds it.\n\n"
+      << "unless --admin-token-file names a file that holds it.\n"
+      << "Signals: SIGTERM or SIGINT drains and exits (--drain-timeout-ms); SIGHUP reads the configuration\n"
+      << "again and applies its backends (added, removed, reweighted) without a restart; nothing else reloads.\n\n"
       << visible_options();
   // program_options pads wrapped lines with spaces; trailing blanks are noise in a terminal or a diff.
   std::string text = out.str();
