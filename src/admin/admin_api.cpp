@@ -57,6 +57,7 @@ json rank_object(const upstream::topology& topology, const upstream::backend_reg
               {"dp", backend.dp},
               {"backend_state", upstream::name_of(registry.state_of(backend.index))},
               {"cluster", registry.cluster_name(backend.cluster)},
+              {"policy", b.policy_of(backend.cluster).name()},
               {"weight", b.weight(rank)},
               {"flags", std::move(names)},
               {"usable", flags == 0},
@@ -189,7 +190,7 @@ std::optional<std::size_t> admin_api::rank_of(std::string_view segment) const {
 response admin_api::list_ranks(const call&) const {
   json ranks = json::array();
   for (std::size_t r = 0; r < balancer_.rank_count(); ++r) ranks.push_back(rank_object(topology_, registry_, balancer_, r));
-  return json_response(200, json{{"policy", balancer_.active_policy().name()}, {"ranks", std::move(ranks)}});
+  return json_response(200, json{{"policy", balancer_.policy_of(default_cluster_).name()}, {"ranks", std::move(ranks)}});
 }
 
 void admin_api::set_draining(std::size_t rank, bool on) const {
@@ -284,6 +285,9 @@ response admin_api::add_backend(const call& c) const {
     return json_response(201, backend_object(topology_, registry_, balancer_, registry_.add(*spec)));
   } catch (const upstream::backend_change_error& e) {
     return error(e.status(), e.what());
+  } catch (const std::exception& e) {
+    spdlog::error("admin API: adding {} failed: {}", spec->url, e.what());
+    return error(500, std::string("adding the backend failed: ") + e.what());
   }
 }
 
@@ -298,6 +302,9 @@ response admin_api::remove_backend(const call& c) const {
                          backend_object(topology_, registry_, balancer_, removed));
   } catch (const upstream::backend_change_error& e) {
     return error(e.status(), e.what());
+  } catch (const std::exception& e) {
+    spdlog::error("admin API: removing {} failed: {}", spec->url, e.what());
+    return error(500, std::string("removing the backend failed: ") + e.what());
   }
 }
 

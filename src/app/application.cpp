@@ -275,7 +275,11 @@ void application::schedule_retirements() {
   s.retirements.expires_after(std::chrono::milliseconds(200));
   s.retirements.async_wait([this, &s](const boost::system::error_code& ec) {
     if (ec) return;
-    s.registry.retire_drained();
+    try {
+      s.registry.retire_drained();
+    } catch (const std::exception& e) {  // nothing may escape the main loop: run() must reach its shutdown
+      spdlog::error("retiring removed backends failed: {}", e.what());
+    }
     schedule_retirements();
   });
 }
@@ -340,7 +344,7 @@ int application::run() {
   }
   const auto open_files = raise_open_file_limit();
   spdlog::info("dplb {} listening on {} policy={} threads={} backends={} max_open_files={}", version(),
-               listen_address(), s.balancer.active_policy().name(), s.workers.size(), backend_list, open_files);
+               listen_address(), s.settings.policy, s.workers.size(), backend_list, open_files);
 
   if (s.models.by_model()) {
     for (std::size_t c = 0; c < s.settings.clusters.size(); ++c) {
@@ -380,9 +384,9 @@ int application::run() {
   if (s.stats_interval.count() > 0) {
     spdlog::info("reading every backend's /metrics each {} ms (--stats-interval)", s.stats_interval.count());
     s.stats.start(s.workers.front()->io.get_executor());
-  } else if (s.balancer.active_policy().uses_engine_stats()) {
-    spdlog::warn("policy {} reads engine stats, but --stats-interval is 0: it goes by dplb's own counts alone",
-                 s.balancer.active_policy().name());
+  } else if (uses_engine_stats(s.settings)) {
+    spdlog::warn("a policy that reads engine stats is configured, but --stats-interval is 0: it goes by dplb's "
+                 "own counts alone");
   }
   if (s.balancer.active_policy().name() == "engine-stats") {
     spdlog::info("policy engine-stats is a baseline for benchmarks, not for serving (see docs/benchmarks.md)");

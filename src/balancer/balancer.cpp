@@ -198,7 +198,8 @@ void balancer::publish_engine_stats(std::span<const engine_reading> round) {
 
 engine_status balancer::engine_stats_of(std::size_t rank) const {
   std::lock_guard lock(pick_mutex_);
-  const auto& d = detail_.at(rank);
+  if (rank >= detail_.size()) return {};
+  const auto& d = detail_[rank];
   return {d.engine_ever, d.engine, d.engine_ever ? clock::now() - d.read_at : clock::duration{}};
 }
 
@@ -379,8 +380,26 @@ void balancer::set_flag(std::size_t rank, host_flag flag, bool on) {
       d.ramp_until = clock::now() + timing_.slow_start;
     }
     if (after == 0 && queueing()) serve_waiters_locked(ready);
+    if (flag == host_flag::removed && on) turn_away_stranded_locked(rank, ready);
   }
   deliver(ready);
+}
+
+// A removed rank never comes back on its own (health, ejection and drains do): its pinned waiters, and the
+// queue of a cluster left with no rank at all, would wait for nothing until their queue timeout. Each gets
+// an empty lease now: refused at once.
+void balancer::turn_away_stranded_locked(std::size_t rank, std::vector<delivery>& ready) {
+  const auto turn_away = [&](std::deque<waiter>& line) {
+    for (auto& w : line) ready.push_back(delivery{std::move(w.deliver), rank_lease{}});
+    line.clear();
+  };
+  turn_away(detail_[rank].pinned);
+  const std::size_t cluster = ranks_[rank].cluster;
+  const bool cluster_left = std::ranges::any_of(ranks_in_use(), [cluster](const rank_state& r) {
+    return r.cluster == cluster && (r.flags.load(std::memory_order_relaxed) & host_flag::removed) == 0;
+  });
+  if (!cluster_left) turn_away(queues_[cluster]);
+  count_waiting_locked();
 }
 
 std::uint8_t balancer::flags(std::size_t rank) const noexcept {
@@ -412,6 +431,12 @@ std::uint64_t balancer::picks(std::size_t rank) const noexcept {
 bool balancer::any_usable() const noexcept {
   return std::ranges::any_of(ranks_in_use(),
                      [](const rank_state& r) { return r.flags.load(std::memory_order_relaxed) == 0; });
+}
+
+bool balancer::any_usable(std::size_t cluster) const noexcept {
+  return std::ranges::any_of(ranks_in_use(), [cluster](const rank_state& r) {
+    return r.cluster == cluster && r.flags.load(std::memory_order_relaxed) == 0;
+  });
 }
 
 std::uint32_t balancer::inflight_skew() const noexcept {

@@ -264,7 +264,8 @@ std::string proxy_metrics::render() {
   // Two scrapes on two workers: one at a time, since the first scrape after a rank's first engine read
   // adds its series.
   std::lock_guard lock(render_mutex_);
-  const std::size_t ranks = rank_count();
+  // A rank being added is in the metrics a moment before it is in the balancer: it shows from the next scrape.
+  const std::size_t ranks = std::min(rank_count(), balancer_.rank_count());
   for (std::size_t r = 0; r < ranks; ++r) {
     if (retired(r)) continue;
     ranks_[r].inflight->Set(balancer_.inflight(r));

@@ -283,6 +283,7 @@ class session {
       bool gave_up = false;
       bool waking = false;       // the wait is over: the client watch must not touch it any more
       bool client_gone = false;  // the client closed or reset its connection while queued
+      bool turned_away = false;  // the balancer can never serve it (removed ranks)
       char probe = 0;            // where the watch's MSG_PEEK copies a byte (nothing is consumed)
     };
     auto executor = client_.get_executor();
@@ -293,6 +294,7 @@ class session {
     auto deliver = [state, executor](balancer::rank_lease lease) {
       asio::post(executor, [state, lease = std::move(lease)]() mutable {
         if (state->gave_up) return;  // too late: the lease is released right here
+        state->turned_away = !lease;  // its rank (or every rank of its group) was removed
         state->lease = std::move(lease);
         state->timer.cancel();
       });
@@ -301,7 +303,8 @@ class session {
     if (lease) co_return slot_result{std::move(lease)};
     if (!queued) {
       // Refused at once: the queue is full, or no rank (the pinned one, for a pinned request) is usable.
-      const bool usable = request.pinned_rank ? shared_.balancer.usable(*request.pinned_rank) : shared_.balancer.any_usable();
+      const bool usable = request.pinned_rank ? shared_.balancer.usable(*request.pinned_rank)
+                                              : shared_.balancer.any_usable(request.cluster);
       co_return slot_result{{}, usable ? slot_refusal::queue_full : slot_refusal::no_usable_rank};
     }
     const auto waiting_since = clock_type::now();
@@ -325,7 +328,9 @@ class session {
     state->gave_up = true;
     shared_.balancer.cancel_wait(waiter_id);  // if it was served meanwhile, the posted lease is released
     state->lease.release();                   // served, but the client has left: the slot goes on
-    co_return slot_result{{}, state->client_gone ? slot_refusal::client_gone : slot_refusal::queue_timeout};
+    co_return slot_result{{}, state->client_gone   ? slot_refusal::client_gone
+                              : state->turned_away ? slot_refusal::no_usable_rank
+                                                   : slot_refusal::queue_timeout};
   }
 
   // Picks a rank, sends it the request and relays the response. Returns whether the client
@@ -395,7 +400,9 @@ class session {
           : slot.refusal == slot_refusal::queue_timeout ? "no rank slot freed within --queue-timeout-ms; retry later"
           : request.pinned_rank
               ? "rank " + std::to_string(*request.pinned_rank) +
-                    " (named by X-data-parallel-rank) is not usable now (down, ejected or drained); retry later"
+                    " (named by X-data-parallel-rank) is not usable now (down, ejected, drained or removed); retry later"
+          : shared_.models.by_model()
+              ? "no rank of the model group serving this request is usable; check its engines and their /health"
               : "no backend rank is usable; check the engines and their /health";
       co_return co_await send_error(status, why, client_keep_alive, true);
     }

@@ -46,33 +46,61 @@ void backend_registry::set_state(const backend& b, backend_state state) {
   }
 }
 
-const backend& backend_registry::add(const config::backend_spec& spec) {
+namespace {
+
+bool same_addresses(std::vector<boost::asio::ip::tcp::endpoint> a, std::vector<boost::asio::ip::tcp::endpoint> b) {
+  std::ranges::sort(a);
+  std::ranges::sort(b);
+  return a == b;
+}
+
+}  // namespace
+
+backend_registry::prepared_add backend_registry::prepare_add(const config::backend_spec& spec,
+                                                             const std::vector<std::string>& leaving,
+                                                             std::size_t& new_ranks) const {
   if (spec.cluster >= clusters_.size()) throw backend_change_error(400, "no model group " + std::to_string(spec.cluster));
-  if (const auto* served = active(spec.url)) {
+  if (const auto* served = active(spec.url); served && std::ranges::find(leaving, spec.url) == leaving.end()) {
     throw backend_change_error(409, spec.url + " is already a backend (ranks " + std::to_string(served->first_rank) +
                                         ".." + std::to_string(served->first_rank + served->dp - 1) +
                                         "); to change its weight use PUT /ranks/{rank}/weight, to change its dp "
                                         "remove it first");
   }
-  // A removed backend with the same URL and dp comes back under its ranks. With another dp it is another
-  // set of ranks: new ones (the old, if still draining out, finish on their own connections).
-  const auto backends = topology_.backends();
-  for (const auto& b : backends) {
-    if (b.url == spec.url && b.dp == spec.dp && b.cluster == spec.cluster) return revive(b, spec);
-  }
-  if (topology_.hosts().size() + spec.dp > topology_.capacity()) {
-    throw backend_change_error(507, "no room for " + std::to_string(spec.dp) + " more ranks: dplb serves at most " +
-                                        std::to_string(topology_.capacity()) +
-                                        " over its lifetime (a removed backend keeps its ranks); restart dplb to "
-                                        "renumber");
-  }
-  backend resolved;
+  prepared_add out{spec, {}, nullptr};
   try {
-    resolved = resolve_(spec);
+    out.resolved = resolve_(spec);  // every time: an engine may have moved since it was last added
   } catch (const config::config_error& e) {
     throw backend_change_error(400, e.what());
   }
-  const backend& added = topology_.add(std::move(resolved), spec.weight, spec.cluster);
+  // A removed backend with the same URL, dp, group and addresses comes back under its ranks. Anything else
+  // is another set of ranks: new ones (the old, if still draining out, finish on their own connections).
+  for (const auto& b : topology_.backends()) {
+    if (b.url == spec.url && b.dp == spec.dp && b.cluster == spec.cluster && states_[b.index] != backend_state::active &&
+        same_addresses(b.endpoints, out.resolved.endpoints)) {
+      out.revive = &b;
+    }
+  }
+  if (!out.revive) {
+    if (topology_.hosts().size() + new_ranks + spec.dp > topology_.capacity()) {
+      throw backend_change_error(507, "no room for " + std::to_string(spec.dp) + " more ranks: dplb serves at most " +
+                                          std::to_string(topology_.capacity()) +
+                                          " over its lifetime (a removed backend keeps its ranks); restart dplb to "
+                                          "renumber");
+    }
+    new_ranks += spec.dp;
+  }
+  return out;
+}
+
+const backend& backend_registry::add(const config::backend_spec& spec) {
+  std::size_t new_ranks = 0;
+  return apply(prepare_add(spec, {}, new_ranks));
+}
+
+const backend& backend_registry::apply(prepared_add change) {
+  const auto& spec = change.spec;
+  if (change.revive) return revive(*change.revive, spec);
+  const backend& added = topology_.add(std::move(change.resolved), spec.weight, spec.cluster);
   states_.push_back(backend_state::active);
   std::vector<std::uint32_t> weights(added.dp, spec.weight);
   for (std::uint32_t k = 0; k < added.dp; ++k) metrics_.add_rank(added.url, clusters_[spec.cluster]);
@@ -125,32 +153,40 @@ std::vector<std::string> backend_registry::retire_drained() {
 }
 
 reload_summary backend_registry::reload(const std::vector<config::backend_spec>& specs) {
+  // Everything that can fail (a host that does not resolve, no room) is checked before anything changes:
+  // a reload applies whole or not at all.
   reload_summary summary;
   const auto wanted = [&](const backend& b) {
     return std::ranges::any_of(specs, [&](const config::backend_spec& s) {
       return s.url == b.url && s.dp == b.dp && s.cluster == b.cluster;
     });
   };
-  // Removals first: a URL whose dp changed leaves before it comes back with its new ranks.
   const auto backends = topology_.backends();
-  for (std::size_t i = 0; i < backends.size(); ++i) {
-    if (states_[i] == backend_state::active && !wanted(backends[i])) {
-      remove(backends[i].url);
-      summary.removed.push_back(backends[i].url);
-    }
+  for (const auto& b : backends) {
+    if (states_[b.index] == backend_state::active && !wanted(b)) summary.removed.push_back(b.url);
   }
+  std::vector<prepared_add> adds;
+  std::vector<std::pair<const backend*, std::uint32_t>> weights;
+  std::size_t new_ranks = 0;
   for (const auto& spec : specs) {
-    if (const auto* b = active(spec.url)) {
-      bool changed = false;
-      for (std::size_t r = b->first_rank; r < b->first_rank + b->dp; ++r) {
-        changed = changed || balancer_.weight(r) != spec.weight;
-        balancer_.set_weight(r, spec.weight);
-      }
-      if (changed) summary.reweighted.push_back(spec.url);
+    const auto* kept = active(spec.url);
+    if (kept && std::ranges::find(summary.removed, spec.url) == summary.removed.end()) {
+      weights.emplace_back(kept, spec.weight);
       continue;
     }
-    add(spec);
+    adds.push_back(prepare_add(spec, summary.removed, new_ranks));
     summary.added.push_back(spec.url);
+  }
+  // Removals first: a URL whose dp or group changed leaves before it comes back with its new ranks.
+  for (const auto& url : summary.removed) remove(url);
+  for (auto& change : adds) apply(std::move(change));
+  for (const auto& [b, weight] : weights) {
+    bool changed = false;
+    for (std::size_t r = b->first_rank; r < b->first_rank + b->dp; ++r) {
+      changed = changed || balancer_.weight(r) != weight;
+      balancer_.set_weight(r, weight);
+    }
+    if (changed) summary.reweighted.push_back(b->url);
   }
   return summary;
 }

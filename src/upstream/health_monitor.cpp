@@ -67,10 +67,14 @@ void health_monitor::record(std::size_t rank, request_outcome outcome) {
   std::lock_guard lock(mutex_);
   bool may_eject = false;
   if (!success) {
+    // Within the rank's model group: another group's ranks cannot serve its requests. Removed ranks are no
+    // part of the deployment any more.
     std::size_t ejected_now = 0;
-    std::size_t in_service = 0;  // removed ranks are no part of the deployment any more
+    std::size_t in_service = 0;
+    const auto hosts = topology_.hosts();
+    const std::size_t cluster = rank < hosts.size() ? hosts[rank].cluster : 0;
     for (std::size_t r = 0; r < ranks_.size(); ++r) {
-      if (removed(r)) continue;
+      if (removed(r) || hosts[r].cluster != cluster) continue;
       ++in_service;
       ejected_now += ranks_[r].ejected() ? 1 : 0;
     }

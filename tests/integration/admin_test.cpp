@@ -377,6 +377,11 @@ TEST_CASE("backends added and removed while requests flow lose no request and le
   }
   changes_done = true;
   for (auto& t : clients) t.join();
+  // Removed, they take nothing: their totals stand still while requests go on.
+  const auto before = ranks_of(admin);
+  CHECK(spread(proxy.port(), 6) == std::map<std::string, int>{{"0", 6}});
+  const auto after = ranks_of(admin);
+  for (std::size_t r : {1, 2}) CHECK(after["ranks"][r]["requests_total"] == before["ranks"][r]["requests_total"]);
   // Back in, so that their series are in the exposition again (a retired rank's leave it).
   for (std::size_t i : {1, 2}) {
     CHECK(admin_call(admin, bhttp::verb::post, "/backends", json{{"url", urls[i]}}.dump()).status == 201);
@@ -385,9 +390,9 @@ TEST_CASE("backends added and removed while requests flow lose no request and le
   CHECK(ok.load() >= 40);
   // Every request counted once, and no count left behind on any rank, removed ones included.
   const auto metrics = await_metrics(proxy.port(), [&](const std::map<std::string, double>& m) {
-    return metric_sum(m, "dplb_requests_total{") == ok.load();
+    return metric_sum(m, "dplb_requests_total{") == ok.load() + 6;
   });
-  CHECK(metric_sum(metrics, "dplb_requests_total{") == ok.load());
+  CHECK(metric_sum(metrics, "dplb_requests_total{") == ok.load() + 6);
   const auto doc = ranks_of(admin);
   REQUIRE(doc["ranks"].size() == 3);  // the removed backends came back under their ranks each round
   for (const auto& rank : doc["ranks"]) CHECK(rank["inflight"] == 0);

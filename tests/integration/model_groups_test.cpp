@@ -1,17 +1,19 @@
 // Model groups (the config file's "clusters") against the real dplb and mock engines: the body's model
 // picks the group, each group balances its own ranks under its own policy, a request without a model goes
 // to the default group, an unknown model gets vLLM's 404, GET /v1/models answers the union, pinning stays
-// within the model's group, and a rank added at runtime joins the group it is added to.
+// within the model's group, and a group whose ranks are all out answers 503 while the others serve.
 
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
+#include <signal.h>
 
 #include <map>
 #include <optional>
 #include <regex>
 #include <string>
 
+#include "await.hpp"
 #include "http_client.hpp"
 #include "processes.hpp"
 #include "temp_file.hpp"
@@ -134,4 +136,21 @@ TEST_CASE("without model groups dplb neither reads the model nor answers /v1/mod
   const auto models = client.send(list);
   CHECK(models.status == 200);
   CHECK(models.headers["x-dplb-rank"] == "1");
+}
+
+TEST_CASE("a group whose ranks are all down answers 503 while the other groups serve", "[clusters]") {
+  two_models engines;
+  temp_file config(engines.config().dump());
+  // Queueing on, so that a refusal has two possible reasons: a full queue (429) or no usable rank (503).
+  dplb_proxy proxy({}, {"--config", config.path(), "--max-inflight-per-rank", "1", "--health-check-interval-ms", "100",
+                        "--unhealthy-threshold", "1"});
+  REQUIRE(engines.qwen_engine.process().stop(SIGTERM).has_value());
+  await_metrics(proxy.port(), [](const std::map<std::string, double>& m) {
+    return metric_sum(m, "dplb_rank_healthy{", {"rank=\"2\""}) == 0;
+  });
+  http_connection client(proxy.port());
+  const auto refused = complete(client, qwen);
+  CHECK(refused.status == 503);
+  CHECK_THAT(std::string(json::parse(refused.body)["error"]["message"]), Catch::Contains("model group"));
+  CHECK(complete(client, llama).status == 200);
 }

@@ -94,7 +94,9 @@ struct engine_status {
   std::chrono::steady_clock::duration age{};
 };
 
-// A request waiting for a slot. `deliver` is called with the lease from whichever thread freed the slot,
+// A request waiting for a slot. `deliver` is called with the lease from whichever thread freed the slot
+// (or with an empty lease when the waiter can never be served: its rank, or every rank of its cluster, was
+// removed),
 // after the balancer's lock is released (so it may drop the lease, or call into the balancer); it
 // should only hand the lease over (e.g. post it to the waiter's executor), since it delays that thread.
 struct waiter {
@@ -137,6 +139,7 @@ class balancer {
   std::uint64_t cost_inflight(std::size_t rank) const noexcept;
   std::uint64_t picks(std::size_t rank) const noexcept;  // requests ever sent to the rank
   bool any_usable() const noexcept;
+  bool any_usable(std::size_t cluster) const noexcept;  // among that model group's ranks
 
   // max - min in-flight over the usable ranks of one cluster, the largest over the clusters (0 when no
   // cluster has two usable ranks): ranks serving different models are not expected to carry alike.
@@ -152,7 +155,7 @@ class balancer {
   // policy also gets the full snapshot of every rank's latest numbers (the engine-stats baseline replaces
   // its local estimate with it, as vLLM's client does). dplb's own counts are never touched by it.
   void publish_engine_stats(std::span<const engine_reading> round);
-  engine_status engine_stats_of(std::size_t rank) const;
+  engine_status engine_stats_of(std::size_t rank) const;  // {} for a rank not (yet) in the balancer
 
   // Queueing (only with max_inflight_per_rank > 0).
   bool queueing() const noexcept { return limits_.max_inflight_per_rank > 0; }
@@ -181,6 +184,7 @@ class balancer {
     rank_lease lease;
   };
   void serve_waiters_locked(std::vector<delivery>& ready);
+  void turn_away_stranded_locked(std::size_t rank, std::vector<delivery>& ready);
   static void deliver(std::vector<delivery>& ready) noexcept;
   std::size_t queued_locked() const noexcept;
   void count_waiting_locked() noexcept;

@@ -4,11 +4,12 @@
 // health) learns of a change here, in an order that keeps each consistent for the threads reading it:
 //  - added: the topology first, then the metrics, then the balancer (from then on the ranks can be
 //    picked), then the health monitor (which accepts outcomes of ranks it has not met yet);
-//  - removed: the balancer's `removed` flag at once (no new request; what is in flight finishes), and
-//    the backend leaves the metrics, the health checks and the engine-stats reads once its last request
-//    is done (retire_drained(), called periodically);
-//  - added again after a removal, with the same URL, dp and model group: it comes back under its old ranks,
-//    with fresh health, at the configured weight (and through the slow start, if on).
+//  - removed: the balancer's `removed` flag at once (no new request; what is in flight finishes; no more
+//    health checks nor engine-stats reads), and the backend leaves the metrics once its last request is
+//    done (retire_drained(), called periodically);
+//  - added again after a removal, with the same URL, dp and model group, and its host resolving to the same
+//    addresses: it comes back under its old ranks, with fresh health, at the configured weight (and through
+//    the slow start, if on). Otherwise it gets new ranks.
 // Rank numbers are never reused for another backend (the topology is append-only).
 //
 // Threading contract: one thread (the main thread's loop: the admin API, SIGHUP and the retirement
@@ -66,17 +67,18 @@ class backend_registry {
                    health_monitor& health, std::vector<std::string> clusters = {config::implicit_cluster_name},
                    resolver resolve = resolve_backend);
 
-  // Adds a backend (or brings a removed one back). Throws backend_change_error: 409 when the URL is
-  // already served, 400 when its host does not resolve, 507 when the topology has no room left.
+  // Adds a backend (or brings a removed one back: same URL, dp and group, and its host still resolves to
+  // the same addresses). Its host is resolved on every add. Throws backend_change_error: 409 when the URL
+  // is already served, 400 when its host does not resolve, 507 when the topology has no room left.
   const backend& add(const config::backend_spec& spec);
 
   // Removes the active backend with this (normalised) URL. Throws backend_change_error 404 when none.
   const backend& remove(std::string_view url);
 
   // Makes the active set match `specs`: removes the backends not in it (URL, dp, group), adds new ones,
-  // and sets the configured weight where it changed. A backend whose dp changed is removed and added
-  // anew (new ranks). Throws backend_change_error for a backend it cannot add; what it did before
-  // stands, and what follows is not done (the caller logs it; the previous configuration mostly holds).
+  // and sets the configured weight where it changed. A backend whose dp or group changed is removed and
+  // added anew (new ranks). All or nothing: every new backend is resolved, and the room checked, before
+  // anything changes; throws backend_change_error for the first that cannot be added, having changed nothing.
   reload_summary reload(const std::vector<config::backend_spec>& specs);
 
   // Finishes the removals whose last request is done. Returns the backends retired.
@@ -89,6 +91,17 @@ class backend_registry {
   const backend* active(std::string_view url) const;
 
  private:
+  // An add checked and resolved, not yet applied.
+  struct prepared_add {
+    config::backend_spec spec;
+    backend resolved;
+    const backend* revive = nullptr;  // a removed backend it brings back, instead of new ranks
+  };
+  // Checks an add (group, URL not served unless `leaving`, room for `new_ranks` more plus its own) and
+  // resolves its host; changes nothing. Counts its new ranks into `new_ranks`.
+  prepared_add prepare_add(const config::backend_spec& spec, const std::vector<std::string>& leaving,
+                           std::size_t& new_ranks) const;
+  const backend& apply(prepared_add change);
   void set_state(const backend& b, backend_state state);
   const backend& revive(const backend& b, const config::backend_spec& spec);
 

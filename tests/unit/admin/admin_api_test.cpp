@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <boost/asio/ip/address.hpp>
+
 #include <chrono>
 #include <memory>
 #include <string>
@@ -40,6 +42,8 @@ std::unique_ptr<dplb::upstream::topology> two_backends() {
   return t;
 }
 
+boost::asio::ip::address asio_address(const char* text) { return boost::asio::ip::make_address(text); }
+
 // Adds without a name lookup: the admin API's part is what is tested here, not the resolver's.
 dplb::upstream::backend unresolved(const dplb::config::backend_spec& spec) {
   dplb::upstream::backend b;
@@ -55,7 +59,13 @@ struct fixture {
   dplb::metrics::proxy_metrics metrics{{"http://127.0.0.1:8100", "http://127.0.0.1:8100", "http://engine-b:8101"},
                                        balancer, "round-robin", topology.capacity()};
   dplb::upstream::health_monitor health{topology, balancer, metrics, {.interval = std::chrono::milliseconds(0), .policy = {}}};
-  dplb::upstream::backend_registry registry{topology, balancer, metrics, health, {"default"}, unresolved};
+  bool engines_moved = false;  // from now on, every host resolves to another address
+  dplb::upstream::backend_registry registry{topology, balancer, metrics, health, {"default"},
+                                            [this](const dplb::config::backend_spec& spec) {
+                                              auto b = unresolved(spec);
+                                              if (engines_moved) b.endpoints.emplace_back(asio_address("10.0.0.9"), 80);
+                                              return b;
+                                            }};
   admin::admin_api api{topology, registry, balancer, metrics, token};
 
   admin::response call(std::string_view method, std::string_view target, std::string_view body = {},
@@ -377,4 +387,43 @@ TEST_CASE("a reload makes the active backends match the configuration", "[admin]
   CHECK(same.added.empty());
   CHECK(same.removed.empty());
   CHECK(same.reweighted.empty());
+}
+
+TEST_CASE("a backend added back is resolved again: at another address it gets new ranks", "[admin]") {
+  fixture f;
+  REQUIRE(f.call("POST", "/backends/remove", R"({"url": "http://engine-b:8101"})").status == 200);
+  // Same addresses: back under rank 2.
+  auto back = f.call("POST", "/backends", R"({"url": "http://engine-b:8101"})");
+  REQUIRE(back.status == 201);
+  CHECK(body_of(back)["ranks"][0]["rank"] == 2);
+  REQUIRE(f.call("POST", "/backends/remove", R"({"url": "http://engine-b:8101"})").status == 200);
+  // The engine moved (a rescheduled pod): new ranks, and the old one stays removed.
+  f.engines_moved = true;
+  back = f.call("POST", "/backends", R"({"url": "http://engine-b:8101"})");
+  REQUIRE(back.status == 201);
+  CHECK(body_of(back)["ranks"][0]["rank"] == 3);
+  CHECK(f.topology.backends()[2].endpoints.size() == 1);
+  CHECK(f.balancer.flags(2) == host_flag::removed);
+  CHECK(f.balancer.usable(3));
+}
+
+TEST_CASE("a reload that cannot add a backend changes nothing", "[admin][reload]") {
+  fixture f;
+  dplb::upstream::backend_registry strict{f.topology, f.balancer, f.metrics, f.health, {"default"},
+                                          [](const dplb::config::backend_spec& spec) -> dplb::upstream::backend {
+                                            if (spec.url == "http://nowhere:1") throw dplb::config::config_error("cannot resolve");
+                                            return unresolved(spec);
+                                          }};
+  dplb::config::backend_spec good, bad;
+  REQUIRE(dplb::config::parse_backend("http://127.0.0.1:8105", good).empty());
+  REQUIRE(dplb::config::parse_backend("http://nowhere:1", bad).empty());
+  // engine-b would go, 8105 would come, but nowhere:1 cannot be added: nothing happens.
+  try {
+    strict.reload({good, bad});
+    FAIL("the reload should have been refused");
+  } catch (const dplb::upstream::backend_change_error& e) {
+    CHECK(e.status() == 400);
+  }
+  CHECK(f.balancer.rank_count() == 3);
+  for (std::size_t r = 0; r < 3; ++r) CHECK(f.balancer.usable(r));
 }

@@ -53,6 +53,11 @@ TEST_CASE("a cluster without a usable rank refuses, whatever the others have", "
   balancer b(clusters, policies({"least-inflight", "least-inflight"}));
   b.set_flag(1, host_flag::draining, true);
   CHECK_FALSE(b.acquire(in_cluster(1)));
+  // So a refused request of cluster 1 is told "no usable rank" (503), not "queue full" (429).
+  CHECK_FALSE(b.any_usable(1));
+  CHECK(b.any_usable(0));
+  CHECK(b.any_usable());
+  CHECK_FALSE(b.engine_stats_of(7).ever);  // a rank not (yet) in the balancer
   const auto lease = b.acquire(in_cluster(0));
   REQUIRE(lease);
   CHECK(lease.rank() == 0);
@@ -95,4 +100,41 @@ TEST_CASE("ranks added to a cluster at runtime serve that cluster only", "[balan
   for (int i = 0; i < 6; ++i) held.push_back(b.acquire(in_cluster(1)));
   CHECK(picks_per_rank(b) == std::vector<std::uint64_t>{0, 2, 2, 2});
   CHECK_THROWS_AS(b.add_ranks(weights, 2), std::out_of_range);
+}
+
+TEST_CASE("waiters that a removal strands are turned away at once, the others keep waiting", "[balancer][clusters]") {
+  const std::size_t clusters[] = {0, 0, 1};
+  balancer b(clusters, policies({"least-inflight", "least-inflight"}), queue_limits{1, 16});
+  std::vector<rank_lease> busy;
+  for (std::size_t c : {0, 0, 1}) busy.push_back(b.acquire(in_cluster(c)));
+  std::vector<rank_lease> pinned_got, group0_got, group1_got;
+  std::uint64_t id = 0;
+  bool queued = false;
+  pick_context pinned_to_1;
+  pinned_to_1.pinned_rank = 1;
+  b.acquire_or_wait(pinned_to_1, {}, [&](rank_lease l) { pinned_got.push_back(std::move(l)); }, id, queued);
+  REQUIRE(queued);
+  b.acquire_or_wait(in_cluster(0), {}, [&](rank_lease l) { group0_got.push_back(std::move(l)); }, id, queued);
+  REQUIRE(queued);
+  b.acquire_or_wait(in_cluster(1), {}, [&](rank_lease l) { group1_got.push_back(std::move(l)); }, id, queued);
+  REQUIRE(queued);
+  CHECK(b.waiting() == 3);
+
+  // Rank 1 removed: its pinned waiter is turned away (an empty lease); group 0 still has rank 0, so its waiter stays.
+  b.set_flag(1, host_flag::removed, true);
+  REQUIRE(pinned_got.size() == 1);
+  CHECK_FALSE(pinned_got.front());
+  CHECK(group0_got.empty());
+  // Rank 2, group 1's only rank, removed: its group's waiter is turned away too.
+  b.set_flag(2, host_flag::removed, true);
+  REQUIRE(group1_got.size() == 1);
+  CHECK_FALSE(group1_got.front());
+  CHECK(b.waiting() == 1);
+  // A drain, which ends, strands nobody.
+  b.set_flag(0, host_flag::draining, true);
+  CHECK(group0_got.empty());
+  b.set_flag(0, host_flag::draining, false);
+  busy.front().release();
+  REQUIRE(group0_got.size() == 1);
+  CHECK(group0_got.front().rank() == 0);
 }

@@ -67,6 +67,9 @@ TEST_CASE("ranks added while other threads pick are counted exactly and never lo
   const auto picks = picks_per_rank(b);
   REQUIRE(picks.size() == 32);
   CHECK(std::accumulate(picks.begin(), picks.end(), std::uint64_t{0}) == picked.load());
+  // The ranks added last took their share of the picks after them.
+  CHECK(std::accumulate(picks.begin() + 2, picks.end(), std::uint64_t{0}) > 0);
+  CHECK(picks.back() > 0);
   for (std::size_t r = 0; r < 32; ++r) CHECK(b.inflight(r) == 0);
 }
 
