@@ -27,7 +27,9 @@ the drain are left out), from every rank's /metrics (the mock's admin port) ever
     (vllm:kv_cache_usage_perc x --kv-cache-tokens), mean and p95;
   - the engines' output-token throughput in the window (generated tokens / simulated busy time, exact: the
     shared clock's under lockstep, the busiest rank's with independent ranks) and padded / real decode tokens;
-  - the client's TTFT mean and p99 and output tok/s (whole run, read back as simulated time), and the prompt
+  - the client's TTFT mean and p99 (also the short and the long requests' apart, mean and p90, told by their
+    prompt length: dplb-bench's per-request input_lens and ttfts) and output tok/s (whole run, read back as
+    simulated time), and the prompt
     tokens each rank prefilled (vllm:prompt_tokens_total).
 Ratios: least-tokens / least-inflight for throughput, least-inflight / least-tokens for the outstanding-token
 max-min and TTFT (above 1: least-tokens better); each run's against the median of least-inflight's runs, all
@@ -53,6 +55,30 @@ WORKLOADS = {
     "outputs": ["--random-input-len", "200", "--random-output-len", "128", "--long-share", "0.1",
                 "--long-output-len", "1024"],
 }
+
+
+def quantile(values, q):
+    """numpy's default (linear) quantile of a non-empty list."""
+    values = sorted(values)
+    at = q * (len(values) - 1)
+    low = int(at)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (at - low)
+
+
+def ttft_by_class(result, time_scale):
+    """{"short": {"mean", "p90"}, "long": {...}} of the TTFT (s, simulated) of the requests whose prompt is the
+    short length or the long one (dplb-bench's per-request input_lens and ttfts); failed requests left out."""
+    lens, ttfts = result.get("input_lens"), result.get("ttfts")
+    if not lens or not ttfts:
+        return {}
+    cut = (min(lens) + max(lens)) / 2
+    out = {}
+    for name, pick in (("short", lambda n: n <= cut), ("long", lambda n: n > cut)):
+        vals = [t * time_scale for n, t in zip(lens, ttfts) if t is not None and pick(n)]
+        if vals and min(lens) != max(lens):
+            out[name] = {"mean": statistics.fmean(vals), "p90": quantile(vals, 0.9)}
+    return out
 
 
 def run_one(opts, workdir, workload, policy, repeat):
@@ -88,6 +114,7 @@ def run_one(opts, workdir, workload, policy, repeat):
     share = opts.warmup_share * (ended - started)
     steady = window(samples, started + share, ended - share)
     stream = "--no-stream" not in WORKLOADS[workload]
+    by_class = ttft_by_class(result, opts.time_scale) if stream else {}
     return {
         "workload": workload, "policy": policy, "repeat": repeat, "run_s": ended - started, "samples": len(steady),
         "load_spread": spread(steady, lambda s: [r + w for r, w in zip(s["running"], s["waiting"])]),
@@ -103,6 +130,8 @@ def run_one(opts, workdir, workload, policy, repeat):
         "client_tok_s": result["output_throughput"] / opts.time_scale,
         "mean_ttft_s": result["mean_ttft_ms"] / 1000 * opts.time_scale if stream else None,
         "p99_ttft_s": result["p99_ttft_ms"] / 1000 * opts.time_scale if stream else None,
+        # The short (90%) and long (10%) requests' TTFT apart, mean and p90 (s, simulated).
+        "short_ttft_s": by_class.get("short"), "long_ttft_s": by_class.get("long"),
         "mean_e2e_s": result["mean_e2el_ms"] / 1000 * opts.time_scale,
         "failed": result["failed"],
     }
@@ -137,6 +166,32 @@ def main():
               lambda records, elapsed: report(opts, workloads, policies, records, elapsed))
 
 
+def pair(by_class):
+    return f"{by_class['mean']:.2f}, {by_class['p90']:.2f}" if by_class else "-"
+
+
+def class_cells(cell, policy):
+    """The short and long requests' TTFT (medians over runs), and the short ones' ratios to least-inflight's
+    median (every run; above 1: the policy better) and the long ones' (median)."""
+    med = statistics.median
+
+    def part(p, key, stat):
+        vals = [r[key][stat] for r in cell[p] if r.get(key)]
+        return med(vals) if vals else None
+
+    cells = []
+    for key in ("short_ttft_s", "long_ttft_s"):
+        mean, p90 = part(policy, key, "mean"), part(policy, key, "p90")
+        cells.append(f"{mean:.2f}, {p90:.2f}" if mean is not None else "-")
+    ref, ref90 = part("least-inflight", "short_ttft_s", "mean"), part("least-inflight", "short_ttft_s", "p90")
+    each = [ref / r["short_ttft_s"]["mean"] for r in cell[policy] if r.get("short_ttft_s")] if ref else []
+    p90 = part(policy, "short_ttft_s", "p90")
+    cells.append(f"{med(each):.3f} ({', '.join(f'{e:.3f}' for e in each)}), {ref90 / p90:.3f}" if each else "-")
+    long_ref, long_mean = part("least-inflight", "long_ttft_s", "mean"), part(policy, "long_ttft_s", "mean")
+    cells.append(f"{long_ref / long_mean:.3f}" if long_ref and long_mean else "-")
+    return " | ".join(cells)
+
+
 def report(opts, workloads, policies, records, elapsed):
     med = statistics.median
     lines = [f"# dplb tokens benchmark: {RANKS} {opts.engines} ranks (mock --simulate"
@@ -155,8 +210,9 @@ def report(opts, workloads, policies, records, elapsed):
              "| workload | policy | reqs per rank | prompt ktok per rank | max-min outstanding tok mean, p95 "
              "| max-min load mean, p95 | max-min KV tok mean, p95 | output tok/s | padded/real | TTFT mean | TTFT p99 "
              "| E2E mean | outstanding ratio (every run) | tok/s ratio (every run) | TTFT mean ratio (every run), p99 ratio "
-             "| E2E ratio |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| E2E ratio | short TTFT mean, p90 | long TTFT mean, p90 | short TTFT mean ratio (every run), p90 ratio "
+             "| long TTFT mean ratio |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     out = lines.append
     for workload in workloads:
         cell = {p: [r for r in records if r["workload"] == workload and r["policy"] == p] for p in policies}
@@ -189,17 +245,19 @@ def report(opts, workloads, policies, records, elapsed):
                 f"| {tput:,.0f} | {value(policy, 'padding'):.3f} | {ttft_text} | {e2e:.2f} "
                 f"| {ratios(runs, 'outstanding_spread', value('least-inflight', 'outstanding_spread', 'mean'), False, 'mean')} "
                 f"| {ratios(runs, 'output_tok_s', value('least-inflight', 'output_tok_s'), True)} | {ttft_ratio} "
-                f"| {value('least-inflight', 'mean_e2e_s') / e2e:.3f} |")
+                f"| {value('least-inflight', 'mean_e2e_s') / e2e:.3f} | {class_cells(cell, policy)} |")
     out("")
     out("Every run: max-min outstanding tokens (mean), output tok/s (engines, simulated), client tok/s, TTFT mean "
         "and p99 (s), wall s.")
     out("")
-    out("| workload | policy | run | max-min outstanding tok | output tok/s | client tok/s | TTFT mean | TTFT p99 | wall s |")
-    out("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    out("| workload | policy | run | max-min outstanding tok | output tok/s | client tok/s | TTFT mean | TTFT p99 "
+        "| short TTFT mean, p90 | long TTFT mean, p90 | wall s |")
+    out("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in records:
         ttft = (f"{r['mean_ttft_s']:.2f} | {r['p99_ttft_s']:.2f}" if r["mean_ttft_s"] is not None else "- | -")
         out(f"| {r['workload']} | {r['policy']} | {r['repeat'] + 1} | {r['outstanding_spread']['mean']:,.0f} "
-            f"| {r['output_tok_s']:,.0f} | {r['client_tok_s']:,.0f} | {ttft} | {r['run_s']:.0f} |")
+            f"| {r['output_tok_s']:,.0f} | {r['client_tok_s']:,.0f} | {ttft} | {pair(r.get('short_ttft_s'))} "
+            f"| {pair(r.get('long_ttft_s'))} | {r['run_s']:.0f} |")
     out("")
     out(f"Failed requests: {sum(r['failed'] for r in records)}.")
     return "\n".join(lines) + "\n"

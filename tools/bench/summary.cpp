@@ -237,6 +237,16 @@ nlohmann::json to_json(const summary& s, const run_report& report) {
   for (const auto& [rank, count] : s.per_rank) per_rank[std::to_string(rank)] = count;
   j["per_rank"] = std::move(per_rank);
   j["rank_max_min"] = s.rank_spread;
+  // Per request, in request order (as `vllm bench serve --save-detailed` has them): the prompt words sent and
+  // the TTFT in seconds (null for a failed request), so that a caller can split the TTFT by request class.
+  auto input_lens = nlohmann::json::array();
+  auto ttfts = nlohmann::json::array();
+  for (const auto& r : report.results) {
+    input_lens.push_back(r.input_words);
+    ttfts.push_back(r.ok ? nlohmann::json(r.ttft_s) : nlohmann::json(nullptr));
+  }
+  j["input_lens"] = std::move(input_lens);
+  j["ttfts"] = std::move(ttfts);
   j["errors"] = s.errors;
   if (!report.error.empty()) j["setup_error"] = report.error;
   return j;

@@ -393,6 +393,11 @@ TEST_CASE("summarize computes vllm's figures and the per-rank spread") {
   CHECK(json["completed"] == 3);
   CHECK(json["per_rank"]["2"] == 2);
   CHECK(json["rank_max_min"] == 2);
+  // Per request, in order: the TTFT (null when failed) and the prompt words sent, to split TTFT by class.
+  REQUIRE(json["ttfts"].size() == 5);
+  CHECK(json["ttfts"][1].get<double>() == Approx(0.3));
+  CHECK(json["ttfts"][3].is_null());
+  CHECK(json["input_lens"].size() == 5);
 }
 
 TEST_CASE("an even burst has a spread of 0") {
