@@ -96,7 +96,7 @@ def run_one(opts, workdir, workload, policy, repeat):
         started = time.monotonic()
         result_path = workdir / f"{tag}.json"
         client = start_bench(opts.bench, port, WORKLOADS[workload] + [
-            "--ignore-eos", "--request-rate", "inf", "--max-concurrency", str(opts.concurrency),
+            "--ignore-eos", "--request-rate", str(opts.request_rate * opts.time_scale), "--max-concurrency", str(opts.concurrency),
             "--num-prompts", str(opts.num_prompts), "--seed", str(opts.seed + repeat)], result_path,
             workdir / f"{tag}.client.log")
         try:
@@ -144,6 +144,10 @@ def main():
     parser.add_argument("--workloads", default=" ".join(WORKLOADS), help=f"among: {' '.join(WORKLOADS)}")
     parser.add_argument("--concurrency", type=int, default=192, help="the client's requests in flight")
     parser.add_argument("--num-prompts", type=int, default=1920)
+    parser.add_argument("--request-rate", type=float, default=float("inf"),
+                        help="open loop: Poisson arrivals at this many requests per simulated second (dplb-bench "
+                        "--request-rate, times --time-scale), still capped at --concurrency in flight; "
+                        "default inf, a closed loop")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--kv-cache-tokens", type=int, default=1 << 20)
     parser.add_argument("--time-scale", type=float, default=5.0)
@@ -196,8 +200,10 @@ def report(opts, workloads, policies, records, elapsed):
     med = statistics.median
     lines = [f"# dplb tokens benchmark: {RANKS} {opts.engines} ranks (mock --simulate"
              f"{' --dp-lockstep' if opts.engines == 'lockstep' else ''} --time-scale "
-             f"{opts.time_scale:g} --max-num-seqs {opts.max_num_seqs}{(' ' + opts.mock_args) if opts.mock_args else ''}), one closed-loop client with "
-             f"{opts.concurrency} in flight, {opts.num_prompts} requests per run, {opts.repeats} runs per cell, "
+             f"{opts.time_scale:g} --max-num-seqs {opts.max_num_seqs}{(' ' + opts.mock_args) if opts.mock_args else ''}), one "
+             + ("closed-loop client with " if opts.request_rate == float("inf") else
+                f"open-loop client (Poisson, {opts.request_rate:g} requests per simulated s) with at most ")
+             + f"{opts.concurrency} in flight, {opts.num_prompts} requests per run, {opts.repeats} runs per cell, "
              f"{elapsed:.0f} s",
              "",
              "Engines (steady window; medians over runs): max-min over the ranks of the outstanding tokens (prompt "
