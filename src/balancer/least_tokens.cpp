@@ -6,7 +6,9 @@
 namespace dplb::balancer {
 
 double least_tokens::work_of(const host_view& h) noexcept {
-  return (static_cast<double>(h.cost_inflight) + slot_tokens * h.inflight) / h.weight;
+  const auto prompt = static_cast<double>(h.prompt_inflight);
+  const auto decode = static_cast<double>(h.cost_inflight - std::min(h.prompt_inflight, h.cost_inflight));
+  return (prompt + decode_share * decode + slot_tokens * h.inflight) / h.weight;
 }
 
 std::optional<std::size_t> least_tokens::choose(const pick_context& /*request*/, std::span<const host_view> hosts) {

@@ -1,6 +1,7 @@
 // least-tokens, one test per rule of its cost model (least_tokens.hpp): the band of request counts, the
-// work (tokens in flight plus a slot per request), a slot's tolerance, the ties, the prompt part leaving at
-// the first byte, and the weights; and that a burst of like requests still lands exactly even.
+// work (prompt tokens not yet prefilled, plus a share of max_tokens, plus a slot per request), a slot's
+// tolerance, the ties, the prompt part leaving at the first byte, and the weights; and that a burst of like
+// requests still lands exactly even.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -27,10 +28,13 @@ using dplb::balancer::test::picks_per_rank;
 
 namespace {
 
-host_view rank_with(std::uint32_t inflight, std::uint64_t tokens, double weight = 1) {
+// A rank with `inflight` requests owing `prompt` tokens of prefill (none yet at its first byte) and `decode`
+// tokens of max_tokens.
+host_view rank_with(std::uint32_t inflight, std::uint64_t prompt, double weight = 1, std::uint64_t decode = 0) {
   host_view h;
   h.inflight = inflight;
-  h.cost_inflight = tokens;
+  h.cost_inflight = prompt + decode;
+  h.prompt_inflight = prompt;
   h.weight = weight;
   return h;
 }
@@ -40,10 +44,23 @@ constexpr request_cost long_prompt{.prompt = 8'000, .decode = 128};
 
 }  // namespace
 
-TEST_CASE("least-tokens: a request weighs its tokens plus one slot", "[balancer][least-tokens]") {
+TEST_CASE("least-tokens: a request weighs its pending prompt, a share of its max_tokens, and one slot",
+          "[balancer][least-tokens]") {
   CHECK(least_tokens::work_of(rank_with(0, 0)) == 0);
   CHECK(least_tokens::work_of(rank_with(2, 20)) == 20 + 2 * least_tokens::slot_tokens);
   CHECK(least_tokens::work_of(rank_with(2, 20, 2)) == (20 + 2 * least_tokens::slot_tokens) / 2);
+  CHECK(least_tokens::work_of(rank_with(2, 20, 1, 400)) ==
+        20 + least_tokens::decode_share * 400 + 2 * least_tokens::slot_tokens);
+}
+
+TEST_CASE("least-tokens: a prompt token not yet prefilled outweighs a token of max_tokens",
+          "[balancer][least-tokens]") {
+  least_tokens policy;
+  // One request each, 2,000 tokens each: on rank 0 a prompt still to prefill, on rank 1 a generation to come
+  // (its prompt done). Counted alike they would tie (and the rotation would start at rank 0); the pending
+  // prefill weighs fully and max_tokens a quarter, 3,024 against 1,524, more than a slot apart.
+  std::array hosts{rank_with(1, 2'000), rank_with(1, 0, 1, 2'000)};
+  CHECK(policy.choose({}, hosts) == 1u);
 }
 
 TEST_CASE("least-tokens: the rank with the least work wins, though it runs more requests",
