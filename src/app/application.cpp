@@ -140,12 +140,6 @@ std::vector<config::backend_spec> backends_for_reload(const config::settings& ru
   return out;
 }
 
-std::vector<std::string> rank_cluster_names(const upstream::topology& topology, const config::settings& s) {
-  std::vector<std::string> out;
-  for (const auto& h : topology.hosts()) out.push_back(s.clusters.at(h.cluster).name);
-  return out;
-}
-
 std::vector<std::size_t> rank_clusters(const upstream::topology& topology) {
   std::vector<std::size_t> out;
   for (const auto& h : topology.hosts()) out.push_back(h.cluster);
@@ -155,12 +149,6 @@ std::vector<std::size_t> rank_clusters(const upstream::topology& topology) {
 // Engine stats older than three reads (each bounded by the health-check timeout) are stale.
 std::chrono::milliseconds stats_max_age(const config::settings& s) {
   return 3 * config::engine_stats_interval(s, uses_engine_stats(s)) + s.health_check_timeout;
-}
-
-std::vector<std::string> rank_urls(const upstream::topology& topology) {
-  std::vector<std::string> urls;
-  for (const auto& h : topology.hosts()) urls.push_back(topology.backends()[h.backend].url);
-  return urls;
 }
 
 std::unique_ptr<upstream::topology> configured_topology(const std::vector<config::backend_spec>& specs) {
@@ -180,7 +168,7 @@ struct application::impl {
         balancer(rank_clusters(topology), cluster_policies(settings),
                  balancer::queue_limits{settings.max_inflight_per_rank, settings.max_queued_requests},
                  balancer::host_timing{settings.slow_start, stats_max_age(settings)}, topology.capacity()),
-        metrics(rank_urls(topology), balancer, settings.policy, topology.capacity(), rank_cluster_names(topology, settings)),
+        metrics({}, balancer, settings.policy, topology.capacity()),
         health(topology, balancer, metrics,
                upstream::health_check_settings{
                    settings.health_check_interval, settings.health_check_timeout, "/health",
@@ -196,7 +184,11 @@ struct application::impl {
         shared{settings, topology, balancer, metrics, health, models},
         signals(signal_io, SIGINT, SIGTERM),
         reload_signal(signal_io, SIGHUP) {
-    for (const auto& h : topology.hosts()) balancer.set_weight(h.rank, h.weight);
+    for (const auto& h : topology.hosts()) {
+      balancer.set_weight(h.rank, h.weight);
+      // As the backend registry adds a rank at run time. Before any worker runs: no scrape can miss it.
+      metrics.add_rank(topology.backends()[h.backend].url, settings.clusters.at(h.cluster).name);
+    }
     const upstream::pool_limits limits{settings.upstream_connect_timeout, settings.upstream_idle_timeout,
                                        settings.upstream_max_idle_per_rank};
     auto endpoint = listen_endpoint(settings.listen);

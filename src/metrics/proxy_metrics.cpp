@@ -22,8 +22,7 @@ prometheus::Histogram::BucketBoundaries latency_buckets() {
 }  // namespace
 
 proxy_metrics::proxy_metrics(const std::vector<std::string>& rank_urls, const balancer::balancer& balancer,
-                             std::string_view policy_name, std::size_t capacity,
-                             const std::vector<std::string>& rank_clusters)
+                             std::string_view policy_name, std::size_t capacity)
     : balancer_(balancer),
       registry_(std::make_shared<prometheus::Registry>()),
       requests_family_(prometheus::BuildCounter()
@@ -142,9 +141,7 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& rank_urls, const ba
       .Register(*registry_)
       .Add({{"version", DPLB_VERSION}, {"policy", std::string(policy_name)}})
       .Set(1);
-  for (std::size_t r = 0; r < rank_urls.size(); ++r) {
-    add_rank(rank_urls[r], r < rank_clusters.size() ? rank_clusters[r] : std::string("default"));
-  }
+  for (const auto& url : rank_urls) add_rank(url);
 }
 
 void proxy_metrics::add_rank(const std::string& url, const std::string& cluster) {

@@ -41,12 +41,11 @@ inline constexpr std::array<std::string_view, 6> upstream_error_kinds{"connect",
 
 class proxy_metrics {
  public:
-  // `rank_urls[r]` is rank r's backend URL, `rank_clusters[r]` the name of its model group (all "default"
-  // when empty). Room is made for `capacity` ranks (at least as many), since the request path indexes the
+  // `rank_urls[r]` is rank r's backend URL (each in the "default" model group; add_rank adds ranks of any
+  // group). Room is made for `capacity` ranks (at least as many), since the request path indexes the
   // per-rank handles without a lock.
   proxy_metrics(const std::vector<std::string>& rank_urls, const balancer::balancer& balancer,
-                std::string_view policy_name, std::size_t capacity = 0,
-                const std::vector<std::string>& rank_clusters = {});
+                std::string_view policy_name, std::size_t capacity = 0);
   ~proxy_metrics();
 
   // Ranks come and go at runtime (one thread at a time, as the topology's add()). add_rank takes the next
