@@ -209,15 +209,12 @@ response admin_api::set_rank_draining(const call& c, bool on) const {
 
 namespace {
 
-// The backend a body names in {"url": ...}, normalised as --backend normalises it (so that
+// The backend an object names in {"url": ...}, normalised as --backend normalises it (so that
 // http://Engine:8000/ finds http://engine:8000). Options after '#' (dp, weight) describe a backend to add;
 // to name an existing one they are refused, since they do not identify it.
-std::optional<config::backend_spec> backend_in_body(std::string_view body_text, bool options_allowed,
-                                                    response& refusal) {
-  const auto body = object_body(body_text, refusal);
-  if (!body) return std::nullopt;
-  const auto url = body->find("url");
-  if (url == body->end() || !url->is_string()) {
+std::optional<config::backend_spec> backend_in(const json& body, bool options_allowed, response& refusal) {
+  const auto url = body.find("url");
+  if (url == body.end() || !url->is_string()) {
     refusal = error(400, options_allowed
                              ? R"(expected {"url": "http://HOST:PORT#dp=N&weight=W"}, as --backend takes it)"
                              : R"(expected {"url": "http://HOST:PORT"}, the backend as --backend names it)");
@@ -234,6 +231,14 @@ std::optional<config::backend_spec> backend_in_body(std::string_view body_text, 
     return std::nullopt;
   }
   return spec;
+}
+
+// The same, from a request body that must be a JSON object.
+std::optional<config::backend_spec> backend_in_body(std::string_view body_text, bool options_allowed,
+                                                    response& refusal) {
+  const auto body = object_body(body_text, refusal);
+  if (!body) return std::nullopt;
+  return backend_in(*body, options_allowed, refusal);
 }
 
 json backend_object(const upstream::topology& topology, const upstream::backend_registry& registry,
@@ -271,12 +276,13 @@ response admin_api::list_backends(const call&) const {
 
 response admin_api::add_backend(const call& c) const {
   response refusal;
-  auto spec = backend_in_body(c.body, true, refusal);
+  const auto body = object_body(c.body, refusal);
+  if (!body) return refusal;
+  auto spec = backend_in(*body, true, refusal);
   if (!spec) return refusal;
   // The model group it joins: by name, else the default one.
-  const auto body = json::parse(c.body);
   spec->cluster = default_cluster_;
-  if (const auto cluster = body.find("cluster"); cluster != body.end()) {
+  if (const auto cluster = body->find("cluster"); cluster != body->end()) {
     const auto named = cluster->is_string() ? registry_.cluster_named(cluster->get<std::string>()) : std::nullopt;
     if (!named) return error(400, "\"cluster\" must name a model group of the configuration; GET /backends shows them");
     spec->cluster = *named;

@@ -223,11 +223,8 @@ rank_lease balancer::acquire_or_wait(const pick_context& request, request_cost c
   if (line.empty()) {
     if (const auto chosen = pick_locked(request, cost)) return rank_lease(this, *chosen, cost);
   }
-  bool any = false;  // a rank that may take it once it has room
-  for (std::size_t r = 0; r < detail_.size() && !any; ++r) {
-    const bool candidate = pinned ? r == *pinned : ranks_[r].cluster == request.cluster;
-    any = candidate && ranks_[r].flags.load(std::memory_order_relaxed) == 0;
-  }
+  // A rank that may take it once it has room.
+  const bool any = pinned ? usable(*pinned) : any_usable(request.cluster);
   if (!queueing() || closed_ || !any || waiting_.load(std::memory_order_relaxed) >= limits_.max_waiting) return {};
   waiter_id = next_waiter_id_++;
   line.push_back(waiter{waiter_id, cost, request.cluster, std::move(deliver)});
