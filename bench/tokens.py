@@ -24,7 +24,7 @@ the drain are left out), from every rank's /metrics (the mock's admin port) ever
   - max - min over the ranks of the outstanding tokens (the simulator's mock_prompt_tokens_pending +
     mock_decode_tokens_pending: prompt tokens not yet prefilled plus tokens still to generate, over the
     waiting and running requests), of running + waiting, and of the KV-cache tokens held
-    (vllm:kv_cache_usage_perc x --kv-cache-tokens), mean and p95;
+    (vllm:kv_cache_usage_perc x --kv-blocks x 16), mean and p95;
   - the engines' output-token throughput in the window (generated tokens / simulated busy time, exact: the
     shared clock's under lockstep, the busiest rank's with independent ranks) and padded / real decode tokens;
   - the client's TTFT mean and p99 (also the short and the long requests' apart, mean and p90, told by their
@@ -46,6 +46,7 @@ from benchlib import (GaugeSampler, add_run_arguments, compared_policies, finish
                       scrape, spread, start_bench, start_dplb, start_mock, window, window_throughput)
 
 RANKS = 4
+BLOCK_SIZE = 16  # the mock's default --block-size
 POLICIES = "least-inflight least-tokens"
 WORKLOADS = {
     "prompts": ["--random-input-len", "200", "--random-output-len", "128", "--long-share", "0.1",
@@ -86,7 +87,7 @@ def run_one(opts, workdir, workload, policy, repeat):
     lockstep = ["--dp-lockstep"] if opts.engines == "lockstep" else []
     mock, ports, admin = start_mock(opts.mock, ["--ranks", str(RANKS), "--simulate"] + lockstep + ["--time-scale",
                                                 str(opts.time_scale), "--max-num-seqs", str(opts.max_num_seqs),
-                                                "--kv-cache-tokens", str(opts.kv_cache_tokens), "--threads", "1"]
+                                                "--kv-blocks", str(opts.kv_blocks), "--threads", "1"]
                                     + opts.mock_args.split(),
                                     workdir / f"{tag}.mock.log")
     proxy = None
@@ -104,8 +105,9 @@ def run_one(opts, workdir, workload, policy, repeat):
         finally:
             samples = sampler.stop()
         ended = time.monotonic()
-        prompt_tokens = [metric_sum(scrape(f"http://127.0.0.1:{admin}/metrics?rank={r}"), "vllm:prompt_tokens_total")
-                         for r in range(RANKS)]
+        final = [scrape(f"http://127.0.0.1:{admin}/metrics?rank={r}") for r in range(RANKS)]
+        prompt_tokens = [metric_sum(m, "vllm:prompt_tokens_total") for m in final]
+        preemptions = sum(metric_sum(m, "vllm:num_preemptions_total") for m in final)
     finally:
         if proxy:
             proxy.stop()
@@ -118,12 +120,13 @@ def run_one(opts, workdir, workload, policy, repeat):
     return {
         "workload": workload, "policy": policy, "repeat": repeat, "run_s": ended - started, "samples": len(steady),
         "load_spread": spread(steady, lambda s: [r + w for r, w in zip(s["running"], s["waiting"])]),
-        "kv_spread": spread(steady, lambda s: [kv * opts.kv_cache_tokens for kv in s["kv"]]),
+        "kv_spread": spread(steady, lambda s: [kv * opts.kv_blocks * BLOCK_SIZE for kv in s["kv"]]),
         "outstanding_spread": spread(steady, lambda s: [p + d for p, d in zip(s["prompt_pending"],
                                                                                   s["decode_pending"])]),
         "waiting_max": max((max(s["waiting"]) for s in steady), default=0),
         **window_throughput(steady, own_clocks=opts.engines == "independent"),
         "prompt_tokens": prompt_tokens,
+        "preemptions": preemptions,
         "per_rank": [int(result["per_rank"].get(str(r), 0)) for r in range(RANKS)],
         # A client's wall-clock figures, read back as the simulated engine's. Without streaming TTFT is the
         # whole response.
@@ -149,7 +152,9 @@ def main():
                         "--request-rate, times --time-scale), still capped at --concurrency in flight; "
                         "default inf, a closed loop")
     parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--kv-cache-tokens", type=int, default=1 << 20)
+    parser.add_argument("--kv-blocks", type=int, default=65536,
+                        help=f"the engines' KV cache per rank, in blocks of {BLOCK_SIZE} tokens (the default never "
+                        "fills; 4096 = 64 Ki tokens makes the long prompts' KV the limit)")
     parser.add_argument("--time-scale", type=float, default=5.0)
     parser.add_argument("--mock-args", default="", help="more engine options, e.g. '--prefill-us-per-token 120' for "
                         "a prefill-heavy step cost")

@@ -41,3 +41,29 @@ TEST_CASE("the simulated engine holds its steps until --start-after requests hav
   }
   CHECK(steps() >= 4);  // 4 tokens each, all started together: prefill + decodes
 }
+
+// The simulated KV cache over the wire: a prompt sent again finds its full blocks cached (the
+// vllm:prefix_cache_* counters, in tokens, as vLLM counts them), and a request longer than the whole
+// cache gets vLLM's 400 instead of waiting for ever.
+TEST_CASE("the simulated engine caches prompt prefixes and refuses a context above its cache", "[mock]") {
+  mock_engine engine(1, {"--simulate", "--time-scale", "100", "--kv-blocks", "64", "--block-size", "16"});
+  std::string prompt;
+  for (int i = 0; i < 40; ++i) prompt += "w" + std::to_string(i) + " ";
+  const std::string body = R"({"prompt":")" + prompt + R"(","max_tokens":2})";
+  for (int round = 0; round < 2; ++round) {
+    const auto answer = http_post_json(engine.ports()[0], "/v1/completions", body);
+    REQUIRE(answer.status == 200);
+  }
+  const auto metrics = engine.metrics(0);
+  // 40 tokens queried each time; the second time its 2 full blocks (32 tokens) were cached.
+  CHECK(metric_sum(metrics, "vllm:prefix_cache_queries_total") == 80);
+  CHECK(metric_sum(metrics, "vllm:prefix_cache_hits_total") == 32);
+  CHECK(metric_sum(metrics, "vllm:cache_config_info{block_size=\"16\",enable_prefix_caching=\"True\"") == 1);
+  CHECK(metric_sum(metrics, "vllm:num_preemptions_total") == 0);
+
+  // 64 blocks of 16 hold 1,024 tokens: 40 + 1,000 do not fit.
+  const auto refused = http_post_json(engine.ports()[0], "/v1/completions",
+                                      R"({"prompt":")" + prompt + R"(","max_tokens":1000})");
+  CHECK(refused.status == 400);
+  CHECK(refused.body.find("maximum context length is 1024 tokens") != std::string::npos);
+}

@@ -23,11 +23,20 @@ std::uint32_t padded_batch(std::uint32_t n, const std::vector<std::uint32_t>& si
   return at == sizes.end() ? n : *at;
 }
 
-void batch_scheduler::submit(request_id id, std::uint64_t prompt_tokens, std::uint64_t max_tokens) {
-  waiting_.push_back(
-      request{id, std::max<std::uint64_t>(prompt_tokens, 1), std::max<std::uint64_t>(max_tokens, 1), 0});
-  prompt_pending_ += waiting_.back().prefill_left;
-  decode_pending_ += waiting_.back().tokens_left;
+void batch_scheduler::submit(request_id id, std::uint64_t prompt_tokens, std::uint64_t max_tokens,
+                             std::vector<block_hash> prompt_chain) {
+  request r;
+  r.id = id;
+  r.prompt = std::max<std::uint64_t>(prompt_tokens, 1);
+  r.max_tokens = std::max<std::uint64_t>(max_tokens, 1);
+  r.prefill_left = r.prompt;
+  r.tokens_left = r.max_tokens;
+  // Only full blocks of the prompt have a hash.
+  if (prompt_chain.size() > r.prompt / config_.kv.block_size) prompt_chain.resize(r.prompt / config_.kv.block_size);
+  r.chain = std::move(prompt_chain);
+  prompt_pending_ += r.prefill_left;
+  decode_pending_ += r.tokens_left;
+  waiting_.push_back(std::move(r));
 }
 
 void batch_scheduler::forget(const request& r) {
@@ -39,6 +48,7 @@ bool batch_scheduler::abort(request_id id) {
   const auto same = [id](const request& r) { return r.id == id; };
   if (const auto at = std::find_if(running_.begin(), running_.end(), same); at != running_.end()) {
     kv_tokens_ -= at->kv;
+    kv_.release(at->blocks);
     forget(*at);
     running_.erase(at);  // erase, not swap: admission order is the scheduling order
     return true;
@@ -51,6 +61,77 @@ bool batch_scheduler::abort(request_id id) {
   return false;
 }
 
+void batch_scheduler::schedule(request& r, std::uint64_t tokens, std::uint64_t& budget, rank_step& step) {
+  r.scheduled = tokens;
+  budget -= tokens;
+  if (r.prefill_left != 0) step.prefill_tokens += tokens;
+  ++step.batch;
+}
+
+void batch_scheduler::preempt_last() {
+  request r = std::move(running_.back());
+  running_.pop_back();
+  kv_tokens_ -= r.kv;
+  kv_.release(r.blocks);
+  r.kv = 0;
+  r.named = 0;
+  r.scheduled = 0;
+  // Recompute: the prompt and every token produced so far are prefilled again before the next token.
+  const std::uint64_t recompute = r.prompt + (r.max_tokens - r.tokens_left);
+  prompt_pending_ += recompute - r.prefill_left;
+  r.prefill_left = recompute;
+  waiting_.push_front(std::move(r));
+  ++preemptions_;
+}
+
+bool batch_scheduler::make_room(std::size_t index, std::uint64_t tokens) {
+  const std::uint64_t held = running_[index].blocks.size();
+  const std::uint64_t wanted = kv_.blocks_for(running_[index].kv + tokens);
+  const std::uint64_t need = wanted > held ? wanted - held : 0;
+  while (need > kv_.free_blocks()) {
+    const bool self = running_.size() - 1 == index;
+    preempt_last();
+    if (self) return false;
+  }
+  kv_.allocate(need, running_[index].blocks);
+  return true;
+}
+
+bool batch_scheduler::admit(std::uint64_t& budget, rank_step& step) {
+  request& r = waiting_.front();
+  const std::uint64_t block_size = config_.kv.block_size;
+  const std::uint64_t total = r.prefill_left;  // a waiting request holds no KV
+  // The last token is always computed (it is what samples the next one), so at most total - 1 come
+  // from the cache, in whole blocks.
+  const std::uint64_t hit_blocks =
+      std::min<std::uint64_t>(kv_.cached_prefix(r.chain), (total - 1) / block_size);
+  const std::uint64_t hit_tokens = hit_blocks * block_size;
+  const std::uint64_t tokens = std::min(total - hit_tokens, budget);
+  const std::uint64_t fresh = kv_.blocks_for(hit_tokens + tokens) - hit_blocks;
+  if (fresh + kv_.free_among_cached(r.chain, hit_blocks) > kv_.free_blocks()) return false;
+  kv_.take_cached(r.chain, hit_blocks, r.blocks);
+  kv_.allocate(fresh, r.blocks);
+  if (config_.kv.prefix_caching) {
+    prefix_queries_ += total;
+    prefix_hits_ += hit_tokens;
+  }
+  r.kv = hit_tokens;
+  r.named = hit_blocks;
+  kv_tokens_ += hit_tokens;
+  r.prefill_left -= hit_tokens;
+  prompt_pending_ -= hit_tokens;
+  running_.push_back(std::move(r));
+  waiting_.pop_front();
+  schedule(running_.back(), tokens, budget, step);
+  return true;
+}
+
+void batch_scheduler::name_full_blocks(request& r) {
+  const std::size_t full =
+      std::min<std::size_t>(std::min(r.kv, r.prompt) / config_.kv.block_size, r.chain.size());
+  for (; r.named < full; ++r.named) kv_.name(r.blocks[r.named], r.chain[r.named]);
+}
+
 rank_step batch_scheduler::begin_step() {
   stepping_ = true;
   rank_step step;
@@ -59,21 +140,16 @@ rank_step batch_scheduler::begin_step() {
   const bool budgeted = config_.max_num_batched_tokens != 0;
   std::uint64_t budget =
       budgeted ? config_.max_num_batched_tokens : std::numeric_limits<std::uint64_t>::max();
-  const auto take = [&](request& r) {
-    const std::uint64_t want = r.prefill_left == 0 ? 1 : r.prefill_left;
-    r.scheduled = std::min(want, budget);
-    budget -= r.scheduled;
-    if (r.prefill_left != 0) step.prefill_tokens += r.scheduled;
-    ++step.batch;
-  };
-  for (auto& r : running_) {
-    if (budget == 0) break;
-    take(r);
+  const std::uint64_t preempted_before = preemptions_;
+  for (std::size_t i = 0; i < running_.size() && budget != 0; ++i) {
+    const auto& r = running_[i];
+    const std::uint64_t tokens = std::min<std::uint64_t>(r.prefill_left == 0 ? 1 : r.prefill_left, budget);
+    if (!make_room(i, tokens)) break;  // it was the last of the batch, and went back to the queue
+    schedule(running_[i], tokens, budget, step);
   }
-  while (!waiting_.empty() && running_.size() < config_.max_num_seqs && budget != 0) {
-    running_.push_back(waiting_.front());
-    waiting_.pop_front();
-    take(running_.back());
+  // As vLLM: a step that had to preempt admits nobody (the cache is full).
+  while (preemptions_ == preempted_before && !waiting_.empty() && running_.size() < config_.max_num_seqs && budget != 0) {
+    if (!admit(budget, step)) break;  // no room in the cache: the queue keeps its order
   }
   step_batch_ = step.batch;
   return step;
@@ -86,11 +162,13 @@ void batch_scheduler::end_step(std::uint32_t padded, std::vector<token_event>& o
   real_tokens_ += step_batch_;
   for (auto& r : running_) {
     if (r.scheduled == 0) continue;  // admitted after the budget ran out, or not scheduled
+    // The scheduled tokens' KV is computed now (a decode computes the token sampled last step).
+    r.kv += r.scheduled;
+    kv_tokens_ += r.scheduled;
     if (r.prefill_left != 0) {
       r.prefill_left -= r.scheduled;
       prompt_pending_ -= r.scheduled;
-      r.kv += r.scheduled;
-      kv_tokens_ += r.scheduled;
+      name_full_blocks(r);
       r.scheduled = 0;
       if (r.prefill_left != 0) continue;  // more chunks to come: no token yet
     } else {
@@ -98,10 +176,11 @@ void batch_scheduler::end_step(std::uint32_t padded, std::vector<token_event>& o
     }
     --r.tokens_left;
     --decode_pending_;
-    ++r.kv;
-    ++kv_tokens_;
     out.push_back(token_event{r.id, r.tokens_left == 0});
-    if (r.tokens_left == 0) kv_tokens_ -= r.kv;  // finished: its blocks are freed
+    if (r.tokens_left == 0) {  // finished: its blocks are freed (and stay cached until reused)
+      kv_tokens_ -= r.kv;
+      kv_.release(r.blocks);
+    }
   }
   std::erase_if(running_, [](const request& r) { return r.tokens_left == 0; });
 }

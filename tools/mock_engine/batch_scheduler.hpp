@@ -3,11 +3,14 @@
 // scheduler, and the cost model of one engine step. No sockets, no clocks: the caller says when a step
 // begins and ends (see lockstep_clock.hpp), so that every outcome is deterministic and unit-testable.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
 #include <utility>
 #include <vector>
+
+#include "kv_block_pool.hpp"
 
 namespace dplb::mock::sim {
 
@@ -36,6 +39,7 @@ struct engine_config {
   sim_duration step_base = std::chrono::microseconds(15'000);      // fixed cost of any step, dummy ones too
   sim_duration step_per_token = std::chrono::microseconds(150);    // per sequence of the padded batch
   sim_duration prefill_per_token = std::chrono::microseconds(20);  // per prompt token prefilled
+  kv_cache_config kv;  // the KV cache's blocks, and whether prompts share them (prefix caching)
 };
 
 // What one rank runs in one step.
@@ -58,13 +62,30 @@ struct token_event {
 // max_num_seqs run and budget is left, each with its first chunk. A request whose prefill completes in
 // a step produces its first token at the end of that step; every later step produces one more. After
 // max_tokens tokens (ignore_eos: always exactly max_tokens) it leaves.
+//
+// The KV cache (vLLM V1's KVCacheManager, simplified to one attention type): a request holds the blocks
+// of the tokens it has computed and is computing. Admission first reuses the longest cached chain of its
+// prompt's blocks (prefix caching: those tokens are not prefilled again; at least the last prompt token
+// always is, as vLLM recomputes it to sample), then needs fresh blocks for the chunk it is scheduled; when
+// they are not free, admission stops (arrival order is kept). A running request that needs a block when
+// none is free preempts the last admitted request (vLLM's recompute preemption: its blocks are freed, it
+// goes back to the front of the queue and will prefill its prompt and the tokens it produced again, at
+// which point the cache may give much of it back), itself if it is the last.
 class batch_scheduler {
  public:
-  explicit batch_scheduler(engine_config config) : config_(std::move(config)) {}
+  explicit batch_scheduler(engine_config config) : config_(std::move(config)), kv_(config_.kv) {}
 
   // Queues a request; ids are unique among the requests the scheduler holds. prompt_tokens 0 counts
   // as 1 (the step that samples the first token processes one position at least); max_tokens >= 1.
-  void submit(request_id id, std::uint64_t prompt_tokens, std::uint64_t max_tokens);
+  // `prompt_chain`: the hashes of the prompt's full blocks (chain_hashes), empty if it shares nothing.
+  // The request must fit the cache on its own (fits()), or it would preempt itself for ever.
+  void submit(request_id id, std::uint64_t prompt_tokens, std::uint64_t max_tokens,
+              std::vector<block_hash> prompt_chain = {});
+
+  // Whether a request of this size fits the whole KV cache (vLLM refuses a longer context at its door).
+  bool fits(std::uint64_t prompt_tokens, std::uint64_t max_tokens) const {
+    return kv_.blocks_for(std::max<std::uint64_t>(prompt_tokens, 1) + max_tokens) <= config_.kv.num_blocks;
+  }
 
   // Removes a waiting or running request (the client went away). A request in the step in flight
   // produces nothing at its end. False if the id is not held (finished or never submitted).
@@ -89,27 +110,49 @@ class batch_scheduler {
   std::uint64_t padded_tokens() const { return padded_tokens_; }
   std::uint64_t real_tokens() const { return real_tokens_; }
 
-  // Tokens whose KV the admitted requests hold now: prompt tokens prefilled plus tokens produced, over
-  // the running requests (waiting ones hold none). What vllm:kv_cache_usage_perc is a fraction of.
+  // Tokens whose KV the admitted requests hold now: prompt tokens prefilled (or found cached) plus
+  // tokens produced, over the running requests (waiting ones hold none).
   std::uint64_t kv_tokens() const { return kv_tokens_; }
 
-  // The work the rank still owes its requests, waiting and running: prompt tokens not yet prefilled, and
-  // tokens not yet produced. A balancer that weighs requests by their tokens tries to even these out.
+  // The cache: blocks held by running requests (vllm:kv_cache_usage_perc is their share of all blocks;
+  // free blocks that still cache a prefix count as free, as in vLLM), preemptions, and the prefix cache's
+  // queries and hits in tokens (vllm:prefix_cache_queries_total / _hits_total: at every admission, the
+  // tokens to compute and the tokens found cached).
+  const kv_block_pool& kv_cache() const { return kv_; }
+  std::uint64_t preemptions() const { return preemptions_; }
+  std::uint64_t prefix_queries() const { return prefix_queries_; }
+  std::uint64_t prefix_hits() const { return prefix_hits_; }
+
+  // The work the rank still owes its requests, waiting and running: prompt tokens not yet prefilled (with
+  // a preempted request's tokens to recompute), and tokens not yet produced. A balancer that weighs requests by their tokens tries to even these out.
   std::uint64_t prompt_tokens_pending() const { return prompt_pending_; }
   std::uint64_t decode_tokens_pending() const { return decode_pending_; }
 
  private:
   struct request {
-    request_id id;
-    std::uint64_t prefill_left;  // prompt tokens not yet prefilled; 0 = decoding
-    std::uint64_t tokens_left;   // tokens still to produce
-    std::uint64_t scheduled;     // tokens scheduled in the step in flight (0 = not in it)
-    std::uint64_t kv = 0;        // tokens of KV it holds (prefilled and produced), counted in kv_tokens_
+    request_id id = 0;
+    std::uint64_t prompt = 1;        // prompt tokens (>= 1)
+    std::uint64_t max_tokens = 1;
+    std::uint64_t prefill_left = 0;  // tokens to compute before the next token (the prompt, or every
+                                     // token so far after a preemption); 0 = decoding
+    std::uint64_t tokens_left = 0;   // tokens still to produce
+    std::uint64_t scheduled = 0;  // tokens scheduled in the step in flight (0 = not in it)
+    std::uint64_t kv = 0;         // tokens of KV it holds (computed or cached), counted in kv_tokens_
+    std::vector<block_hash> chain;  // the prompt's full blocks' hashes
+    std::vector<block_id> blocks;   // the blocks it holds, in token order
+    std::size_t named = 0;          // its leading blocks known to the cache by their hash
   };
 
   void forget(const request& r);  // takes an aborted request's pending work off the totals
+  void schedule(request& r, std::uint64_t tokens, std::uint64_t& budget, rank_step& step);
+  bool admit(std::uint64_t& budget, rank_step& step);  // the queue's front; false: no room in the cache
+  // Room for `tokens` more of `r`'s KV, preempting from the back of the batch; false if `r` itself went.
+  bool make_room(std::size_t index, std::uint64_t tokens);
+  void preempt_last();
+  void name_full_blocks(request& r);  // after a chunk: its newly full prompt blocks become cached
 
   const engine_config config_;
+  kv_block_pool kv_;
   std::deque<request> waiting_;   // arrival order
   std::vector<request> running_;  // admission order
   bool stepping_ = false;
@@ -120,6 +163,9 @@ class batch_scheduler {
   std::uint64_t kv_tokens_ = 0;
   std::uint64_t prompt_pending_ = 0;  // sum of prefill_left over waiting and running
   std::uint64_t decode_pending_ = 0;  // sum of tokens_left over waiting and running
+  std::uint64_t preemptions_ = 0;
+  std::uint64_t prefix_queries_ = 0;
+  std::uint64_t prefix_hits_ = 0;
 };
 
 }  // namespace dplb::mock::sim

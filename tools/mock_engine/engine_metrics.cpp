@@ -83,6 +83,20 @@ class text_writer {
     sample(name, port_label_, integer(value));
   }
 
+  // vllm:cache_config_info{block_size,enable_prefix_caching,engine,num_gpu_blocks} 1 per engine: the
+  // cache's shape as labels, as vLLM exports it (vLLM has more labels: dtype, memory fraction, ...).
+  void cache_config_info() {
+    family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
+    for (const auto& engine : engines_) {
+      const auto& m = engine.metrics;
+      out_.append("vllm:cache_config_info{block_size=\"").append(std::to_string(m.kv_block_size));
+      out_.append("\",enable_prefix_caching=\"").append(m.prefix_caching ? "True" : "False");
+      out_.append("\",engine=\"");
+      append_label_value(out_, engine.label);
+      out_.append("\",num_gpu_blocks=\"").append(std::to_string(m.kv_blocks)).append("\"} 1.0\n");
+    }
+  }
+
   std::string take() { return std::move(out_); }
 
  private:
@@ -132,6 +146,13 @@ std::string render_metrics(const port_metrics& p, std::string_view port_label,
                   return real(e.overrides.kv_cache_usage.value_or(
                       e.metrics.kv_cache_usage.load(std::memory_order_relaxed)));
                 });
+  w.vllm_series("vllm:prefix_cache_queries_total", "counter",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                counted(&engine_metrics::prefix_queries));
+  w.vllm_series("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
+                counted(&engine_metrics::prefix_hits));
+  w.vllm_series("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
+                counted(&engine_metrics::preemptions));
   w.vllm_series("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
                 counted(&engine_metrics::prompt_tokens));
   w.vllm_series("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
@@ -166,6 +187,9 @@ std::string render_metrics(const port_metrics& p, std::string_view port_label,
                   "Completions and chat requests that named this engine in X-data-parallel-rank.",
                   counted(&engine_metrics::requests_routed_by_header));
   if (!engines.empty() && engines.front().metrics.simulated) {
+    w.cache_config_info();
+    w.engine_series("mock_kv_tokens", "gauge", "Tokens whose KV the running requests hold (computed or found cached).",
+                    counted(&engine_metrics::sim_kv_tokens));
     w.engine_series("mock_steps_total", "counter", "Simulated engine steps run, dummy steps included.",
                     counted(&engine_metrics::sim_steps));
     w.engine_series("mock_padded_tokens_total", "counter",

@@ -32,9 +32,14 @@ struct engine_metrics {
   std::atomic<std::int64_t> requests_running{0};
   // Queued, not admitted yet (vllm:num_requests_waiting): the scheduler's, 0 without --simulate.
   std::atomic<std::int64_t> requests_waiting{0};
-  // vllm:kv_cache_usage_perc in [0, 1]: with --simulate the running requests' tokens over
-  // --kv-cache-tokens (sim_engine), else 0.
+  // vllm:kv_cache_usage_perc in [0, 1]: with --simulate the KV blocks held over --kv-blocks
+  // (sim_engine), else 0.
   std::atomic<double> kv_cache_usage{0};
+  // vllm:prefix_cache_queries_total / _hits_total (tokens) and vllm:num_preemptions_total: the
+  // simulated scheduler's, 0 without --simulate.
+  std::atomic<std::uint64_t> prefix_queries{0};
+  std::atomic<std::uint64_t> prefix_hits{0};
+  std::atomic<std::uint64_t> preemptions{0};
   std::atomic<std::uint64_t> prompt_tokens{0};       // vllm:prompt_tokens_total, added at admission
   std::atomic<std::uint64_t> generation_tokens{0};   // vllm:generation_tokens_total, per token
   std::atomic<std::uint64_t> requests_succeeded{0};  // vllm:request_success_total{finished_reason="length"}
@@ -60,6 +65,11 @@ struct engine_metrics {
   // prefilled) and mock_decode_tokens_pending (not yet produced).
   std::atomic<std::uint64_t> sim_prompt_pending{0};
   std::atomic<std::uint64_t> sim_decode_pending{0};
+  std::atomic<std::uint64_t> sim_kv_tokens{0};  // mock_kv_tokens: tokens whose KV the running requests hold
+  // The cache's shape, for vllm:cache_config_info (set with `simulated`).
+  std::uint32_t kv_block_size = 0;
+  std::uint32_t kv_blocks = 0;
+  bool prefix_caching = false;
 };
 
 // Values a test imposes on an engine's gauges (the admin port's /metrics/override); unset: the real one.

@@ -51,7 +51,8 @@ Endpoints (per rank):
       ttft + (max_tokens - 1) * itl. Closing the connection aborts the request.
   GET /v1/models, /version, /health (200, empty), GET|POST /ping, GET /metrics (Prometheus text:
       vllm:num_requests_running/_waiting, vllm:kv_cache_usage_perc, vllm:prompt_tokens_total,
-      vllm:generation_tokens_total, vllm:request_success_total and the mock_* counters:
+      vllm:generation_tokens_total, vllm:request_success_total, vllm:prefix_cache_queries_total,
+      vllm:prefix_cache_hits_total, vllm:num_preemptions_total and the mock_* counters:
       mock_requests_received_total, _aborted_total, _dropped_total, _reset_total,
       mock_health_checks_total, mock_metrics_scrapes_total, mock_connections_accepted_total, mock_connections_open,
       mock_connections_closed_by_fault_total, mock_requests_routed_total,
@@ -59,9 +60,9 @@ Endpoints (per rank):
       the rank. With --dp N > 1 the vLLM series, mock_requests_aborted_total and _routed_* (and the
       simulation's) appear once per engine, engine="<j>" (j = 0..N-1, the engine's index on the port,
       as vLLM's internal LB labels them); the port's own mock_* series (received, dropped, reset,
-      health checks, scrapes, connections) have no label. vllm:kv_cache_usage_perc: with --simulate
-      the running requests' tokens (prompt prefilled + generated) / --kv-cache-tokens, at most 1;
-      0 without.
+      health checks, scrapes, connections) have no label. vllm:kv_cache_usage_perc and the prefix
+      cache and preemption counters follow the simulated KV cache with --simulate (see below); 0
+      without.
   /mock/echo       (any method) JSON: method, target, headers (in received order), body_size,
                    body_fnv1a64 (FNV-1a 64, 16 hex digits), chunked (request body was chunked),
                    engine (the engine that answered), x_data_parallel_rank (the header's value, or
@@ -89,9 +90,22 @@ Simulated serving (--simulate; off by default, and then none of this applies):
   only while it has work. With --dp-lockstep all ranks of the process step together, as MoE DP ranks
   do: a step runs while any rank has work, idle ranks run a dummy batch (counted as 1), every rank
   pads to the largest padded batch, and the longest prefill sets the rest of the step.
-  Not simulated: KV-cache capacity (never full, never preempts; kv_cache_usage_perc only reports
-  the running requests' tokens over --kv-cache-tokens),
-  prefix caching, speculative decoding, stop strings (ignore_eos always), the DP wave start latency.
+  The KV cache (vLLM V1's, one attention type): --kv-blocks blocks of --block-size tokens per engine.
+  A request holds blocks for the tokens it computed; it is admitted only when blocks for its first
+  chunk are free (else the queue waits, in order), and a running request that needs a block when none
+  is free preempts the last admitted one (recompute: it frees its blocks, goes back to the front of the
+  queue and prefills its prompt and the tokens it produced again). A request longer than the whole
+  cache (prompt + max_tokens) gets 400, as vLLM refuses a context above its max_model_len. Prefix
+  caching (on unless --no-enable-prefix-caching): a block full of prompt tokens is named by a hash
+  chained over the blocks before it; a later prompt that starts with the same chain reuses those blocks
+  and prefills only the rest (the last prompt token always, as vLLM). Tokens: the ids a prompt gives,
+  else one per whitespace-separated word (hashed), through the prompt's parts or the messages'
+  contents in order. Free blocks stay cached until reused, least recently freed first (a request's
+  last block first). /metrics: vllm:prefix_cache_queries_total and _hits_total (tokens: at each
+  admission, those to compute and those found cached), vllm:num_preemptions_total,
+  vllm:cache_config_info, vllm:kv_cache_usage_perc = blocks held / --kv-blocks (cached free blocks
+  count as free), mock_kv_tokens (tokens whose KV the running requests hold).
+  Not simulated: speculative decoding, stop strings (ignore_eos always), the DP wave start latency.
   Defaults model a large MoE (DeepSeek-V3 class) served with DP attention + expert parallelism, one
   H100/H200-class GPU per rank: a step costs a fixed 15 ms (the rank's share of the weights read,
   the all-to-alls of every MoE layer, launches: independent of the batch) plus 0.15 ms per padded
@@ -265,10 +279,15 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
     ("start-after", po::value<std::int64_t>()->value_name("N")->default_value(0),
      "no step runs until N requests have arrived, over all ranks (they then start together: a burst's "
      "t=0, independent of how fast the client sent it); 0 = step at once")
-    ("kv-cache-tokens", po::value<std::int64_t>()->value_name("N")->default_value(
-       static_cast<std::int64_t>(defaults.kv_cache_tokens)),
-     "KV-cache capacity per engine in tokens: vllm:kv_cache_usage_perc = tokens held by the running "
-     "requests (prompt prefilled + generated) / N, at most 1 (a gauge only: nothing is ever preempted)")
+    ("kv-blocks", po::value<std::int64_t>()->value_name("N")->default_value(defaults.engine.kv.num_blocks),
+     "KV-cache capacity per engine, in blocks (vLLM's num_gpu_blocks): a request is admitted only when "
+     "blocks for its chunk are free, and a full cache preempts (recompute); vllm:kv_cache_usage_perc = "
+     "blocks held / N")
+    ("block-size", po::value<std::int64_t>()->value_name("N")->default_value(defaults.engine.kv.block_size),
+     "tokens per KV block, in [1, 1024]")
+    ("no-enable-prefix-caching", po::bool_switch(),
+     "turn prefix caching off (default on, as in vLLM: a prompt's leading blocks cached by an earlier "
+     "request are not prefilled again)")
     ("max-num-seqs", po::value<std::int64_t>()->value_name("N")->default_value(defaults.engine.max_num_seqs),
      "requests running at once per engine; the rest wait")
     ("max-num-batched-tokens", po::value<std::int64_t>()->value_name("N")->default_value(
@@ -324,7 +343,7 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
     options.simulate = vm["simulate"].as<bool>();
     if (!options.simulate) {
       for (const char* name :
-           {"dp-lockstep", "time-scale", "start-after", "kv-cache-tokens", "max-num-seqs", "max-num-batched-tokens", "step-base-us",
+           {"dp-lockstep", "time-scale", "start-after", "kv-blocks", "block-size", "no-enable-prefix-caching", "max-num-seqs", "max-num-batched-tokens", "step-base-us",
             "step-us-per-token", "prefill-us-per-token", "cudagraph-sizes"}) {
         if (vm.count(name) != 0 && !vm[name].defaulted())
           throw std::invalid_argument("--" + std::string(name) + " needs --simulate");
@@ -342,9 +361,10 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
     }
     options.start_after = static_cast<std::uint64_t>(
         bounded(vm, "start-after", 0, std::numeric_limits<std::int64_t>::max()));
-    options.kv_cache_tokens = static_cast<std::uint64_t>(
-        bounded(vm, "kv-cache-tokens", 1, std::numeric_limits<std::int64_t>::max()));
     auto& engine = options.engine;
+    engine.kv.num_blocks = static_cast<std::uint32_t>(bounded(vm, "kv-blocks", 1, 1 << 26));
+    engine.kv.block_size = static_cast<std::uint32_t>(bounded(vm, "block-size", 1, 1024));
+    engine.kv.prefix_caching = !vm["no-enable-prefix-caching"].as<bool>();
     engine.max_num_seqs = static_cast<std::uint32_t>(bounded(vm, "max-num-seqs", 1, 65536));
     engine.max_num_batched_tokens =
         static_cast<std::uint32_t>(bounded(vm, "max-num-batched-tokens", 0, 1 << 24));

@@ -43,11 +43,9 @@ struct mock_options {
   // No step runs until this many requests have arrived (all ranks together): a burst benchmark's t=0,
   // so that how fast the client delivers the burst does not leak into the engine's timing. 0 = off.
   std::uint64_t start_after = 0;
-  // The KV-cache capacity, in tokens, that vllm:kv_cache_usage_perc is a fraction of (a gauge only: the
-  // scheduler never runs out of it). Needs `simulate`.
-  std::uint64_t kv_cache_tokens = 1 << 20;
-  // The simulated engine: max_num_seqs, max_num_batched_tokens, capture sizes and step costs, with the
-  // defaults of batch_scheduler.hpp (a large MoE, one modern GPU per rank; --help says why).
+  // The simulated engine: max_num_seqs, max_num_batched_tokens, capture sizes, step costs and the KV
+  // cache (blocks, block size, prefix caching), with the defaults of batch_scheduler.hpp (a large MoE,
+  // one modern GPU per rank; --help says why).
   sim::engine_config engine;
 };
 

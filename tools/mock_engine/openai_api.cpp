@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cctype>
 #include <nlohmann/json.hpp>
+#include <optional>
+
+#include "kv_block_pool.hpp"
 
 namespace dplb::mock {
 namespace {
@@ -37,18 +40,48 @@ bool is_json_media_type(std::string_view content_type) {
                     [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; });
 }
 
+// A word's pseudo-token id: FNV-1a 64 of its bytes.
+std::uint64_t word_token(std::string_view word) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (const char c : word) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
+  return h;
+}
+
+// Counts `text`'s words and, given a chain, adds each word's pseudo-token to it.
+std::uint64_t tokenize(std::string_view text, sim::chain_builder* chain) {
+  if (chain == nullptr) return count_words(text);
+  std::uint64_t words = 0;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i])) != 0) ++i;
+    const std::size_t start = i;
+    while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i])) == 0) ++i;
+    if (i == start) break;
+    chain->add(word_token(text.substr(start, i - start)));
+    ++words;
+  }
+  return words;
+}
+
+// A token id as given (an integer); anything else counts as one token all the same.
+void add_token_id(const json& id, sim::chain_builder* chain) {
+  if (chain != nullptr) chain->add(id.is_number_unsigned() ? id.get<std::uint64_t>() : word_token(id.dump()));
+}
+
 // Words of a completions prompt: a string, an array of strings, or token ids (one per id).
-std::variant<std::uint64_t, api_error> prompt_words(const json& prompt) {
-  if (prompt.is_string()) return count_words(prompt.get_ref<const std::string&>());
+std::variant<std::uint64_t, api_error> prompt_words(const json& prompt, sim::chain_builder* chain) {
+  if (prompt.is_string()) return tokenize(prompt.get_ref<const std::string&>(), chain);
   if (!prompt.is_array() || prompt.empty())
     return bad_request("prompt must be a string or a non-empty array");
   std::uint64_t words = 0;
   for (const auto& part : prompt) {
     if (part.is_string()) {
-      words += count_words(part.get_ref<const std::string&>());
+      words += tokenize(part.get_ref<const std::string&>(), chain);
     } else if (part.is_number_integer()) {
+      add_token_id(part, chain);
       ++words;
     } else if (part.is_array()) {
+      for (const auto& id : part) add_token_id(id, chain);
       words += part.size();
     } else {
       return bad_request("prompt must be a string, an array of strings or an array of token ids");
@@ -58,7 +91,7 @@ std::variant<std::uint64_t, api_error> prompt_words(const json& prompt) {
 }
 
 // Words of every message's content: a string, or text parts ({"type":"text","text":...}).
-std::variant<std::uint64_t, api_error> message_words(const json& messages) {
+std::variant<std::uint64_t, api_error> message_words(const json& messages, sim::chain_builder* chain) {
   if (!messages.is_array()) return bad_request("messages must be an array");
   std::uint64_t words = 0;
   for (const auto& message : messages) {
@@ -66,13 +99,13 @@ std::variant<std::uint64_t, api_error> message_words(const json& messages) {
     const auto content = message.find("content");
     if (content == message.end() || content->is_null()) continue;
     if (content->is_string()) {
-      words += count_words(content->get_ref<const std::string&>());
+      words += tokenize(content->get_ref<const std::string&>(), chain);
     } else if (content->is_array()) {
       for (const auto& part : *content) {
         if (!part.is_object()) continue;
         const auto text = part.find("text");
         if (text != part.end() && text->is_string())
-          words += count_words(text->get_ref<const std::string&>());
+          words += tokenize(text->get_ref<const std::string&>(), chain);
       }
     } else {
       return bad_request("message content must be a string or an array of parts");
@@ -137,7 +170,8 @@ std::variant<generation_request, api_error> parse_generation_request(api_kind ki
                                                                      std::string_view content_type,
                                                                      std::string_view body,
                                                                      std::string_view served_model,
-                                                                     std::uint64_t default_max_tokens) {
+                                                                     std::uint64_t default_max_tokens,
+                                                                     std::uint32_t block_size) {
   if (!is_json_media_type(content_type)) {
     return bad_request("Unsupported Media Type: Only 'application/json' is allowed");
   }
@@ -178,9 +212,13 @@ std::variant<generation_request, api_error> parse_generation_request(api_kind ki
   const char* input_key = kind == api_kind::chat ? "messages" : "prompt";
   const auto input = request.find(input_key);
   if (input == request.end()) return bad_request(std::string("Field required: ") + input_key);
-  const auto words = kind == api_kind::chat ? message_words(*input) : prompt_words(*input);
+  std::optional<sim::chain_builder> chain;
+  if (block_size != 0) chain.emplace(block_size);
+  const auto chain_ptr = chain ? &*chain : nullptr;
+  const auto words = kind == api_kind::chat ? message_words(*input, chain_ptr) : prompt_words(*input, chain_ptr);
   if (const auto* error = std::get_if<api_error>(&words)) return *error;
   parsed.prompt_tokens = std::get<std::uint64_t>(words);
+  if (chain) parsed.prompt_chain = chain->take();
   return parsed;
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 namespace dplb::mock {
 
@@ -15,6 +16,9 @@ enum class api_kind { completions, chat };
 struct generation_request {
   api_kind kind = api_kind::completions;
   std::uint64_t prompt_tokens = 0;  // see count_words
+  // With --simulate: the hashes of the prompt's full KV blocks, for prefix caching (see
+  // parse_generation_request).
+  std::vector<std::uint64_t> prompt_chain;
   std::uint64_t max_tokens = 1;     // tokens to generate, >= 1; all of them are generated
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
@@ -32,11 +36,15 @@ std::uint64_t count_words(std::string_view text) noexcept;
 // Validates a POST body as vLLM would: Content-Type application/json, a JSON object, `model` (if
 // present) equal to served_model, max_tokens (chat: max_completion_tokens first) >= 1, `stream` a bool,
 // stream_options only with stream=true, a `prompt` (completions) or `messages` (chat).
+// With block_size > 0 it also hashes the prompt's blocks of that many tokens (prompt_chain): the
+// tokens are the ids a prompt gives, else one pseudo-token per whitespace-separated word (the word's
+// FNV-1a hash), over the prompt's parts or the messages' contents in order (roles are not tokens).
 std::variant<generation_request, api_error> parse_generation_request(api_kind kind,
                                                                      std::string_view content_type,
                                                                      std::string_view body,
                                                                      std::string_view served_model,
-                                                                     std::uint64_t default_max_tokens);
+                                                                     std::uint64_t default_max_tokens,
+                                                                     std::uint32_t block_size = 0);
 
 // vLLM's error JSON: {"error":{"message":..,"type":..,"param":..,"code":..}}; empty param prints null.
 std::string error_body(std::string_view message, std::string_view type, unsigned code,

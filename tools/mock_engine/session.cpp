@@ -132,7 +132,7 @@ class connection final : public closable_connection {
                                     generation_tracker& tracker);
   asio::awaitable<bool> answer_at_once(const request& req, const generation_request& gen,
                                        const response_renderer& renderer, generation_tracker& tracker);
-  asio::awaitable<bool> serve_simulated(const request& req, const generation_request& gen,
+  asio::awaitable<bool> serve_simulated(const request& req, generation_request& gen,
                                         const response_renderer& renderer, generation_tracker& tracker);
   asio::awaitable<bool> relay_simulated(const sim_stream& state, const generation_request& gen,
                                         const response_renderer& renderer, generation_tracker& tracker);
@@ -404,13 +404,28 @@ asio::awaitable<bool> connection::serve_generation(const request& req, api_kind 
     co_return co_await reply(req, static_cast<http::status>(status), json_type, injected_error_body(status));
   }
 
+  // Simulated engines hash the prompt's blocks for their prefix cache.
+  const std::uint32_t block_size = engine_->simulation != nullptr ? options_.engine.kv.block_size : 0;
   auto parsed = parse_generation_request(kind, sv(req[http::field::content_type]), req.body(), options_.model,
-                                         options_.default_max_tokens);
+                                         options_.default_max_tokens, block_size);
   if (auto* error = std::get_if<api_error>(&parsed)) {
     co_return co_await reply(req, static_cast<http::status>(error->status), json_type,
                              std::move(error->body));
   }
-  const auto& gen = std::get<generation_request>(parsed);
+  auto& gen = std::get<generation_request>(parsed);
+  if (engine_->simulation != nullptr && !engine_->simulation->fits(gen.prompt_tokens, gen.max_tokens)) {
+    // vLLM checks against max_model_len, which its KV cache is sized to hold at least once.
+    const std::uint64_t capacity =
+        std::uint64_t{options_.engine.kv.num_blocks} * options_.engine.kv.block_size;
+    co_return co_await reply(
+        req, http::status::bad_request, json_type,
+        error_body("This model's maximum context length is " + std::to_string(capacity) +
+                       " tokens. However, you requested " + std::to_string(gen.prompt_tokens + gen.max_tokens) +
+                       " tokens (" + std::to_string(gen.prompt_tokens) + " in the messages, " +
+                       std::to_string(gen.max_tokens) + " in the completion). Please reduce the length of the "
+                       "messages or completion.",
+                   "BadRequestError", 400));
+  }
 
   const auto request_id = sv(req["x-request-id"]);
   const std::string counted_id =
@@ -496,11 +511,11 @@ asio::awaitable<bool> connection::answer_at_once(const request& req, const gener
 
 // --simulate: the rank's engine paces the tokens (sim_engine.hpp). Leaving early, whatever the reason,
 // aborts the request in the engine (sim_request's destructor).
-asio::awaitable<bool> connection::serve_simulated(const request& req, const generation_request& gen,
+asio::awaitable<bool> connection::serve_simulated(const request& req, generation_request& gen,
                                                   const response_renderer& renderer,
                                                   generation_tracker& tracker) {
-  sim_request simulated(*engine_->simulation, engine_->sim_index, gen.prompt_tokens, gen.max_tokens, gen.stream,
-                        timer_);
+  sim_request simulated(*engine_->simulation, engine_->sim_index, gen.prompt_tokens, std::move(gen.prompt_chain),
+                        gen.max_tokens, gen.stream, timer_);
   if (!gen.stream) {
     if (!co_await unless_disconnected(stream_.socket(), await_simulated(simulated.state()))) co_return false;
     tracker.tokens(gen.max_tokens);

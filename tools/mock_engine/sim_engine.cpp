@@ -20,10 +20,12 @@ constexpr unsigned max_steps_per_turn = 16;
 }  // namespace
 
 sim_stream::sim_stream(sim::request_id id, unsigned engine, std::uint64_t prompt_tokens,
-                       std::uint64_t max_tokens, bool wake_each_token, asio::steady_timer& waker)
+                       std::vector<sim::block_hash> prompt_chain, std::uint64_t max_tokens, bool wake_each_token,
+                       asio::steady_timer& waker)
     : id_(id),
       engine_(engine),
       prompt_tokens_(prompt_tokens),
+      prompt_chain_(std::move(prompt_chain)),
       max_tokens_(max_tokens),
       wake_each_token_(wake_each_token),
       executor_(waker.get_executor()),
@@ -46,7 +48,6 @@ sim_engine::sim_engine(asio::io_context& context, const mock_options& options,
                        std::vector<engine_metrics*> engines)
     : context_(context),
       engines_(std::move(engines)),
-      kv_cache_tokens_(static_cast<double>(options.kv_cache_tokens)),
       time_scale_(options.time_scale),
       start_after_(options.start_after),
       epoch_(steady_clock::now()) {
@@ -54,6 +55,9 @@ sim_engine::sim_engine(asio::io_context& context, const mock_options& options,
   for (auto* metrics : engines_) {
     schedulers_.push_back(std::make_unique<sim::batch_scheduler>(config));
     metrics->simulated = true;
+    metrics->kv_block_size = config.kv.block_size;
+    metrics->kv_blocks = config.kv.num_blocks;
+    metrics->prefix_caching = config.kv.prefix_caching;
   }
   const auto count = static_cast<unsigned>(engines_.size());
   if (options.dp_lockstep) {
@@ -96,7 +100,8 @@ void sim_engine::abort(std::shared_ptr<sim_stream> stream) {
 void sim_engine::enqueue(std::shared_ptr<sim_stream> stream) {
   if (clocks_.empty()) return;  // shut down meanwhile
   const auto engine = stream->engine_;
-  schedulers_[engine]->submit(stream->id_, stream->prompt_tokens_, stream->max_tokens_);
+  schedulers_[engine]->submit(stream->id_, stream->prompt_tokens_, stream->max_tokens_,
+                              std::move(stream->prompt_chain_));
   streams_.emplace(stream->id_, std::move(stream));
   ++arrived_;
   if (arrived_ < start_after_) return;  // held: the burst is not all here yet
@@ -217,8 +222,13 @@ void sim_engine::publish(const clock_state& clock) {
     m.sim_real_tokens.store(s.real_tokens(), std::memory_order_relaxed);
     m.sim_prompt_pending.store(s.prompt_tokens_pending(), std::memory_order_relaxed);
     m.sim_decode_pending.store(s.decode_tokens_pending(), std::memory_order_relaxed);
-    m.kv_cache_usage.store(std::min(1.0, static_cast<double>(s.kv_tokens()) / kv_cache_tokens_),
+    const auto& kv = s.kv_cache();
+    m.kv_cache_usage.store(static_cast<double>(kv.used_blocks()) / static_cast<double>(kv.config().num_blocks),
                            std::memory_order_relaxed);
+    m.sim_kv_tokens.store(s.kv_tokens(), std::memory_order_relaxed);
+    m.prefix_queries.store(s.prefix_queries(), std::memory_order_relaxed);
+    m.prefix_hits.store(s.prefix_hits(), std::memory_order_relaxed);
+    m.preemptions.store(s.preemptions(), std::memory_order_relaxed);
   }
 }
 
@@ -234,10 +244,11 @@ steady_clock::time_point sim_engine::wall_time(sim::sim_time t) const {
 }
 
 sim_request::sim_request(sim_engine& engine, unsigned scheduler, std::uint64_t prompt_tokens,
-                         std::uint64_t max_tokens, bool stream, asio::steady_timer& waker)
+                         std::vector<sim::block_hash> prompt_chain, std::uint64_t max_tokens, bool stream,
+                         asio::steady_timer& waker)
     : engine_(engine),
-      stream_(std::make_shared<sim_stream>(engine.next_id(), scheduler, prompt_tokens, max_tokens, stream,
-                                           waker)) {
+      stream_(std::make_shared<sim_stream>(engine.next_id(), scheduler, prompt_tokens, std::move(prompt_chain),
+                                           max_tokens, stream, waker)) {
   engine_.submit(stream_);
 }
 

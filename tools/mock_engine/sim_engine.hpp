@@ -34,8 +34,9 @@ class sim_engine;
 class sim_stream {
  public:
   // `waker` is the session's timer; its executor is the session's thread.
-  sim_stream(sim::request_id id, unsigned engine, std::uint64_t prompt_tokens, std::uint64_t max_tokens,
-             bool wake_each_token, boost::asio::steady_timer& waker);
+  sim_stream(sim::request_id id, unsigned engine, std::uint64_t prompt_tokens,
+             std::vector<sim::block_hash> prompt_chain, std::uint64_t max_tokens, bool wake_each_token,
+             boost::asio::steady_timer& waker);
 
   // Tokens produced so far (each at the end of a step), up to max_tokens.
   std::uint64_t produced() const { return produced_.load(std::memory_order_acquire); }
@@ -54,6 +55,7 @@ class sim_stream {
   const sim::request_id id_;
   const unsigned engine_;  // the scheduler's index
   const std::uint64_t prompt_tokens_;
+  std::vector<sim::block_hash> prompt_chain_;  // moved into the scheduler at submission (thread 0)
   const std::uint64_t max_tokens_;
   const bool wake_each_token_;  // false (non-streaming): only the last token wakes the session
   const boost::asio::any_io_executor executor_;    // the session's
@@ -74,6 +76,11 @@ class sim_engine {
 
   // Before the event loops are destroyed: timers go, and later submits and aborts are ignored.
   void shutdown();
+
+  // Whether a request fits an engine's whole KV cache (the same for every engine). Any thread.
+  bool fits(std::uint64_t prompt_tokens, std::uint64_t max_tokens) const {
+    return schedulers_.front()->fits(prompt_tokens, max_tokens);
+  }
 
  private:
   friend class sim_request;
@@ -98,7 +105,6 @@ class sim_engine {
 
   boost::asio::io_context& context_;
   const std::vector<engine_metrics*> engines_;  // [scheduler]
-  const double kv_cache_tokens_;
   const double time_scale_;
   const std::uint64_t start_after_;  // --start-after: steps are held until this many requests arrived
   std::uint64_t arrived_ = 0;        // requests submitted so far (thread 0)
@@ -120,8 +126,9 @@ class sim_engine {
 class sim_request {
  public:
   // `scheduler`: the engine's sim_index.
-  sim_request(sim_engine& engine, unsigned scheduler, std::uint64_t prompt_tokens, std::uint64_t max_tokens,
-              bool stream, boost::asio::steady_timer& waker);
+  sim_request(sim_engine& engine, unsigned scheduler, std::uint64_t prompt_tokens,
+              std::vector<sim::block_hash> prompt_chain, std::uint64_t max_tokens, bool stream,
+              boost::asio::steady_timer& waker);
   ~sim_request();
   sim_request(const sim_request&) = delete;
   sim_request& operator=(const sim_request&) = delete;

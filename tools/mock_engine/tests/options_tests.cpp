@@ -50,11 +50,19 @@ TEST_CASE("options: --dp sets the DP engines per port, one by default", "[option
     CHECK_FALSE(parse({"--dp", bad}).result.options);
   }
   CHECK_FALSE(parse({"--ranks", "8", "--dp", "1000"}).result.options);  // more than 4096 engines
-  p = parse({"--simulate", "--kv-cache-tokens", "1000"});
+  p = parse({"--simulate", "--kv-blocks", "1000", "--block-size", "32", "--no-enable-prefix-caching"});
   REQUIRE(p.result.options);
-  CHECK(p.result.options->kv_cache_tokens == 1000);
-  CHECK_FALSE(parse({"--kv-cache-tokens", "1000"}).result.options);  // needs --simulate
-  CHECK_FALSE(parse({"--simulate", "--kv-cache-tokens", "0"}).result.options);
+  CHECK(p.result.options->engine.kv.num_blocks == 1000);
+  CHECK(p.result.options->engine.kv.block_size == 32);
+  CHECK_FALSE(p.result.options->engine.kv.prefix_caching);
+  for (const char* needs_simulate : {"--kv-blocks", "--block-size"}) {
+    INFO(needs_simulate);
+    CHECK_FALSE(parse({needs_simulate, "16"}).result.options);
+  }
+  CHECK_FALSE(parse({"--no-enable-prefix-caching"}).result.options);
+  CHECK_FALSE(parse({"--simulate", "--kv-blocks", "0"}).result.options);
+  CHECK_FALSE(parse({"--simulate", "--block-size", "0"}).result.options);
+  CHECK_FALSE(parse({"--simulate", "--block-size", "1025"}).result.options);
 }
 
 TEST_CASE("options: --simulate defaults", "[options]") {
@@ -65,7 +73,9 @@ TEST_CASE("options: --simulate defaults", "[options]") {
   CHECK_FALSE(o.dp_lockstep);
   CHECK(o.time_scale == 1.0);
   CHECK(o.start_after == 0);
-  CHECK(o.kv_cache_tokens == 1 << 20);
+  CHECK(o.engine.kv.num_blocks == 65536);  // 1 Mi tokens: never full in the default benchmarks
+  CHECK(o.engine.kv.block_size == 16);
+  CHECK(o.engine.kv.prefix_caching);
   CHECK(o.engine.max_num_seqs == 256);
   CHECK(o.engine.max_num_batched_tokens == 8192);
   CHECK(o.engine.step_base == 15ms);
@@ -137,7 +147,7 @@ TEST_CASE("options: --help shows every simulation flag with its default", "[opti
                            "--max-num-batched-tokens N (=8192)", "--step-base-us US (=15000)",
                            "--step-us-per-token US (=150)", "--prefill-us-per-token US (=20)",
                            "--cudagraph-sizes", "mock_padded_tokens_total", "mock_step_lag_seconds_total",
-                           "--dp N (=1)", "--kv-cache-tokens N (=1048576)", "X-data-parallel-rank",
+                           "--dp N (=1)", "--kv-blocks N (=65536)", "--block-size N (=16)", "--no-enable-prefix-caching", "vllm:prefix_cache_hits_total", "X-data-parallel-rank",
                            "/metrics/override", "/metrics/raw", "GET    /stats", "x-mock-engine"}) {
     INFO(text);
     CHECK(p.out.find(text) != std::string::npos);

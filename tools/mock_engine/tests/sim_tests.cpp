@@ -253,7 +253,7 @@ TEST_CASE("an aborted request leaves the queue or the batch and produces nothing
   CHECK(s.real_tokens() == 2);  // the aborted one's work was done all the same
 }
 
-TEST_CASE("kv_tokens counts the prefilled and produced tokens of admitted requests", "[sim]") {
+TEST_CASE("kv_tokens counts the tokens admitted requests have computed", "[sim]") {
   engine_config c = decode_only();
   c.max_num_seqs = 1;
   c.max_num_batched_tokens = 4;
@@ -267,7 +267,7 @@ TEST_CASE("kv_tokens counts the prefilled and produced tokens of admitted reques
   CHECK(s.kv_tokens() == 4);  // the first chunk
   s.begin_step();
   s.end_step(1, out);
-  CHECK(s.kv_tokens() == 6 + 1);  // the rest of the prompt and the first token
+  CHECK(s.kv_tokens() == 6);  // the rest of the prompt; the first token is sampled, its KV comes next step
   s.begin_step();
   s.end_step(1, out);  // its last token: finished, its KV freed
   CHECK(s.kv_tokens() == 0);
@@ -277,7 +277,10 @@ TEST_CASE("kv_tokens counts the prefilled and produced tokens of admitted reques
   s.submit(3, 2, 5);
   s.begin_step();
   s.end_step(1, out);
-  CHECK(s.kv_tokens() == 3);
+  CHECK(s.kv_tokens() == 2);
+  s.begin_step();
+  s.end_step(1, out);
+  CHECK(s.kv_tokens() == 3);  // a decode computes the token sampled the step before
   CHECK(s.abort(3));
   CHECK(s.kv_tokens() == 0);
 }

@@ -1,0 +1,119 @@
+#include "kv_block_pool.hpp"
+
+#include <algorithm>
+#include <cassert>
+
+namespace dplb::mock::sim {
+namespace {
+
+// splitmix64's finaliser: a well-mixed 64-bit hash step (collisions are as unlikely as in vLLM's own
+// 64-bit builtin hash mode; this is a simulator, not a security boundary).
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+chain_builder::chain_builder(std::uint32_t block_size, block_hash seed)
+    : block_size_(block_size), parent_(seed) {}
+
+void chain_builder::add(std::uint64_t token) {
+  if (block_size_ == 0) return;
+  if (filled_ == 0) state_ = mix(parent_);
+  state_ = mix(state_ ^ token);
+  if (++filled_ < block_size_) return;
+  chain_.push_back(state_);
+  parent_ = state_;
+  filled_ = 0;
+}
+
+std::vector<block_hash> chain_hashes(std::span<const std::uint64_t> tokens, std::uint32_t block_size,
+                                     block_hash seed) {
+  chain_builder chain(block_size, seed);
+  for (const auto token : tokens) chain.add(token);
+  return chain.take();
+}
+
+kv_block_pool::kv_block_pool(kv_cache_config config) : config_(config), blocks_(config.num_blocks) {
+  // Every block starts free, in id order.
+  for (block_id id = 0; id < config_.num_blocks; ++id) push_back(id);
+}
+
+std::size_t kv_block_pool::cached_prefix(std::span<const block_hash> chain) const {
+  if (!config_.prefix_caching) return 0;
+  std::size_t n = 0;
+  while (n < chain.size() && by_hash_.contains(chain[n])) ++n;
+  return n;
+}
+
+std::size_t kv_block_pool::free_among_cached(std::span<const block_hash> chain, std::size_t count) const {
+  std::size_t free = 0;
+  for (std::size_t i = 0; i < count; ++i) free += blocks_[by_hash_.at(chain[i])].refs == 0 ? 1 : 0;
+  return free;
+}
+
+void kv_block_pool::take_cached(std::span<const block_hash> chain, std::size_t count,
+                                std::vector<block_id>& blocks) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const block_id id = by_hash_.at(chain[i]);
+    if (blocks_[id].refs++ == 0) unlink(id);
+    blocks.push_back(id);
+  }
+}
+
+bool kv_block_pool::allocate(std::size_t count, std::vector<block_id>& blocks) {
+  if (count > free_count_) return false;
+  for (std::size_t i = 0; i < count; ++i) {
+    const block_id id = head_;
+    unlink(id);
+    auto& b = blocks_[id];
+    if (b.named) {  // evicted: its prefix is no longer cached
+      by_hash_.erase(b.hash);
+      b.named = false;
+    }
+    b.refs = 1;
+    blocks.push_back(id);
+  }
+  return true;
+}
+
+void kv_block_pool::name(block_id id, block_hash hash) {
+  if (!config_.prefix_caching) return;
+  auto& b = blocks_[id];
+  if (b.named) return;
+  if (by_hash_.emplace(hash, id).second) {
+    b.named = true;
+    b.hash = hash;
+  }
+}
+
+void kv_block_pool::release(std::vector<block_id>& blocks) {
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+    auto& b = blocks_[*it];
+    assert(b.refs > 0);
+    if (--b.refs == 0) push_back(*it);
+  }
+  blocks.clear();
+}
+
+void kv_block_pool::unlink(block_id id) {
+  auto& b = blocks_[id];
+  (b.prev == none ? head_ : blocks_[b.prev].next) = b.next;
+  (b.next == none ? tail_ : blocks_[b.next].prev) = b.prev;
+  b.prev = b.next = none;
+  --free_count_;
+}
+
+void kv_block_pool::push_back(block_id id) {
+  auto& b = blocks_[id];
+  b.prev = tail_;
+  b.next = none;
+  (tail_ == none ? head_ : blocks_[tail_].next) = id;
+  tail_ = id;
+  ++free_count_;
+}
+
+}  // namespace dplb::mock::sim

@@ -1,0 +1,107 @@
+#pragma once
+// Simulated serving, the pure part: one DP rank's KV cache as vLLM V1's block pool keeps it. The cache is
+// `num_blocks` blocks of `block_size` tokens. A request holds a list of blocks (a reference on each); a
+// block that no request holds is free, and the free blocks form one least-recently-used queue, which
+// allocation takes from the front. With prefix caching, a block full of prompt tokens is named by the hash
+// of its tokens chained over the previous block's hash; while the block lives (held, or free but not yet
+// reallocated) a request whose prompt starts with the same chain reuses it instead of prefilling it again.
+// No sockets, no clocks, not thread-safe.
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace dplb::mock::sim {
+
+using block_hash = std::uint64_t;
+using block_id = std::uint32_t;
+
+struct kv_cache_config {
+  std::uint32_t block_size = 16;    // tokens per block (vLLM --block-size)
+  std::uint32_t num_blocks = 65536; // blocks per rank (vLLM's num_gpu_blocks; --kv-blocks)
+  bool prefix_caching = true;       // vLLM --enable-prefix-caching, on by default in V1
+};
+
+class kv_block_pool {
+ public:
+  explicit kv_block_pool(kv_cache_config config);
+
+  const kv_cache_config& config() const { return config_; }
+  std::uint32_t free_blocks() const { return free_count_; }  // unheld, cached or not
+  std::uint32_t used_blocks() const { return config_.num_blocks - free_count_; }
+  std::size_t cached_blocks() const { return by_hash_.size(); }  // named blocks, held or free
+
+  // Blocks needed to hold `tokens` tokens.
+  std::uint64_t blocks_for(std::uint64_t tokens) const {
+    return (tokens + config_.block_size - 1) / config_.block_size;
+  }
+
+  // How many of `chain`'s leading blocks are cached (0 without prefix caching).
+  std::size_t cached_prefix(std::span<const block_hash> chain) const;
+
+  // Of those leading `count` cached blocks, how many are free now: they leave the free queue when a
+  // request takes them, so they count against the room an admission needs.
+  std::size_t free_among_cached(std::span<const block_hash> chain, std::size_t count) const;
+
+  // Appends the first `count` blocks of `chain` (all cached: see cached_prefix) to `blocks`, taking a
+  // reference on each.
+  void take_cached(std::span<const block_hash> chain, std::size_t count, std::vector<block_id>& blocks);
+
+  // Appends `count` fresh blocks to `blocks`, taken from the front of the free queue (a cached one loses
+  // its name). False, and nothing taken, if fewer than `count` are free.
+  bool allocate(std::size_t count, std::vector<block_id>& blocks);
+
+  // Names a held block that has just been filled with prompt tokens, so that later requests may reuse it.
+  // A chain already cached under another block keeps that one (this block stays unnamed, as in vLLM).
+  void name(block_id block, block_hash hash);
+
+  // Drops a request's references and clears `blocks`. Blocks that nobody holds any more join the back of
+  // the free queue last block first, as vLLM frees them: a prompt's tail is evicted before its head,
+  // which other requests are likelier to share.
+  void release(std::vector<block_id>& blocks);
+
+ private:
+  static constexpr block_id none = UINT32_MAX;
+
+  struct block {
+    std::uint32_t refs = 0;
+    bool named = false;
+    block_hash hash = 0;
+    block_id prev = none;  // in the free queue, while refs == 0
+    block_id next = none;
+  };
+
+  void unlink(block_id id);     // from the free queue
+  void push_back(block_id id);  // to the free queue
+
+  const kv_cache_config config_;
+  std::vector<block> blocks_;
+  block_id head_ = none;  // least recently freed: allocated first
+  block_id tail_ = none;
+  std::uint32_t free_count_ = 0;
+  std::unordered_map<block_hash, block_id> by_hash_;
+};
+
+// The chain of block hashes of a prompt's full blocks: block i's hash mixes block i-1's hash (`seed` for
+// the first) with its `block_size` token ids. A partial last block has no hash (vLLM caches full blocks
+// only). Built token by token, so that a long prompt needs no list of its tokens.
+class chain_builder {
+ public:
+  explicit chain_builder(std::uint32_t block_size, block_hash seed = 0);
+  void add(std::uint64_t token);
+  std::vector<block_hash> take() { return std::move(chain_); }
+
+ private:
+  const std::uint32_t block_size_;
+  std::uint32_t filled_ = 0;  // tokens in the block being built
+  block_hash parent_;
+  std::uint64_t state_ = 0;
+  std::vector<block_hash> chain_;
+};
+
+// The same over a list of tokens.
+std::vector<block_hash> chain_hashes(std::span<const std::uint64_t> tokens, std::uint32_t block_size,
+                                     block_hash seed = 0);
+
+}  // namespace dplb::mock::sim
