@@ -37,10 +37,7 @@ std::vector<block_hash> chain_hashes(std::span<const std::uint64_t> tokens, std:
   return chain.take();
 }
 
-kv_block_pool::kv_block_pool(kv_cache_config config) : config_(config), blocks_(config.num_blocks) {
-  // Every block starts free, in id order.
-  for (block_id id = 0; id < config_.num_blocks; ++id) push_back(id);
-}
+kv_block_pool::kv_block_pool(kv_cache_config config) : config_(config), free_count_(config.num_blocks) {}
 
 std::size_t kv_block_pool::cached_prefix(std::span<const block_hash> chain) const {
   if (!config_.prefix_caching) return 0;
@@ -67,8 +64,7 @@ void kv_block_pool::take_cached(std::span<const block_hash> chain, std::size_t c
 bool kv_block_pool::allocate(std::size_t count, std::vector<block_id>& blocks) {
   if (count > free_count_) return false;
   for (std::size_t i = 0; i < count; ++i) {
-    const block_id id = head_;
-    unlink(id);
+    const block_id id = take_front();
     auto& b = blocks_[id];
     if (b.named) {  // evicted: its prefix is no longer cached
       by_hash_.erase(b.hash);
@@ -97,6 +93,17 @@ void kv_block_pool::release(std::vector<block_id>& blocks) {
     if (--b.refs == 0) push_back(*it);
   }
   blocks.clear();
+}
+
+block_id kv_block_pool::take_front() {
+  if (blocks_.size() < config_.num_blocks) {  // a block never used yet
+    blocks_.emplace_back();
+    --free_count_;
+    return static_cast<block_id>(blocks_.size() - 1);
+  }
+  const block_id id = head_;
+  unlink(id);
+  return id;
 }
 
 void kv_block_pool::unlink(block_id id) {

@@ -74,12 +74,16 @@ class kv_block_pool {
 
   void unlink(block_id id);     // from the free queue
   void push_back(block_id id);  // to the free queue
+  block_id take_front();        // the next block allocation gets, out of the free queue
 
   const kv_cache_config config_;
+  // The free queue starts as every block in id order, and freed blocks join its back, so the blocks never
+  // used yet are always its front: they are left implicit (ids from blocks_.size() on), and the table
+  // grows as they are first used. An idle engine's cache costs nothing, whatever --kv-blocks says.
   std::vector<block> blocks_;
-  block_id head_ = none;  // least recently freed: allocated first
+  block_id head_ = none;  // the freed blocks' queue: least recently freed first
   block_id tail_ = none;
-  std::uint32_t free_count_ = 0;
+  std::uint32_t free_count_ = 0;  // never-used blocks plus the queue
   std::unordered_map<block_hash, block_id> by_hash_;
 };
 
