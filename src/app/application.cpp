@@ -107,10 +107,18 @@ bool uses_engine_stats(const config::settings& s) {
   });
 }
 
+balancer::policy_options policy_options_of(const config::settings& s, balancer::routing_stats* stats) {
+  return {.kv_weight = s.kv_pressure_weight,
+          .prefix = {.load_bound = s.load_bound,
+                     .min_match_blocks = (s.prefix_min_match + balancer::prefix_block_tokens - 1) / balancer::prefix_block_tokens,
+                     .index_blocks_per_rank = s.prefix_index_blocks},
+          .stats = stats};
+}
+
 // One policy per cluster, in cluster order.
-std::vector<std::unique_ptr<balancer::policy>> cluster_policies(const config::settings& s) {
+std::vector<std::unique_ptr<balancer::policy>> cluster_policies(const config::settings& s, balancer::routing_stats* stats) {
   std::vector<std::unique_ptr<balancer::policy>> out;
-  for (const auto& c : s.clusters) out.push_back(balancer::make_policy(c.policy, {s.kv_pressure_weight}));
+  for (const auto& c : s.clusters) out.push_back(balancer::make_policy(c.policy, policy_options_of(s, stats)));
   return out;
 }
 
@@ -165,7 +173,8 @@ struct application::impl {
         reload_backends(std::move(reload)),
         topology_storage(configured_topology(settings.backends)),
         topology(*topology_storage),
-        balancer(rank_clusters(topology), cluster_policies(settings),
+        routing(topology.capacity()),
+        balancer(rank_clusters(topology), cluster_policies(settings, &routing),
                  balancer::queue_limits{settings.max_inflight_per_rank, settings.max_queued_requests},
                  balancer::host_timing{settings.slow_start, stats_max_age(settings)}, topology.capacity()),
         metrics({}, balancer, settings.policy, topology.capacity()),
@@ -184,6 +193,12 @@ struct application::impl {
         shared{settings, topology, balancer, metrics, health, models},
         signals(signal_io, SIGINT, SIGTERM),
         reload_signal(signal_io, SIGHUP) {
+    if (!settings.affinity_header.empty()) balancer.enable_affinity(settings.load_bound, &routing);
+    metrics.observe_routing(routing,
+                            std::ranges::any_of(settings.clusters, [](const config::cluster_spec& c) {
+                              return c.policy == "prefix-aware";
+                            }),
+                            !settings.affinity_header.empty());
     for (const auto& h : topology.hosts()) {
       balancer.set_weight(h.rank, h.weight);
       // As the backend registry adds a rank at run time. Before any worker runs: no scrape can miss it.
@@ -210,6 +225,7 @@ struct application::impl {
   application::backend_source reload_backends;
   std::unique_ptr<upstream::topology> topology_storage;  // not movable: its counts are atomics
   upstream::topology& topology;
+  balancer::routing_stats routing;  // prefix and affinity decisions, read by the metrics
   balancer::balancer balancer;
   metrics::proxy_metrics metrics;
   upstream::health_monitor health;

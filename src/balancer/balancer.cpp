@@ -67,6 +67,14 @@ balancer::balancer(std::span<const std::size_t> rank_clusters, std::vector<std::
   hears_releases_ = std::ranges::any_of(policies_, [](const auto& p) { return p->hears_releases(); });
 }
 
+void balancer::enable_affinity(double load_bound, routing_stats* stats) {
+  std::lock_guard lock(pick_mutex_);
+  affinity_.emplace();
+  affinity_->add_ranks(0, rank_count_.load(std::memory_order_relaxed));
+  affinity_bound_ = load_bound;
+  routing_stats_ = stats;
+}
+
 void balancer::add_ranks(std::span<const std::uint32_t> weights, std::size_t cluster) {
   if (cluster >= policies_.size()) throw std::out_of_range("balancer: no cluster " + std::to_string(cluster));
   std::vector<delivery> ready;  // declared first: any lease left in it is released after the unlock
@@ -92,6 +100,7 @@ void balancer::add_ranks(std::span<const std::uint32_t> weights, std::size_t clu
     // Published last: a reader that sees the new count sees the new ranks' weights.
     rank_count_.store(first + weights.size(), std::memory_order_release);
     for (std::size_t i = 0; i < weights.size(); ++i) policies_[cluster]->on_state_change(first + i, 0);
+    if (affinity_) affinity_->add_ranks(first, weights.size());
     if (queueing()) serve_waiters_locked(ready);  // waiters may fit on the new ranks
   }
   deliver(ready);
@@ -133,6 +142,18 @@ void balancer::refresh_view_locked(const pick_context& request) {
   }
 }
 
+// The session's rank on the ring, or the next within the load bound (view_ is fresh).
+std::optional<std::size_t> balancer::place_session_locked(std::string_view key) {
+  const load_bound bound(view_, affinity_bound_);
+  const auto placed = affinity_->place(key, view_, [&](const host_view& h) { return bound.allows(h); });
+  if (!placed) return std::nullopt;
+  if (routing_stats_) {
+    (placed->moved ? routing_stats_->affinity_overridden : routing_stats_->affinity_taken)
+        .fetch_add(1, std::memory_order_relaxed);
+  }
+  return placed->rank;
+}
+
 std::optional<std::size_t> balancer::pick_locked(const pick_context& request, request_cost cost) {
   std::optional<std::size_t> chosen;
   if (request.pinned_rank) {
@@ -142,7 +163,8 @@ std::optional<std::size_t> balancer::pick_locked(const pick_context& request, re
   } else {
     refresh_view_locked(request);
     if (request.cluster >= policies_.size()) return std::nullopt;
-    chosen = policies_[request.cluster]->choose(request, view_);
+    if (affinity_ && !request.session_key.empty()) chosen = place_session_locked(request.session_key);
+    if (!chosen) chosen = policies_[request.cluster]->choose(request, view_);
     if (chosen && (*chosen >= view_.size() || !view_[*chosen].usable)) chosen.reset();
   }
   if (!chosen) return std::nullopt;

@@ -357,7 +357,9 @@ constexpr std::array option_table{
                            "flight there at that read, plus --kv-pressure-weight * waiting * max(0, KV-cache usage "
                            "- 0.5): vLLM's score, never below what dplb knows it sent; least-tokens: the "
                            "fewest tokens outstanding (prompt tokens until the first response byte, plus "
-                           "max_tokens or --default-max-tokens until the end). Baselines for benchmarks, not for "
+                           "max_tokens or --default-max-tokens until the end); prefix-aware: the rank that was sent the longest "
+                           "prefix of the request's prompt (at least --prefix-min-match), while it is within "
+                           "--load-bound, else least-inflight. Baselines for benchmarks, not for "
                            "serving: random, and engine-stats (lowest 4*waiting+running from the engines' "
                            "/metrics, read every --stats-interval, as vLLM's own client balances).",
                 .kind = value_kind::choice,
@@ -393,6 +395,46 @@ constexpr std::array option_table{
     count_option<&settings::default_max_tokens>("default-max-tokens", "DPLB_DEFAULT_MAX_TOKENS", "default_max_tokens", "N", 1, 10'000'000, "tokens",
                                   "least-tokens: the generation a request is assumed to cost when it sets neither "
                                   "max_tokens nor max_completion_tokens."),
+    option_spec{.flag = "load-bound",
+                .env = "DPLB_LOAD_BOUND",
+                .key = "load_bound",
+                .value_name = "C",
+                .meaning = "prefix-aware and --affinity-header: a rank takes a request for its prefix or session "
+                           "only while its requests in flight stay within C times its fair share of all in flight "
+                           "(this one included, rounded up; consistent hashing with bounded loads). Lower keeps "
+                           "the ranks even, higher keeps more requests where their cache is. From 1 to 100.",
+                .kind = value_kind::decimal,
+                .set_text = [](settings& s, std::string_view v) {
+                  double c = 0;
+                  if (auto error = parse_weight(v, c); !error.empty() || c < 1 || c > 100)
+                    return std::string("expected a number from 1 to 100, e.g. 1.25");
+                  s.load_bound = c;
+                  return std::string();
+                },
+                .show_default = [](const settings& s) { return format_weight(s.load_bound); }},
+    count_option<&settings::prefix_min_match>("prefix-min-match", "DPLB_PREFIX_MIN_MATCH", "prefix_min_match", "TOKENS", 16, 1'000'000, "tokens",
+                                  "prefix-aware: the shortest matched prefix that sends a request to the rank that "
+                                  "saw it, in tokens estimated at 4 bytes each (matches count in blocks of 16)."),
+    count_option<&settings::prefix_index_blocks>("prefix-index-blocks", "DPLB_PREFIX_INDEX_BLOCKS", "prefix_index_blocks", "N", 1, 1u << 24, "blocks",
+                                  "prefix-aware: prompt blocks (64 bytes, about 16 tokens, each) remembered per rank; "
+                                  "the least recently used go first. About 60 bytes of memory each: the default "
+                                  "holds about 256 Ki tokens of prefixes per rank in about 1 MiB."),
+    option_spec{.flag = "affinity-header",
+                .env = "DPLB_AFFINITY_HEADER",
+                .key = "affinity_header",
+                .value_name = "NAME",
+                .meaning = "Session affinity, under any policy: requests with the same value of this header (e.g. "
+                           "x-session-id) go to the same rank, by consistent hashing with bounded loads "
+                           "(--load-bound), so that a conversation stays where its KV cache is without making a "
+                           "hot spot; few sessions move when ranks come or go. Requests without it follow the "
+                           "policy. Off by default.",
+                .set_text = [](settings& s, std::string_view v) {
+                  if (v.empty() || v.find_first_of(" \t:\r\n") != std::string_view::npos)
+                    return std::string("expected a header name, e.g. x-session-id");
+                  s.affinity_header = std::string(v);
+                  return std::string();
+                },
+                .show_default = [](const settings&) { return std::string("none"); }},
     ms_option<&settings::slow_start>("slow-start", "DPLB_SLOW_START", "slow_start", 0, max_timeout_ms,
                                   "A rank readmitted after failed health checks or an ejection starts at a tenth of "
                                   "its weight and ramps up linearly over this long, so that a cold engine is not "

@@ -21,6 +21,13 @@ std::size_t field_list::count(std::string_view name) const noexcept {
   }));
 }
 
+std::string_view field_list::value(std::string_view name) const noexcept {
+  for (const auto& f : fields_) {
+    if (boost::beast::iequals(f.name_string, name)) return f.value;
+  }
+  return {};
+}
+
 std::string_view field_list::value(bhttp::field name) const noexcept {
   for (const auto& f : fields_) {
     if (f.name == name) return f.value;

@@ -1,5 +1,7 @@
 #include "dplb/metrics/proxy_metrics.hpp"
 
+#include "dplb/balancer/routing_stats.hpp"
+
 #include <prometheus/text_serializer.h>
 
 #include "dplb/balancer/balancer.hpp"
@@ -282,7 +284,71 @@ std::string proxy_metrics::render() {
     }
   }
   for (auto& family : histogram_families()) families.push_back(std::move(family));
+  for (auto& family : routing_families()) families.push_back(std::move(family));
   return prometheus::TextSerializer().Serialize(families);
+}
+
+void proxy_metrics::observe_routing(const balancer::routing_stats& stats, bool prefix, bool affinity) {
+  routing_ = &stats;
+  routing_prefix_ = prefix;
+  routing_affinity_ = affinity;
+}
+
+std::vector<prometheus::MetricFamily> proxy_metrics::routing_families() const {
+  std::vector<prometheus::MetricFamily> out;
+  if (routing_ == nullptr) return out;
+  const auto family = [](std::string name, std::string help, prometheus::MetricType type) {
+    prometheus::MetricFamily f;
+    f.name = std::move(name);
+    f.help = std::move(help);
+    f.type = type;
+    return f;
+  };
+  const auto counter = [](std::string outcome, const std::atomic<std::uint64_t>& value) {
+    prometheus::ClientMetric m;
+    m.label = {{"outcome", std::move(outcome)}};
+    m.counter.value = static_cast<double>(value.load(std::memory_order_relaxed));
+    return m;
+  };
+  const auto& r = *routing_;
+  if (routing_prefix_) {
+    auto decisions = family("dplb_prefix_decisions_total",
+                            "prefix-aware picks: taken (sent where the longest prefix went), overridden (that rank "
+                            "was over --load-bound) or missed (no match of --prefix-min-match)",
+                            prometheus::MetricType::Counter);
+    decisions.metric = {counter("taken", r.prefix_taken), counter("overridden", r.prefix_overridden),
+                        counter("missed", r.prefix_missed)};
+    out.push_back(std::move(decisions));
+    auto matched = family("dplb_prefix_matched_tokens",
+                          "prefix-aware picks: the longest prefix of the prompt some rank was sent before, in "
+                          "estimated tokens",
+                          prometheus::MetricType::Histogram);
+    prometheus::ClientMetric m;
+    m.histogram = r.matched_tokens.snapshot();
+    matched.metric.push_back(std::move(m));
+    out.push_back(std::move(matched));
+    auto index = family("dplb_prefix_index_blocks",
+                        "prefix-aware: prompt blocks (about 16 tokens each) remembered for the rank",
+                        prometheus::MetricType::Gauge);
+    const std::size_t ranks = std::min(rank_count(), r.capacity);
+    for (std::size_t rank = 0; rank < ranks; ++rank) {
+      if (retired(rank)) continue;
+      prometheus::ClientMetric g;
+      g.label = {{"rank", rank_labels_[rank]}};
+      g.gauge.value = static_cast<double>(r.index_blocks[rank].load(std::memory_order_relaxed));
+      index.metric.push_back(std::move(g));
+    }
+    out.push_back(std::move(index));
+  }
+  if (routing_affinity_) {
+    auto decisions = family("dplb_affinity_decisions_total",
+                            "Requests with --affinity-header: taken (sent to their session's rank) or overridden "
+                            "(it was over --load-bound: the next rank on the ring took it)",
+                            prometheus::MetricType::Counter);
+    decisions.metric = {counter("taken", r.affinity_taken), counter("overridden", r.affinity_overridden)};
+    out.push_back(std::move(decisions));
+  }
+  return out;
 }
 
 void proxy_metrics::refresh_engine_stats(std::size_t rank) {

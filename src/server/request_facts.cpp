@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "dplb/balancer/prefix_index.hpp"
 #include "json_reader.hpp"
 
 namespace dplb::server {
@@ -73,6 +74,8 @@ struct whole_number {
 // the model.
 class facts_handler {
  public:
+  explicit facts_handler(bool chain) : chain_(chain) {}
+
   bool literal() { return leaf(); }
   bool fraction() { return leaf(); }
   // A huge integer is still an integer, saturated: a huge max_tokens clamps rather than vanishes.
@@ -110,6 +113,19 @@ class facts_handler {
   std::uint64_t content_tokens_ = 0;  // of the message being read, committed at its end (last "content" wins)
   std::uint64_t part_tokens_ = 0;     // of the part being read, committed at its end (last "text" wins)
   std::optional<std::uint32_t> max_tokens_, max_completion_tokens_;
+  const bool chain_;  // build the prefix chain
+  balancer::prefix_chain_builder prefix_;
+  void feed(std::string_view s) {
+    if (chain_) prefix_.feed(s);
+  }
+  void feed_id(std::uint64_t id) {
+    if (!chain_) return;
+    const auto narrow = static_cast<std::uint32_t>(id);
+    feed(std::string_view(reinterpret_cast<const char*>(&narrow), sizeof narrow));
+  }
+  void separate() {
+    if (chain_) prefix_.separate();
+  }
 };
 
 place facts_handler::take_place() {
@@ -146,7 +162,10 @@ bool facts_handler::integer(whole_number n) {
       break;
     case place::data_parallel_rank: facts_.data_parallel_rank = n.as_int64(); break;
     case place::prompt_item:
-    case place::prompt_id: ++prompt_tokens_; break;
+    case place::prompt_id:
+      ++prompt_tokens_;
+      if (!n.negative) feed_id(n.magnitude);
+      break;
     default: break;
   }
   return true;
@@ -156,14 +175,25 @@ bool facts_handler::string(std::string_view s) {
   const place p = take_place();
   switch (p) {
     case place::model: facts_.model = s; break;
-    case place::prompt: prompt_tokens_ = estimate_tokens(s); break;
+    case place::prompt:
+      prompt_tokens_ = estimate_tokens(s);
+      feed(s);
+      break;
     case place::prompt_item:
       prompt_tokens_ += estimate_tokens(s);
       prompt_ids_only_ = false;
+      feed(s);
+      separate();
       break;
     case place::prompt_id: prompt_ids_only_ = false; break;
-    case place::content: content_tokens_ = estimate_tokens(s); break;
-    case place::part_text: part_tokens_ = estimate_tokens(s); break;
+    case place::content:
+      content_tokens_ = estimate_tokens(s);
+      if (!prompt_seen_) feed(s);  // a "prompt" wins over "messages"
+      break;
+    case place::part_text:
+      part_tokens_ = estimate_tokens(s);
+      if (!prompt_seen_) feed(s);
+      break;
     default: break;
   }
   return true;
@@ -182,10 +212,12 @@ bool facts_handler::key(std::string_view k) {
           prompt_seen_ = true;
           prompt_ids_only_ = false;
           prompt_tokens_ = 0;
+          prefix_.take();  // the last "prompt" wins, and "prompt" wins over "messages"
           break;
         case place::messages:
           messages_seen_ = true;
           messages_tokens_ = 0;
+          if (!prompt_seen_) prefix_.take();
           break;
         case place::max_tokens: max_tokens_.reset(); break;
         case place::max_completion_tokens: max_completion_tokens_.reset(); break;
@@ -241,7 +273,10 @@ bool facts_handler::start_array() {
 
 bool facts_handler::end_object() {
   if (skipped_ == 0 && depth_ > 0) {
-    if (frames_[depth_ - 1] == frame::message) messages_tokens_ += content_tokens_;
+    if (frames_[depth_ - 1] == frame::message) {
+      messages_tokens_ += content_tokens_;
+      if (!prompt_seen_) separate();
+    }
     if (frames_[depth_ - 1] == frame::part) content_tokens_ += part_tokens_;
   }
   return leave();
@@ -274,14 +309,18 @@ request_facts facts_handler::result() && {
     facts_.prompt_tokens = clamp_u32(messages_tokens_);
   }
   facts_.max_tokens = max_completion_tokens_ ? max_completion_tokens_ : max_tokens_;
+  if (chain_ && (prompt_seen_ || messages_seen_)) {
+    facts_.prefix_chain = prefix_.take();
+    balancer::prefix_chain_builder::reseed(facts_.prefix_chain, balancer::prefix_chain_builder::seed_of(facts_.model));
+  }
   return std::move(facts_);
 }
 
 }  // namespace
 
-request_facts inspect_request_body(std::string_view body) noexcept {
+request_facts inspect_request_body(std::string_view body, bool prefix_chain) noexcept {
   try {
-    facts_handler handler;
+    facts_handler handler(prefix_chain);
     if (!json::reader(body).read(handler)) return {};
     return std::move(handler).result();
   } catch (...) {

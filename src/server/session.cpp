@@ -127,6 +127,8 @@ class session {
         !prepare_upstream_request(head, decision.target(), client_address_, upstream_head_)) {
       co_return co_await reject(431, "X-Forwarded-For or Via is too long to append to", false);
     }
+    // Copied now: the head's views do not outlive the body's reading.
+    if (!settings_.affinity_header.empty()) session_key_ = head.fields.value(settings_.affinity_header);
     if (decision.send_continue && !co_await send_continue()) co_return false;
     // The body, or what of it arrived with the head, is parsed without I/O; only the rest is read.
     parser.eager(true);
@@ -356,7 +358,7 @@ class session {
     request.cluster = models.default_cluster();
     if (request.pinned_rank) request.cluster = shared_.topology.hosts()[*request.pinned_rank].cluster;
     if (models.by_model() || shared_.balancer.active_policy().needs_request_facts()) {
-      const auto facts = inspect_request_body(request_body_);
+      auto facts = inspect_request_body(request_body_, wants_prefix_chain_);
       if (models.by_model() && !facts.model.empty()) {
         const auto served = models.cluster_of(facts.model);
         if (!served) {
@@ -375,6 +377,7 @@ class session {
       }
       if (shared_.balancer.policy_of(request.cluster).needs_request_facts()) cost = cost_of(facts, request);
     }
+    request.session_key = session_key_;
     // Without --max-inflight-per-rank a slot is taken at once, without a coroutine of its own. (Not a
     // conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among them.)
     slot_result slot;
@@ -500,12 +503,15 @@ class session {
   // What the request costs in tokens, from its body (for a policy that asks): the prompt, and the most it
   // may generate (max_tokens, else --default-max-tokens, times n). A separate function, so that the facts
   // are not part of proxy()'s coroutine frame.
-  balancer::request_cost cost_of(const request_facts& facts, balancer::pick_context& request) const {
+  balancer::request_cost cost_of(request_facts& facts, balancer::pick_context& request) {
     const std::uint64_t decode =
         std::uint64_t{facts.max_tokens.value_or(settings_.default_max_tokens)} * std::max<std::uint32_t>(1, facts.choices);
     const balancer::request_cost cost{facts.prompt_tokens, static_cast<std::uint32_t>(std::min<std::uint64_t>(decode, UINT32_MAX))};
     request.prompt_tokens = cost.prompt;
     request.decode_tokens = cost.decode;
+    // Kept by the session: the pick may wait in the queue, and the chain must live as long.
+    prefix_chain_ = std::move(facts.prefix_chain);
+    request.prefix_chain = prefix_chain_;
     return cost;
   }
 
@@ -559,6 +565,10 @@ class session {
   std::size_t idle_slot_ = idle_client_set::not_member;  // in worker_.idle_clients while waiting for a head
   // Reused by every request of the connection, so that the steady state allocates nothing:
   http::request_head request_head_;    // views into buffer_
+  std::string session_key_;            // --affinity-header's value in the request being served
+  std::vector<std::uint64_t> prefix_chain_;  // its prompt's prefix blocks (prefix-aware), for the pick
+  const bool wants_prefix_chain_ = std::ranges::any_of(
+      settings_.clusters, [](const config::cluster_spec& c) { return c.policy == "prefix-aware"; });
   std::string request_body_;           // de-chunked
   upstream_head upstream_head_;        // the engine's request head, written from request_head_
   http::response_head response_head_;  // views into the engine connection's buffer

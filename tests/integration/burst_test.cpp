@@ -19,7 +19,9 @@ namespace {
 // least-tokens estimates a text prompt's tokens from its length: prompts of a few short random words
 // differ by half their size from one request to the next, and least-tokens balances those differences.
 // A benchmark's prompts (vllm bench serve: 1,024 tokens) differ by a few percent, which it treats as a tie.
-std::size_t uniform_prompt_words(const std::string& policy) { return policy == "least-tokens" ? 256 : 8; }
+std::size_t uniform_prompt_words(const std::string& policy) {
+  return policy == "least-tokens" || policy == "prefix-aware" ? 256 : 8;  // prefix-aware: prompts long enough to hash
+}
 
 dplb::loadgen::run_options burst_of(std::size_t requests, std::uint16_t port, std::size_t prompt_words = 8) {
   dplb::loadgen::run_options o;
@@ -53,7 +55,7 @@ TEST_CASE("a burst is spread exactly over 4 ranks", "[burst]") {
 TEST_CASE("a burst is spread exactly over 4 ranks by the engine- and token-aware policies", "[burst]") {
   // least-load reads the engines' /metrics every 100 ms while the burst is in flight: the reads must not
   // disturb it. least-tokens weighs each request by its tokens: uniform requests, uniform weights.
-  const auto policy = GENERATE(as<std::string>{}, "least-load", "least-tokens");
+  const auto policy = GENERATE(as<std::string>{}, "least-load", "least-tokens", "prefix-aware");
   const auto threads = GENERATE(as<std::string>{}, "1", "2");
   const std::size_t burst = GENERATE(256u, 250u);
   check_burst(policy, threads, burst);

@@ -21,7 +21,9 @@
 #include <span>
 #include <vector>
 
+#include "dplb/balancer/affinity_ring.hpp"
 #include "dplb/balancer/policy.hpp"
+#include "dplb/balancer/routing_stats.hpp"
 
 namespace dplb::balancer {
 
@@ -117,6 +119,11 @@ class balancer {
   balancer(std::span<const std::size_t> rank_clusters, std::vector<std::unique_ptr<policy>> policies,
            queue_limits limits = {}, host_timing timing = {}, std::size_t capacity = 0);
 
+  // Session affinity (--affinity-header): from now on a request with a session key (pick_context::session_key)
+  // goes to its key's rank on a consistent-hash ring, within the load bound `load_bound` (routing_stats.hpp),
+  // before its policy is asked; decisions are counted in `stats` (may be null). Call before serving.
+  void enable_affinity(double load_bound, routing_stats* stats);
+
   // Appends ranks (the next global numbers) of one cluster, each with its weight, usable at once. Unless they
   // are the first, they ramp up over the slow start like a readmitted rank. Throws std::length_error beyond
   // the capacity, std::out_of_range for an unknown cluster.
@@ -175,6 +182,7 @@ class balancer {
   friend class rank_lease;
   void release(std::size_t rank, request_cost cost) noexcept;
   void release_cost(std::size_t rank, request_cost cost) noexcept;
+  std::optional<std::size_t> place_session_locked(std::string_view key);
   std::optional<std::size_t> pick_locked(const pick_context& request, request_cost cost);
   bool has_room_locked(std::size_t rank) const noexcept;
   void refresh_view_locked(const pick_context& request);
@@ -215,6 +223,9 @@ class balancer {
 
   mutable std::mutex pick_mutex_;
   std::vector<std::unique_ptr<policy>> policies_;  // one per cluster
+  std::optional<affinity_ring> affinity_;          // with --affinity-header
+  double affinity_bound_ = 1.25;
+  routing_stats* routing_stats_ = nullptr;
   queue_limits limits_;
   host_timing timing_;
   std::vector<std::deque<waiter>> queues_;  // per cluster: waiters for any of its ranks; guarded by pick_mutex_

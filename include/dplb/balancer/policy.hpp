@@ -56,7 +56,10 @@ struct pick_context {
   std::string_view model{};
   std::uint32_t prompt_tokens = 0;  // exact from token ids, else estimated from the text's length
   std::uint32_t decode_tokens = 0;  // the most tokens it may generate: max_tokens (or the default) times n
-  std::string_view session_key{};
+  std::string_view session_key{};  // --affinity-header's value; empty without one
+  // The prompt's prefix blocks, chained by hash and seeded by the model (prefix_index.hpp); filled only
+  // for a policy that asks for request facts.
+  std::span<const std::uint64_t> prefix_chain{};
   std::optional<std::size_t> pinned_rank{};  // the client named the rank: only it is a candidate
   std::size_t cluster = 0;  // the model group serving the request: only its ranks are candidates
   const std::vector<bool>* avoid = nullptr;  // ranks already tried by this request (a retry)

@@ -82,6 +82,12 @@ struct settings {
   std::optional<std::chrono::milliseconds> stats_interval;
   double kv_pressure_weight = 6.0;         // least-load's weight of KV-cache pressure
   std::uint32_t default_max_tokens = 256;  // least-tokens' generation cost of a request that sets no max
+  // Prefix-aware routing and session affinity: how far above its fair share a rank may be loaded and still
+  // take a request for its prefix or session (consistent hashing with bounded loads' C).
+  double load_bound = 1.25;
+  std::uint32_t prefix_min_match = 64;        // prefix-aware: tokens a match needs to count (estimated)
+  std::uint32_t prefix_index_blocks = 16384;  // prefix-aware: prefix blocks remembered per rank
+  std::string affinity_header;                // requests with the same value stick to one rank; empty = off
   std::chrono::milliseconds slow_start{0}; // ramp-up of a readmitted rank; 0 = off
   // Worker threads, each with its own event loop and upstream connection pool. 0 = one per CPU core.
   unsigned threads = 0;

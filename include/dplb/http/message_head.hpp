@@ -51,6 +51,7 @@ class field_list {
   std::size_t count(boost::beast::http::field name) const noexcept;
   std::size_t count(std::string_view name) const noexcept;
   std::string_view value(boost::beast::http::field name) const noexcept;
+  std::string_view value(std::string_view name) const noexcept;  // name compared case-insensitively
 
   auto begin() const noexcept { return fields_.begin(); }
   auto end() const noexcept { return fields_.end(); }

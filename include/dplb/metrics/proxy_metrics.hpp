@@ -29,6 +29,7 @@
 
 namespace dplb::balancer {
 class balancer;
+struct routing_stats;
 }
 
 namespace dplb::metrics {
@@ -82,6 +83,11 @@ class proxy_metrics {
   void client_connection_opened();
   void client_connection_closed();
 
+  // Prefix-aware routing and session affinity decisions (balancer/routing_stats.hpp), shown from now on:
+  // the prefix families when `prefix` (some model group uses prefix-aware), the affinity one when
+  // `affinity` (--affinity-header). `stats` must outlive this. Before serving.
+  void observe_routing(const balancer::routing_stats& stats, bool prefix, bool affinity);
+
   // The Prometheus text exposition of every metric, with gauges refreshed from the balancer.
   std::string render();
 
@@ -115,6 +121,12 @@ class proxy_metrics {
   prometheus::Counter& status_counter(std::size_t rank, unsigned status);
   // The lock-free histograms as Prometheus families, for the scrape.
   std::vector<prometheus::MetricFamily> histogram_families() const;
+  // The routing decisions' families (observe_routing), for the scrape.
+  std::vector<prometheus::MetricFamily> routing_families() const;
+
+  const balancer::routing_stats* routing_ = nullptr;
+  bool routing_prefix_ = false;
+  bool routing_affinity_ = false;
 
   const balancer::balancer& balancer_;
   std::shared_ptr<prometheus::Registry> registry_;

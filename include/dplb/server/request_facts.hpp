@@ -32,6 +32,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace dplb::server {
 
@@ -46,6 +47,12 @@ struct request_facts {
   std::optional<std::uint32_t> max_tokens;
   std::uint32_t choices = 1;  // "n" when an integer >= 1, clamped to max_choices: the cost multiplies by it
   std::optional<std::int64_t> data_parallel_rank;  // vLLM's body field "data_parallel_rank", when an integer
+  // Only when asked (prefix-aware): the prompt's blocks, chained by hash and seeded by the model
+  // (balancer/prefix_index.hpp). Fed, in order: a text prompt's bytes after unescaping (each prompt of a
+  // batch followed by a separator), a token id as its 4 bytes (so a block is 16 ids), and every message's
+  // content text, each message followed by a separator (roles are not fed: the template adds the same
+  // tokens around any conversation). Approximate: a repeated key adds its text again rather than replacing it.
+  std::vector<std::uint64_t> prefix_chain;
 
   bool operator==(const request_facts&) const = default;
 };
@@ -58,6 +65,6 @@ inline constexpr std::uint32_t max_choices = 128;
 // Never throws: a body that cannot be read gives request_facts{}. One pass over the body that builds
 // nothing (~1 us for a 4 KiB prompt) and nests on the heap, one bit per level: deep nesting cannot
 // overflow the stack.
-request_facts inspect_request_body(std::string_view body) noexcept;
+request_facts inspect_request_body(std::string_view body, bool prefix_chain = false) noexcept;
 
 }  // namespace dplb::server

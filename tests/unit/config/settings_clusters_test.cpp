@@ -140,7 +140,7 @@ TEST_CASE("a cluster's policy is its own, else the top-level policy from whichev
 
   CHECK(error_with(json{with(qwen_cluster(), "policy", "fastest")}) ==
         "invalid \"policy\" 'fastest' of cluster 'qwen' in config file '%': expected round-robin, least-inflight, "
-        "least-load, least-tokens, random or engine-stats");
+        "least-load, least-tokens, prefix-aware, random or engine-stats");
   CHECK(error_with(json{with(qwen_cluster(), "policy", 3)}) ==
         "\"policy\" of cluster 'qwen' in config file '%' must be a string, not number");
 }

@@ -295,9 +295,9 @@ TEST_CASE("option --policy accepts the known policies and refuses others", "[con
   CHECK(run({"--policy", "least-tokens", one_backend}).policy == "least-tokens");
   CHECK(run({"--policy", "Round-Robin", one_backend}).policy == "round-robin");  // stored canonical
   CHECK(error_of({"--policy", "fastest", one_backend}) ==
-        "invalid --policy 'fastest': expected round-robin, least-inflight, least-load, least-tokens, random or engine-stats");
+        "invalid --policy 'fastest': expected round-robin, least-inflight, least-load, least-tokens, prefix-aware, random or engine-stats");
   CHECK(error_of({"--policy", "", one_backend}) ==
-        "invalid --policy '': expected round-robin, least-inflight, least-load, least-tokens, random or engine-stats");
+        "invalid --policy '': expected round-robin, least-inflight, least-load, least-tokens, prefix-aware, random or engine-stats");
 }
 
 TEST_CASE("option --log-level accepts exactly spdlog's level names", "[config]") {

@@ -242,7 +242,7 @@ TEST_CASE("a value overridden by a higher-precedence source is not validated", "
 
 TEST_CASE("bad values from the environment name the option, the variable and the value", "[config]") {
   CHECK(error_of({"--backend", a_backend}, {{"DPLB_POLICY", "fastest"}}) ==
-        "invalid --policy 'fastest' (from DPLB_POLICY): expected round-robin, least-inflight, least-load, least-tokens, random or "
+        "invalid --policy 'fastest' (from DPLB_POLICY): expected round-robin, least-inflight, least-load, least-tokens, prefix-aware, random or "
         "engine-stats");
   CHECK(error_of({"--backend", a_backend}, {{"DPLB_THREADS", "many"}}) ==
         "invalid --threads 'many' (from DPLB_THREADS): expected a whole number from 0 to 256 (threads)");
@@ -310,7 +310,7 @@ TEST_CASE("unknown config keys are errors that name the key", "[config]") {
     const std::string file = dir.write_json("dplb.json", json{{"backends", {a_backend}}, {"tls_certificate", "x.pem"}});
     const std::string msg = error_of({"--config", file});
     CHECK_THAT(msg, Catch::StartsWith("unknown key 'tls_certificate' in config file '" + file + "'; known keys: "));
-    CHECK_THAT(msg, Catch::Contains("listen, backends, policy, stats_interval, kv_pressure_weight, default_max_tokens, slow_start, threads, log_level, log_format"));
+    CHECK_THAT(msg, Catch::Contains("listen, backends, policy, stats_interval, kv_pressure_weight, default_max_tokens, load_bound, prefix_min_match, prefix_index_blocks, affinity_header, slow_start, threads, log_level, log_format"));
     CHECK_THAT(msg, Catch::Contains("upstream_max_idle_per_rank"));
   }
   SECTION("the file cannot name another config file") {

@@ -1,0 +1,48 @@
+#pragma once
+#include <vector>
+
+#include "dplb/balancer/policy.hpp"
+#include "dplb/balancer/prefix_index.hpp"
+#include "dplb/balancer/routing_stats.hpp"
+
+namespace dplb::balancer {
+
+struct prefix_aware_options {
+  double load_bound = 1.25;                 // --load-bound: see load_bound
+  std::size_t min_match_blocks = 4;         // --prefix-min-match, in blocks of prefix_block_tokens
+  std::size_t index_blocks_per_rank = 16384;  // --prefix-index-blocks
+};
+
+// Sends a request where its prompt's prefix went before, so that the engine's prefix cache spares the
+// prefill of what it already holds, without building a hot spot:
+//  1. The rank whose remembered blocks match the longest prefix of the request's prompt
+//     (pick_context::prefix_chain, against a prefix_index of what this policy routed), if the match is at
+//     least `min_match_blocks` and the rank is within the load bound; several such ranks: the fewest in
+//     flight per weight, then the rotation.
+//  2. Otherwise least-inflight decides, its ties going to the longer match, then to the rotation. So
+//     requests that share nothing (no match anywhere) are placed exactly as least-inflight places them, and a
+//     burst of them onto idle ranks is exactly round-robin.
+// Either way the chosen rank then remembers the request's chain. O(chain + ranks) per pick.
+class prefix_aware final : public policy {
+ public:
+  prefix_aware(prefix_aware_options options, routing_stats* stats)
+      : options_(options), index_(options.index_blocks_per_rank), stats_(stats) {}
+
+  std::optional<std::size_t> choose(const pick_context& request, std::span<const host_view> hosts) override;
+  std::string_view name() const noexcept override { return "prefix-aware"; }
+  bool needs_request_facts() const noexcept override { return true; }
+  void on_state_change(std::size_t rank, std::uint8_t flags) override;
+
+  const prefix_index& index() const { return index_; }
+
+ private:
+  void publish_size(std::size_t rank);
+
+  const prefix_aware_options options_;
+  prefix_index index_;
+  routing_stats* stats_;  // may be null (tests)
+  rotation ties_;
+  std::vector<std::uint32_t> matched_;  // reused by every pick
+};
+
+}  // namespace dplb::balancer

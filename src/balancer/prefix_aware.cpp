@@ -1,0 +1,64 @@
+#include "dplb/balancer/prefix_aware.hpp"
+
+#include <algorithm>
+
+namespace dplb::balancer {
+
+std::optional<std::size_t> prefix_aware::choose(const pick_context& request, std::span<const host_view> hosts) {
+  index_.match(request.prefix_chain, hosts.size(), matched_);
+  const auto match_of = [&](const host_view& h) { return matched_[static_cast<std::size_t>(&h - hosts.data())]; };
+  const load_bound bound(hosts, options_.load_bound);
+  std::uint32_t best_usable = 0;
+  std::uint32_t best_allowed = 0;
+  for (const auto& h : hosts) {
+    if (!h.usable) continue;
+    best_usable = std::max(best_usable, match_of(h));
+    if (bound.allows(h)) best_allowed = std::max(best_allowed, match_of(h));
+  }
+  const auto per_weight = [](const host_view& h) { return h.inflight / h.weight; };
+  const auto enough = static_cast<std::uint32_t>(std::max<std::size_t>(options_.min_match_blocks, 1));
+  std::optional<std::size_t> chosen;
+  std::uint32_t matched = 0;
+  if (best_allowed >= enough) {
+    // Rule 1: where the prefix is.
+    chosen = lowest_score(hosts, ties_, per_weight,
+                          [&](const host_view& h) { return bound.allows(h) && match_of(h) == best_allowed; });
+    matched = best_allowed;
+    if (stats_) stats_->prefix_taken.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    // Rule 2: least-inflight, its ties to the longer match.
+    std::optional<double> fewest;
+    for (const auto& h : hosts) {
+      if (h.usable && (!fewest || per_weight(h) < *fewest)) fewest = per_weight(h);
+    }
+    if (!fewest) return std::nullopt;
+    std::uint32_t longest = 0;
+    for (const auto& h : hosts) {
+      if (h.usable && per_weight(h) == *fewest) longest = std::max(longest, match_of(h));
+    }
+    chosen = lowest_score(hosts, ties_, per_weight, [&](const host_view& h) { return match_of(h) == longest; });
+    if (chosen) matched = matched_[*chosen];
+    if (stats_) {
+      (best_usable >= enough ? stats_->prefix_overridden : stats_->prefix_missed).fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  if (!chosen) return std::nullopt;
+  if (stats_) stats_->matched_tokens.observe(static_cast<double>(matched) * prefix_block_tokens);
+  index_.insert(*chosen, request.prefix_chain);
+  publish_size(*chosen);
+  return chosen;
+}
+
+void prefix_aware::on_state_change(std::size_t rank, std::uint8_t flags) {
+  // A removed rank never comes back under its number: what it held is of no more use.
+  if ((flags & host_flag::removed) != 0) {
+    index_.forget(rank);
+    publish_size(rank);
+  }
+}
+
+void prefix_aware::publish_size(std::size_t rank) {
+  if (stats_ && rank < stats_->capacity) stats_->index_blocks[rank].store(index_.blocks(rank), std::memory_order_relaxed);
+}
+
+}  // namespace dplb::balancer
