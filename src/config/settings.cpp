@@ -417,8 +417,8 @@ constexpr std::array option_table{
                                   "saw it, in tokens estimated at 4 bytes each (matches count in blocks of 16)."),
     count_option<&settings::prefix_index_blocks>("prefix-index-blocks", "DPLB_PREFIX_INDEX_BLOCKS", "prefix_index_blocks", "N", 1, 1u << 24, "blocks",
                                   "prefix-aware: prompt blocks (64 bytes, about 16 tokens, each) remembered per rank; "
-                                  "the least recently used go first. About 60 bytes of memory each: the default "
-                                  "holds about 256 Ki tokens of prefixes per rank in about 1 MiB."),
+                                  "the least recently used go first. About 120 bytes of memory each (a node, a hash-map entry, its holder list): the default "
+                                  "holds about 256 Ki tokens of prefixes per rank in about 2 MiB."),
     option_spec{.flag = "affinity-header",
                 .env = "DPLB_AFFINITY_HEADER",
                 .key = "affinity_header",

@@ -56,7 +56,7 @@ class prefix_chain_builder {
 
 // Per rank, a bounded set of prefix blocks with LRU eviction, and the lookup "how many leading blocks
 // of this chain did each rank see". Not thread-safe: the policy that owns it runs under the balancer's
-// pick lock. Memory grows with use, up to about 60 bytes per block held.
+// pick lock. Memory grows with use, up to about 120 bytes per block held (node, map entry, holder list).
 class prefix_index {
  public:
   explicit prefix_index(std::size_t blocks_per_rank) : capacity_(blocks_per_rank) {}
