@@ -65,17 +65,20 @@ void prefix_index::match(std::span<const prefix_hash> chain, std::size_t ranks,
   if (chain.empty()) return;
   // The ranks still matching after each block: those that hold every block so far.
   std::vector<std::uint32_t> alive;
-  if (const auto first = holders_.find(chain[0]); first != holders_.end()) {
-    for (const auto id : first->second) {
-      if (nodes_[id].rank < ranks) alive.push_back(nodes_[id].rank);
-    }
+  const auto first = first_holder_.find(chain[0]);
+  if (first == first_holder_.end()) return;
+  for (std::uint32_t id = first->second; id != none; id = nodes_[id].next_holder) {
+    if (nodes_[id].rank < ranks) alive.push_back(nodes_[id].rank);
   }
   for (const auto rank : alive) matched[rank] = 1;
   for (std::size_t i = 1; i < chain.size() && !alive.empty(); ++i) {
-    const auto at = holders_.find(chain[i]);
-    if (at == holders_.end()) break;
+    const auto at = first_holder_.find(chain[i]);
+    if (at == first_holder_.end()) break;
     std::erase_if(alive, [&](std::uint32_t rank) {
-      return std::none_of(at->second.begin(), at->second.end(), [&](std::uint32_t id) { return nodes_[id].rank == rank; });
+      for (std::uint32_t id = at->second; id != none; id = nodes_[id].next_holder) {
+        if (nodes_[id].rank == rank) return false;
+      }
+      return true;
     });
     for (const auto rank : alive) matched[rank] = static_cast<std::uint32_t>(i + 1);
   }
@@ -89,7 +92,14 @@ void prefix_index::insert(std::size_t rank, std::span<const prefix_hash> chain) 
   const std::size_t kept = std::min(chain.size(), capacity_);
   for (std::size_t i = kept; i-- > 0;) {
     const prefix_hash hash = chain[i];
-    std::uint32_t id = find(hash, rank);
+    auto [at, fresh_block] = first_holder_.try_emplace(hash, none);
+    std::uint32_t id = none;
+    for (std::uint32_t h = at->second; h != none; h = nodes_[h].next_holder) {
+      if (nodes_[h].rank == rank) {
+        id = h;
+        break;
+      }
+    }
     if (id != none) {
       unlink(id);
     } else {
@@ -100,8 +110,8 @@ void prefix_index::insert(std::size_t rank, std::span<const prefix_hash> chain) 
         id = free_nodes_.back();
         free_nodes_.pop_back();
       }
-      nodes_[id] = node{hash, static_cast<std::uint32_t>(rank), none, none};
-      holders_[hash].push_back(id);
+      nodes_[id] = node{hash, static_cast<std::uint32_t>(rank), none, none, at->second};
+      at->second = id;  // `at` is still valid: nothing was inserted into the map since
       ++ranks_[rank].count;
     }
     push_front(id);
@@ -113,15 +123,6 @@ void prefix_index::insert(std::size_t rank, std::span<const prefix_hash> chain) 
 void prefix_index::forget(std::size_t rank) {
   if (rank >= ranks_.size()) return;
   while (ranks_[rank].count > 0) erase(ranks_[rank].tail);
-}
-
-std::uint32_t prefix_index::find(prefix_hash hash, std::size_t rank) const {
-  const auto at = holders_.find(hash);
-  if (at == holders_.end()) return none;
-  for (const auto id : at->second) {
-    if (nodes_[id].rank == rank) return id;
-  }
-  return none;
 }
 
 void prefix_index::unlink(std::uint32_t id) {
@@ -145,9 +146,18 @@ void prefix_index::erase(std::uint32_t id) {
   unlink(id);
   const auto& n = nodes_[id];
   --ranks_[n.rank].count;
-  if (const auto at = holders_.find(n.hash); at != holders_.end()) {
-    std::erase(at->second, id);
-    if (at->second.empty()) holders_.erase(at);
+  if (const auto at = first_holder_.find(n.hash); at != first_holder_.end()) {
+    if (at->second == id) {
+      at->second = n.next_holder;
+      if (at->second == none) first_holder_.erase(at);
+    } else {
+      for (std::uint32_t h = at->second; h != none; h = nodes_[h].next_holder) {
+        if (nodes_[h].next_holder == id) {
+          nodes_[h].next_holder = n.next_holder;
+          break;
+        }
+      }
+    }
   }
   free_nodes_.push_back(id);
 }

@@ -414,11 +414,11 @@ constexpr std::array option_table{
                 .show_default = [](const settings& s) { return format_weight(s.load_bound); }},
     count_option<&settings::prefix_min_match>("prefix-min-match", "DPLB_PREFIX_MIN_MATCH", "prefix_min_match", "TOKENS", 16, 1'000'000, "tokens",
                                   "prefix-aware: the shortest matched prefix that sends a request to the rank that "
-                                  "saw it, in tokens estimated at 4 bytes each (matches count in blocks of 16)."),
+                                  "saw it, in tokens estimated at 4 bytes each (matches count in blocks of 64, rounded up)."),
     count_option<&settings::prefix_index_blocks>("prefix-index-blocks", "DPLB_PREFIX_INDEX_BLOCKS", "prefix_index_blocks", "N", 1, 1u << 24, "blocks",
-                                  "prefix-aware: prompt blocks (64 bytes, about 16 tokens, each) remembered per rank; "
-                                  "the least recently used go first. About 120 bytes of memory each (a node, a hash-map entry, its holder list): the default "
-                                  "holds about 256 Ki tokens of prefixes per rank in about 2 MiB."),
+                                  "prefix-aware: prompt blocks (256 bytes, about 64 tokens, each) remembered per rank; "
+                                  "the least recently used go first. About 50 bytes of memory each: the default holds about "
+                                  "1 Mi tokens of prefixes per rank in under 1 MiB."),
     option_spec{.flag = "affinity-header",
                 .env = "DPLB_AFFINITY_HEADER",
                 .key = "affinity_header",

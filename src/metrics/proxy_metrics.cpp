@@ -328,7 +328,7 @@ std::vector<prometheus::MetricFamily> proxy_metrics::routing_families() const {
     matched.metric.push_back(std::move(m));
     out.push_back(std::move(matched));
     auto index = family("dplb_prefix_index_blocks",
-                        "prefix-aware: prompt blocks (about 16 tokens each) remembered for the rank",
+                        "prefix-aware: prompt blocks (256 bytes, about 64 tokens, each) remembered for the rank",
                         prometheus::MetricType::Gauge);
     const std::size_t ranks = std::min(rank_count(), r.capacity);
     for (std::size_t rank = 0; rank < ranks; ++rank) {

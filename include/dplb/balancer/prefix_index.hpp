@@ -6,24 +6,25 @@
 // see the engine's evictions, so each rank's part is bounded and forgets least recently used blocks first.
 
 #include <array>
+#include <boost/unordered/unordered_flat_map.hpp>
 #include <cstdint>
 #include <span>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace dplb::balancer {
 
 using prefix_hash = std::uint64_t;
 
-// Prompt bytes per block: ~16 tokens at the 4 bytes per token least-tokens also assumes, vLLM's default
-// KV block size.
-inline constexpr std::size_t prefix_block_bytes = 64;
+// Prompt bytes per block: about 64 tokens at the 4 bytes per token least-tokens also assumes, four of vLLM's
+// 16-token KV blocks. A routing decision needs no finer grain, and every block costs a hash-map probe per pick
+// and about 50 bytes in the index (bench/cost/prefix_cost.cpp measures a pick).
+inline constexpr std::size_t prefix_block_bytes = 256;
 // Estimated tokens per block, for thresholds and metrics given in tokens.
-inline constexpr std::size_t prefix_block_tokens = 16;
+inline constexpr std::size_t prefix_block_tokens = 64;
 // Blocks of one prompt that are hashed (256 KiB of text): beyond, a prompt's tail matters little to where
 // it goes, and the bound keeps a pick's lookup short.
-inline constexpr std::size_t max_prefix_blocks = 4096;
+inline constexpr std::size_t max_prefix_blocks = 1024;
 
 // Cuts a prompt, fed in pieces, into blocks of prefix_block_bytes and names each full block by a hash
 // chained over the blocks before it, so that equal chains mean equal prompt prefixes. A trailing partial
@@ -56,7 +57,9 @@ class prefix_chain_builder {
 
 // Per rank, a bounded set of prefix blocks with LRU eviction, and the lookup "how many leading blocks
 // of this chain did each rank see". Not thread-safe: the policy that owns it runs under the balancer's
-// pick lock. Memory grows with use, up to about 120 bytes per block held (node, map entry, holder list).
+// pick lock. Nothing is allocated per block once the tables have grown: nodes live in one vector (freed
+// ones reused), a block's holders are a list threaded through its nodes, and the map from block to its
+// first holder is open-addressing (boost::unordered_flat_map). About 50 bytes per block held.
 class prefix_index {
  public:
   explicit prefix_index(std::size_t blocks_per_rank) : capacity_(blocks_per_rank) {}
@@ -80,8 +83,9 @@ class prefix_index {
   struct node {
     prefix_hash hash = 0;
     std::uint32_t rank = 0;
-    std::uint32_t prev = none;  // towards the most recently used, in its rank's list
-    std::uint32_t next = none;  // towards the least recently used
+    std::uint32_t prev = none;         // towards the most recently used, in its rank's list
+    std::uint32_t next = none;         // towards the least recently used
+    std::uint32_t next_holder = none;  // the block's next holder (another rank's node)
   };
   struct rank_list {
     std::uint32_t head = none;  // most recently used
@@ -89,7 +93,6 @@ class prefix_index {
     std::size_t count = 0;
   };
 
-  std::uint32_t find(prefix_hash hash, std::size_t rank) const;
   void unlink(std::uint32_t id);
   void push_front(std::uint32_t id);
   void erase(std::uint32_t id);
@@ -98,8 +101,8 @@ class prefix_index {
   std::vector<node> nodes_;
   std::vector<std::uint32_t> free_nodes_;
   std::vector<rank_list> ranks_;
-  // A block's holders: the nodes (one per rank) that hold it. Usually one or two.
-  std::unordered_map<prefix_hash, std::vector<std::uint32_t>> holders_;
+  // A block's first holder; the others follow through node::next_holder. Usually one or two.
+  boost::unordered_flat_map<prefix_hash, std::uint32_t> first_holder_;
 };
 
 }  // namespace dplb::balancer

@@ -45,21 +45,22 @@ pick_context with_chain(const std::vector<prefix_hash>& chain) {
 }  // namespace
 
 TEST_CASE("prefix chain: full blocks only, equal prefixes hash equal, the model seeds it", "[prefix]") {
-  CHECK(chain_of(text('a', 100)).size() == 1);  // 100 bytes: one full 64-byte block
-  const auto a = chain_of(text('a', 128) + "x");
-  const auto b = chain_of(text('a', 128) + text('y', 64));
+  constexpr std::size_t block = prefix_block_bytes;
+  CHECK(chain_of(text('a', block + block / 2)).size() == 1);  // one full block; the partial one is left out
+  const auto a = chain_of(text('a', 2 * block) + "x");
+  const auto b = chain_of(text('a', 2 * block) + text('y', block));
   REQUIRE(a.size() == 2);
   REQUIRE(b.size() == 3);
   CHECK(a[0] == b[0]);
   CHECK(a[1] == b[1]);
   // Fed in pieces or at once: the same chain.
   prefix_chain_builder pieces;
-  pieces.feed(text('a', 50));
-  pieces.feed(text('a', 78));
+  pieces.feed(text('a', block / 2 + 3));
+  pieces.feed(text('a', block + block / 2 - 3));
   pieces.feed("x");
   CHECK(pieces.take() == a);
   // A change in the first block changes every hash after it.
-  auto changed = text('a', 128);
+  auto changed = text('a', 2 * block);
   changed[3] = 'b';
   const auto c = chain_of(changed);
   CHECK(c[0] != a[0]);
@@ -71,16 +72,18 @@ TEST_CASE("prefix chain: full blocks only, equal prefixes hash equal, the model 
   CHECK(prefix_chain_builder::seed_of("model-a") != prefix_chain_builder::seed_of("model-b"));
   // Message boundaries count: "ab" + "c" is not "a" + "bc".
   prefix_chain_builder one;
-  one.feed(text('a', 40));
+  one.feed(text('a', block / 2));
   one.separate();
-  one.feed(text('a', 40));
+  one.feed(text('a', block / 2 + 10));
   prefix_chain_builder two;
-  two.feed(text('a', 41));
+  two.feed(text('a', block / 2 + 1));
   two.separate();
-  two.feed(text('a', 39));
-  CHECK(one.take() != two.take());
+  two.feed(text('a', block / 2 + 9));
+  const auto one_chain = one.take();
+  REQUIRE(one_chain.size() == 1);
+  CHECK(one_chain != two.take());
   // A huge prompt stops at max_prefix_blocks.
-  CHECK(chain_of(text('z', (max_prefix_blocks + 10) * prefix_block_bytes)).size() == max_prefix_blocks);
+  CHECK(chain_of(text('z', (max_prefix_blocks + 10) * block)).size() == max_prefix_blocks);
 }
 
 TEST_CASE("prefix index: the longest leading match per rank", "[prefix]") {

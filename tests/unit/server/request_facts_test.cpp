@@ -267,18 +267,19 @@ std::vector<std::uint64_t> chain_of(std::string_view bytes, std::string_view mod
 
 TEST_CASE("the prefix chain is built only when asked, over the unescaped prompt, seeded by the model",
           "[request-facts][prefix]") {
-  const std::string prompt(300, 'p');
+  const std::string prompt(600, 'p');
   const std::string body = R"({"prompt": ")" + prompt + R"(", "model": "m1"})";  // the model after the prompt
   CHECK(inspect_request_body(body).prefix_chain.empty());
   const auto f = inspect_request_body(body, true);
-  CHECK(f.prefix_chain.size() == 300 / dplb::balancer::prefix_block_bytes);
+  CHECK(f.prefix_chain.size() == 600 / dplb::balancer::prefix_block_bytes);
+  REQUIRE_FALSE(f.prefix_chain.empty());
   CHECK(f.prefix_chain == chain_of(prompt, "m1"));
   CHECK(inspect_request_body(R"({"prompt": ")" + prompt + R"(", "model": "m2"})", true).prefix_chain != f.prefix_chain);
   // Escapes are undone first: "\u0070" is "p".
   CHECK(inspect_request_body(R"({"prompt": "\u0070)" + prompt.substr(1) + R"(", "model": "m1"})", true).prefix_chain ==
         f.prefix_chain);
   // The last "prompt" wins, and a prompt wins over messages, wherever they stand.
-  const std::string other(300, 'o');
+  const std::string other(600, 'o');
   CHECK(inspect_request_body(R"({"prompt": ")" + other + R"(", "model": "m1", "prompt": ")" + prompt + R"("})", true)
             .prefix_chain == f.prefix_chain);
   CHECK(inspect_request_body(R"({"messages": [{"role": "user", "content": ")" + other + R"("}], "prompt": ")" + prompt +
@@ -292,10 +293,10 @@ TEST_CASE("the prefix chain is built only when asked, over the unescaped prompt,
 }
 
 TEST_CASE("a conversation's chain starts with the chain of every earlier turn", "[request-facts][prefix]") {
-  const std::string system(200, 's');
-  const std::string first(100, 'a');
-  const std::string answer(90, 'b');
-  const std::string second(120, 'c');
+  const std::string system(400, 's');
+  const std::string first(200, 'a');
+  const std::string answer(180, 'b');
+  const std::string second(240, 'c');
   const auto turn1 = inspect_request_body(R"({"model": "m", "messages": [{"role": "system", "content": ")" + system +
                                               R"("}, {"role": "user", "content": ")" + first + R"("}]})",
                                           true);
@@ -304,16 +305,17 @@ TEST_CASE("a conversation's chain starts with the chain of every earlier turn", 
           first + R"("}]}, {"role": "assistant", "content": ")" + answer + R"("}, {"role": "user", "content": ")" + second +
           R"("}]})",
       true);
-  REQUIRE(turn1.prefix_chain.size() == (200 + 1 + 100 + 1) / 64);
+  REQUIRE(turn1.prefix_chain.size() == (400 + 1 + 200 + 1) / dplb::balancer::prefix_block_bytes);
+  REQUIRE(turn1.prefix_chain.size() >= 1);
   REQUIRE(turn2.prefix_chain.size() > turn1.prefix_chain.size());
   CHECK(std::equal(turn1.prefix_chain.begin(), turn1.prefix_chain.end(), turn2.prefix_chain.begin()));
 }
 
-TEST_CASE("token ids feed the chain 4 bytes each: a block is 16 ids", "[request-facts][prefix]") {
+TEST_CASE("token ids feed the chain 4 bytes each: a block is 64 ids", "[request-facts][prefix]") {
   std::string ids;
-  for (int i = 0; i < 40; ++i) ids += (i ? "," : "") + std::to_string(1000 + i);
+  for (int i = 0; i < 160; ++i) ids += (i ? "," : "") + std::to_string(1000 + i);
   const auto f = inspect_request_body(R"({"model": "m", "prompt": [)" + ids + "]}", true);
-  CHECK(f.prefix_chain.size() == 2);  // 40 ids: 2 full blocks of 16
+  CHECK(f.prefix_chain.size() == 2);  // 160 ids: 2 full blocks of 64
   const auto g = inspect_request_body(R"({"model": "m", "prompt": [)" + ids + ",7,8,9]}", true);
   CHECK(std::equal(f.prefix_chain.begin(), f.prefix_chain.end(), g.prefix_chain.begin()));
 }
