@@ -24,7 +24,7 @@ the drain are left out), from every rank's /metrics (the mock's admin port) ever
   - max - min over the ranks of the outstanding tokens (the simulator's mock_prompt_tokens_pending +
     mock_decode_tokens_pending: prompt tokens not yet prefilled plus tokens still to generate, over the
     waiting and running requests), of running + waiting, and of the KV-cache tokens held
-    (vllm:kv_cache_usage_perc x --kv-blocks x 16), mean and p95;
+    (vllm:kv_cache_usage_perc x --kv-blocks x the block size), mean and p95;
   - the engines' output-token throughput in the window (generated tokens / simulated busy time, exact: the
     shared clock's under lockstep, the busiest rank's with independent ranks) and padded / real decode tokens;
   - the client's TTFT mean and p99 (also the short and the long requests' apart, mean and p90, told by their
@@ -46,7 +46,12 @@ from benchlib import (GaugeSampler, add_run_arguments, compared_policies, finish
                       scrape, spread, start_bench, start_dplb, start_mock, window, window_throughput)
 
 RANKS = 4
-BLOCK_SIZE = 16  # the mock's default --block-size
+
+
+def mock_block_size(mock_args):
+    """The engines' KV block size: --block-size in the mock's extra arguments, else the mock's default, 16."""
+    args = mock_args.split()
+    return int(args[args.index("--block-size") + 1]) if "--block-size" in args[:-1] else 16
 POLICIES = "least-inflight least-tokens"
 WORKLOADS = {
     "prompts": ["--random-input-len", "200", "--random-output-len", "128", "--long-share", "0.1",
@@ -120,7 +125,7 @@ def run_one(opts, workdir, workload, policy, repeat):
     return {
         "workload": workload, "policy": policy, "repeat": repeat, "run_s": ended - started, "samples": len(steady),
         "load_spread": spread(steady, lambda s: [r + w for r, w in zip(s["running"], s["waiting"])]),
-        "kv_spread": spread(steady, lambda s: [kv * opts.kv_blocks * BLOCK_SIZE for kv in s["kv"]]),
+        "kv_spread": spread(steady, lambda s: [kv * opts.kv_blocks * mock_block_size(opts.mock_args) for kv in s["kv"]]),
         "outstanding_spread": spread(steady, lambda s: [p + d for p, d in zip(s["prompt_pending"],
                                                                                   s["decode_pending"])]),
         "waiting_max": max((max(s["waiting"]) for s in steady), default=0),
@@ -153,8 +158,8 @@ def main():
                         "default inf, a closed loop")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--kv-blocks", type=int, default=65536,
-                        help=f"the engines' KV cache per rank, in blocks of {BLOCK_SIZE} tokens (the default never "
-                        "fills; 4096 = 64 Ki tokens makes the long prompts' KV the limit)")
+                        help="the engines' KV cache per rank, in blocks (of 16 tokens unless --mock-args sets "
+                        "--block-size; the default never fills; 4096 = 64 Ki tokens makes the long prompts' KV the limit)")
     parser.add_argument("--time-scale", type=float, default=5.0)
     parser.add_argument("--mock-args", default="", help="more engine options, e.g. '--prefill-us-per-token 120' for "
                         "a prefill-heavy step cost")

@@ -24,16 +24,14 @@ std::uint32_t padded_batch(std::uint32_t n, const std::vector<std::uint32_t>& si
 }
 
 void batch_scheduler::submit(request_id id, std::uint64_t prompt_tokens, std::uint64_t max_tokens,
-                             std::vector<block_hash> prompt_chain) {
+                             chain_builder chain) {
   request r;
   r.id = id;
   r.prompt = std::max<std::uint64_t>(prompt_tokens, 1);
   r.max_tokens = std::max<std::uint64_t>(max_tokens, 1);
   r.prefill_left = r.prompt;
   r.tokens_left = r.max_tokens;
-  // Only full blocks of the prompt have a hash.
-  if (prompt_chain.size() > r.prompt / config_.kv.block_size) prompt_chain.resize(r.prompt / config_.kv.block_size);
-  r.chain = std::move(prompt_chain);
+  r.chain = std::move(chain);
   prompt_pending_ += r.prefill_left;
   decode_pending_ += r.tokens_left;
   waiting_.push_back(std::move(r));
@@ -104,12 +102,12 @@ bool batch_scheduler::admit(std::uint64_t& budget, rank_step& step) {
   // The last token is always computed (it is what samples the next one), so at most total - 1 come
   // from the cache, in whole blocks.
   const std::uint64_t hit_blocks =
-      std::min<std::uint64_t>(kv_.cached_prefix(r.chain), (total - 1) / block_size);
+      std::min<std::uint64_t>(kv_.cached_prefix(r.chain.chain()), (total - 1) / block_size);
   const std::uint64_t hit_tokens = hit_blocks * block_size;
   const std::uint64_t tokens = std::min(total - hit_tokens, budget);
   const std::uint64_t fresh = kv_.blocks_for(hit_tokens + tokens) - hit_blocks;
-  if (fresh + kv_.free_among_cached(r.chain, hit_blocks) > kv_.free_blocks()) return false;
-  kv_.take_cached(r.chain, hit_blocks, r.blocks);
+  if (fresh + kv_.free_among_cached(r.chain.chain(), hit_blocks) > kv_.free_blocks()) return false;
+  kv_.take_cached(r.chain.chain(), hit_blocks, r.blocks);
   kv_.allocate(fresh, r.blocks);
   if (config_.kv.prefix_caching) {
     prefix_queries_ += total;
@@ -123,13 +121,14 @@ bool batch_scheduler::admit(std::uint64_t& budget, rank_step& step) {
   running_.push_back(std::move(r));
   waiting_.pop_front();
   schedule(running_.back(), tokens, budget, step);
+  name_full_blocks(running_.back(), hit_tokens + tokens);
   return true;
 }
 
-void batch_scheduler::name_full_blocks(request& r) {
-  const std::size_t full =
-      std::min<std::size_t>(std::min(r.kv, r.prompt) / config_.kv.block_size, r.chain.size());
-  for (; r.named < full; ++r.named) kv_.name(r.blocks[r.named], r.chain[r.named]);
+void batch_scheduler::name_full_blocks(request& r, std::uint64_t tokens) {
+  const auto& chain = r.chain.chain();
+  const std::size_t full = std::min<std::size_t>(tokens / config_.kv.block_size, chain.size());
+  for (; r.named < full; ++r.named) kv_.name(r.blocks[r.named], chain[r.named]);
 }
 
 rank_step batch_scheduler::begin_step() {
@@ -146,6 +145,7 @@ rank_step batch_scheduler::begin_step() {
     const std::uint64_t tokens = std::min<std::uint64_t>(r.prefill_left == 0 ? 1 : r.prefill_left, budget);
     if (!make_room(i, tokens)) break;  // it was the last of the batch, and went back to the queue
     schedule(running_[i], tokens, budget, step);
+    name_full_blocks(running_[i], running_[i].kv + tokens);
   }
   // As vLLM: a step that had to preempt admits nobody (the cache is full).
   while (preemptions_ == preempted_before && !waiting_.empty() && running_.size() < config_.max_num_seqs && budget != 0) {
@@ -168,7 +168,6 @@ void batch_scheduler::end_step(std::uint32_t padded, std::vector<token_event>& o
     if (r.prefill_left != 0) {
       r.prefill_left -= r.scheduled;
       prompt_pending_ -= r.scheduled;
-      name_full_blocks(r);
       r.scheduled = 0;
       if (r.prefill_left != 0) continue;  // more chunks to come: no token yet
     } else {
@@ -176,6 +175,7 @@ void batch_scheduler::end_step(std::uint32_t padded, std::vector<token_event>& o
     }
     --r.tokens_left;
     --decode_pending_;
+    r.chain.add(generated_token);  // its KV is computed next step, in the block chain's order
     out.push_back(token_event{r.id, r.tokens_left == 0});
     if (r.tokens_left == 0) {  // finished: its blocks are freed (and stay cached until reused)
       kv_tokens_ -= r.kv;

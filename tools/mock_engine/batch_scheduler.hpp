@@ -77,14 +77,17 @@ class batch_scheduler {
 
   // Queues a request; ids are unique among the requests the scheduler holds. prompt_tokens 0 counts
   // as 1 (the step that samples the first token processes one position at least); max_tokens >= 1.
-  // `prompt_chain`: the hashes of the prompt's full blocks (chain_hashes), empty if it shares nothing.
+  // `chain`: the prompt's tokens fed to a chain_builder of the cache's block size (a default one if the
+  // request shares nothing); the scheduler adds each generated token (generated_token) to it.
   // The request must fit the cache on its own (fits()), or it would preempt itself for ever.
   void submit(request_id id, std::uint64_t prompt_tokens, std::uint64_t max_tokens,
-              std::vector<block_hash> prompt_chain = {});
+              chain_builder chain = chain_builder());
 
   // Whether a request of this size fits the whole KV cache (vLLM refuses a longer context at its door).
+  // Without overflow, whatever a client sends as max_tokens.
   bool fits(std::uint64_t prompt_tokens, std::uint64_t max_tokens) const {
-    return kv_.blocks_for(std::max<std::uint64_t>(prompt_tokens, 1) + max_tokens) <= config_.kv.num_blocks;
+    const std::uint64_t capacity = std::uint64_t{config_.kv.num_blocks} * config_.kv.block_size;
+    return max_tokens <= capacity && std::max<std::uint64_t>(prompt_tokens, 1) <= capacity - max_tokens;
   }
 
   // Removes a waiting or running request (the client went away). A request in the step in flight
@@ -138,7 +141,7 @@ class batch_scheduler {
     std::uint64_t tokens_left = 0;   // tokens still to produce
     std::uint64_t scheduled = 0;  // tokens scheduled in the step in flight (0 = not in it)
     std::uint64_t kv = 0;         // tokens of KV it holds (computed or cached), counted in kv_tokens_
-    std::vector<block_hash> chain;  // the prompt's full blocks' hashes
+    chain_builder chain;            // its full blocks' hashes: the prompt's, then the output's as it grows
     std::vector<block_id> blocks;   // the blocks it holds, in token order
     std::size_t named = 0;          // its leading blocks known to the cache by their hash
   };
@@ -149,7 +152,9 @@ class batch_scheduler {
   // Room for `tokens` more of `r`'s KV, preempting from the back of the batch; false if `r` itself went.
   bool make_room(std::size_t index, std::uint64_t tokens);
   void preempt_last();
-  void name_full_blocks(request& r);  // after a chunk: its newly full prompt blocks become cached
+  // Names r's blocks that `tokens` tokens fill (as vLLM caches them when it schedules them, so that a
+  // request admitted later in the same step already hits them).
+  void name_full_blocks(request& r, std::uint64_t tokens);
 
   const engine_config config_;
   kv_block_pool kv_;

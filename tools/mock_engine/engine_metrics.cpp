@@ -188,7 +188,7 @@ std::string render_metrics(const port_metrics& p, std::string_view port_label,
                   counted(&engine_metrics::requests_routed_by_header));
   if (!engines.empty() && engines.front().metrics.simulated) {
     w.cache_config_info();
-    w.engine_series("mock_kv_tokens", "gauge", "Tokens whose KV the running requests hold (computed or found cached).",
+    w.engine_series("mock_kv_tokens", "gauge", "Tokens whose KV the running requests hold (computed or found cached), summed over requests.",
                     counted(&engine_metrics::sim_kv_tokens));
     w.engine_series("mock_steps_total", "counter", "Simulated engine steps run, dummy steps included.",
                     counted(&engine_metrics::sim_steps));

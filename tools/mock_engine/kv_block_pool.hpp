@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -87,17 +88,28 @@ class kv_block_pool {
   std::unordered_map<block_hash, block_id> by_hash_;
 };
 
-// The chain of block hashes of a prompt's full blocks: block i's hash mixes block i-1's hash (`seed` for
-// the first) with its `block_size` token ids. A partial last block has no hash (vLLM caches full blocks
-// only). Built token by token, so that a long prompt needs no list of its tokens.
+// A word's pseudo-token id: FNV-1a 64 of its bytes. The mock's stand-in for a tokenizer: a prompt is one
+// token per whitespace-separated word, and every generated token is the word "tok".
+constexpr std::uint64_t word_token(std::string_view word) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (const char c : word) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
+  return h;
+}
+inline constexpr std::uint64_t generated_token = word_token("tok");
+
+// The chain of block hashes of a request's full blocks: block i's hash mixes block i-1's hash (`seed` for
+// the first) with its `block_size` token ids. A partial last block has no hash yet (vLLM caches full
+// blocks only). Built token by token, so that a long prompt needs no list of its tokens, and a request's
+// chain grows with the tokens it generates (vLLM caches full blocks of output too).
 class chain_builder {
  public:
-  explicit chain_builder(std::uint32_t block_size, block_hash seed = 0);
-  void add(std::uint64_t token);
+  explicit chain_builder(std::uint32_t block_size = 0, block_hash seed = 0);
+  void add(std::uint64_t token);  // no-op with block size 0 (a request that shares nothing)
+  const std::vector<block_hash>& chain() const { return chain_; }
   std::vector<block_hash> take() { return std::move(chain_); }
 
  private:
-  const std::uint32_t block_size_;
+  std::uint32_t block_size_;
   std::uint32_t filled_ = 0;  // tokens in the block being built
   block_hash parent_;
   std::uint64_t state_ = 0;

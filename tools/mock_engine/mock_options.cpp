@@ -96,8 +96,9 @@ Simulated serving (--simulate; off by default, and then none of this applies):
   is free preempts the last admitted one (recompute: it frees its blocks, goes back to the front of the
   queue and prefills its prompt and the tokens it produced again). A request longer than the whole
   cache (prompt + max_tokens) gets 400, as vLLM refuses a context above its max_model_len. Prefix
-  caching (on unless --no-enable-prefix-caching): a block full of prompt tokens is named by a hash
-  chained over the blocks before it; a later prompt that starts with the same chain reuses those blocks
+  caching (on unless --no-enable-prefix-caching): a full block (prompt or output: every generated
+  token is the word "tok") is named, when scheduled, by a hash chained over the blocks before it; a
+  later prompt that starts with the same chain reuses those blocks
   and prefills only the rest (the last prompt token always, as vLLM). Tokens: the ids a prompt gives,
   else one per whitespace-separated word (hashed), through the prompt's parts or the messages'
   contents in order. Free blocks stay cached until reused, least recently freed first (a request's

@@ -40,13 +40,6 @@ bool is_json_media_type(std::string_view content_type) {
                     [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; });
 }
 
-// A word's pseudo-token id: FNV-1a 64 of its bytes.
-std::uint64_t word_token(std::string_view word) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (const char c : word) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
-  return h;
-}
-
 // Counts `text`'s words and, given a chain, adds each word's pseudo-token to it.
 std::uint64_t tokenize(std::string_view text, sim::chain_builder* chain) {
   if (chain == nullptr) return count_words(text);
@@ -57,7 +50,7 @@ std::uint64_t tokenize(std::string_view text, sim::chain_builder* chain) {
     const std::size_t start = i;
     while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i])) == 0) ++i;
     if (i == start) break;
-    chain->add(word_token(text.substr(start, i - start)));
+    chain->add(sim::word_token(text.substr(start, i - start)));
     ++words;
   }
   return words;
@@ -65,7 +58,7 @@ std::uint64_t tokenize(std::string_view text, sim::chain_builder* chain) {
 
 // A token id as given (an integer); anything else counts as one token all the same.
 void add_token_id(const json& id, sim::chain_builder* chain) {
-  if (chain != nullptr) chain->add(id.is_number_unsigned() ? id.get<std::uint64_t>() : word_token(id.dump()));
+  if (chain != nullptr) chain->add(id.is_number_unsigned() ? id.get<std::uint64_t>() : sim::word_token(id.dump()));
 }
 
 // Words of a completions prompt: a string, an array of strings, or token ids (one per id).
@@ -218,7 +211,7 @@ std::variant<generation_request, api_error> parse_generation_request(api_kind ki
   const auto words = kind == api_kind::chat ? message_words(*input, chain_ptr) : prompt_words(*input, chain_ptr);
   if (const auto* error = std::get_if<api_error>(&words)) return *error;
   parsed.prompt_tokens = std::get<std::uint64_t>(words);
-  if (chain) parsed.prompt_chain = chain->take();
+  if (chain) parsed.prompt_chain = std::move(*chain);
   return parsed;
 }
 

@@ -8,6 +8,8 @@
 #include <variant>
 #include <vector>
 
+#include "kv_block_pool.hpp"
+
 namespace dplb::mock {
 
 enum class api_kind { completions, chat };
@@ -16,9 +18,9 @@ enum class api_kind { completions, chat };
 struct generation_request {
   api_kind kind = api_kind::completions;
   std::uint64_t prompt_tokens = 0;  // see count_words
-  // With --simulate: the hashes of the prompt's full KV blocks, for prefix caching (see
-  // parse_generation_request).
-  std::vector<std::uint64_t> prompt_chain;
+  // With --simulate: the prompt's KV blocks chained by hash, for prefix caching (see
+  // parse_generation_request); the scheduler extends it with the tokens the request generates.
+  sim::chain_builder prompt_chain;
   std::uint64_t max_tokens = 1;     // tokens to generate, >= 1; all of them are generated
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

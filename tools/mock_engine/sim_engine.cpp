@@ -20,7 +20,7 @@ constexpr unsigned max_steps_per_turn = 16;
 }  // namespace
 
 sim_stream::sim_stream(sim::request_id id, unsigned engine, std::uint64_t prompt_tokens,
-                       std::vector<sim::block_hash> prompt_chain, std::uint64_t max_tokens, bool wake_each_token,
+                       sim::chain_builder prompt_chain, std::uint64_t max_tokens, bool wake_each_token,
                        asio::steady_timer& waker)
     : id_(id),
       engine_(engine),
@@ -244,7 +244,7 @@ steady_clock::time_point sim_engine::wall_time(sim::sim_time t) const {
 }
 
 sim_request::sim_request(sim_engine& engine, unsigned scheduler, std::uint64_t prompt_tokens,
-                         std::vector<sim::block_hash> prompt_chain, std::uint64_t max_tokens, bool stream,
+                         sim::chain_builder prompt_chain, std::uint64_t max_tokens, bool stream,
                          asio::steady_timer& waker)
     : engine_(engine),
       stream_(std::make_shared<sim_stream>(engine.next_id(), scheduler, prompt_tokens, std::move(prompt_chain),

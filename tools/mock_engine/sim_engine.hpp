@@ -35,7 +35,7 @@ class sim_stream {
  public:
   // `waker` is the session's timer; its executor is the session's thread.
   sim_stream(sim::request_id id, unsigned engine, std::uint64_t prompt_tokens,
-             std::vector<sim::block_hash> prompt_chain, std::uint64_t max_tokens, bool wake_each_token,
+             sim::chain_builder prompt_chain, std::uint64_t max_tokens, bool wake_each_token,
              boost::asio::steady_timer& waker);
 
   // Tokens produced so far (each at the end of a step), up to max_tokens.
@@ -55,7 +55,7 @@ class sim_stream {
   const sim::request_id id_;
   const unsigned engine_;  // the scheduler's index
   const std::uint64_t prompt_tokens_;
-  std::vector<sim::block_hash> prompt_chain_;  // moved into the scheduler at submission (thread 0)
+  sim::chain_builder prompt_chain_;  // moved into the scheduler at submission (thread 0)
   const std::uint64_t max_tokens_;
   const bool wake_each_token_;  // false (non-streaming): only the last token wakes the session
   const boost::asio::any_io_executor executor_;    // the session's
@@ -127,7 +127,7 @@ class sim_request {
  public:
   // `scheduler`: the engine's sim_index.
   sim_request(sim_engine& engine, unsigned scheduler, std::uint64_t prompt_tokens,
-              std::vector<sim::block_hash> prompt_chain, std::uint64_t max_tokens, bool stream,
+              sim::chain_builder prompt_chain, std::uint64_t max_tokens, bool stream,
               boost::asio::steady_timer& waker);
   ~sim_request();
   sim_request(const sim_request&) = delete;

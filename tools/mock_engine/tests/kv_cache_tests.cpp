@@ -40,6 +40,13 @@ engine_config with_cache(std::uint32_t blocks) {
   return c;
 }
 
+// A request's chain as the mock's session builds it: its prompt's tokens, 16 per block.
+chain_builder prompt_of(const std::vector<std::uint64_t>& t) {
+  chain_builder b(16);
+  for (const auto token : t) b.add(token);
+  return b;
+}
+
 // Runs steps until `s` has no work; returns the prompt tokens prefilled in all of them.
 std::uint64_t run_to_end(batch_scheduler& s, std::vector<token_event>& out) {
   std::uint64_t prefilled = 0;
@@ -125,25 +132,25 @@ TEST_CASE("a prefix hit skips exactly the cached blocks", "[sim][kv]") {
   batch_scheduler s(with_cache(64));
   std::vector<token_event> out;
   const auto shared = tokens(0, 32);
-  s.submit(1, 40, 1, chain_hashes(concat(shared, tokens(500, 8)), 16));
+  s.submit(1, 40, 1, prompt_of(concat(shared, tokens(500, 8))));
   CHECK(run_to_end(s, out) == 40);  // cold: all of it
   CHECK(s.prefix_queries() == 40);
   CHECK(s.prefix_hits() == 0);
 
   // Same two leading blocks, then 20 other tokens: 32 cached, 20 prefilled.
-  s.submit(2, 52, 1, chain_hashes(concat(shared, tokens(900, 20)), 16));
+  s.submit(2, 52, 1, prompt_of(concat(shared, tokens(900, 20))));
   CHECK(run_to_end(s, out) == 20);
   CHECK(s.prefix_queries() == 40 + 52);
   CHECK(s.prefix_hits() == 32);
 
   // The very same 32-token prompt: its last token is computed again (it samples the next one), so only
   // the first block comes from the cache.
-  s.submit(3, 32, 1, chain_hashes(shared, 16));
+  s.submit(3, 32, 1, prompt_of(shared));
   CHECK(run_to_end(s, out) == 16);
   CHECK(s.prefix_hits() == 32 + 16);
 
   // A different first block shares nothing, even with the same later tokens.
-  s.submit(4, 32, 1, chain_hashes(concat(tokens(7000, 16), tokens(16, 16)), 16));
+  s.submit(4, 32, 1, prompt_of(concat(tokens(7000, 16), tokens(16, 16))));
   CHECK(run_to_end(s, out) == 32);
 }
 
@@ -236,20 +243,85 @@ TEST_CASE("a preempted request goes back to the front of the queue, ahead of lat
 TEST_CASE("a prefix stays cached after its requests end until the blocks are needed again", "[sim][kv]") {
   batch_scheduler s(with_cache(8));  // 128 tokens
   std::vector<token_event> out;
-  const auto prefix = chain_hashes(tokens(0, 64), 16);
-  s.submit(1, 64, 1, prefix);
+  const auto prefix = tokens(0, 64);
+  s.submit(1, 64, 1, prompt_of(prefix));
   run_to_end(s, out);
-  s.submit(2, 64, 1, prefix);
+  s.submit(2, 64, 1, prompt_of(prefix));
   CHECK(run_to_end(s, out) == 16);  // 3 of 4 blocks cached (the last token is always computed)
   // An unrelated request takes 7 of the 8 blocks. Free blocks go in the order they were freed, each
   // request's last block first, so the chain's first block (freed last) is the one that survives.
-  s.submit(3, 112, 1, chain_hashes(tokens(5000, 112), 16));
+  s.submit(3, 112, 1, prompt_of(tokens(5000, 112)));
   run_to_end(s, out);
-  s.submit(4, 64, 1, prefix);
+  s.submit(4, 64, 1, prompt_of(prefix));
   CHECK(run_to_end(s, out) == 48);
   // And after a request that takes all 8, nothing of it is left.
-  s.submit(5, 128, 1, chain_hashes(tokens(9000, 128), 16));
+  s.submit(5, 128, 1, prompt_of(tokens(9000, 128)));
   run_to_end(s, out);
-  s.submit(6, 64, 1, prefix);
+  s.submit(6, 64, 1, prompt_of(prefix));
   CHECK(run_to_end(s, out) == 64);
+}
+
+TEST_CASE("requests admitted in the same step share what the first one is prefilling", "[sim][kv]") {
+  batch_scheduler s(with_cache(64));
+  s.submit(1, 64, 1, prompt_of(tokens(0, 64)));
+  s.submit(2, 64, 1, prompt_of(tokens(0, 64)));
+  // As vLLM names blocks when it schedules them: the second finds 3 of 4 blocks (its last token is
+  // computed again) though none was computed when it was admitted.
+  CHECK(s.begin_step().prefill_tokens == 64 + 16);
+  CHECK(s.prefix_hits() == 48);
+}
+
+TEST_CASE("generated tokens fill cached blocks too: a conversation's next turn hits its last answer", "[sim][kv]") {
+  batch_scheduler s(with_cache(64));
+  std::vector<token_event> out;
+  const auto turn1 = tokens(0, 16);
+  s.submit(1, 16, 20, prompt_of(turn1));  // 16 + 19 computed tokens: 2 full blocks by the end
+  run_to_end(s, out);
+  // The next turn sends the history back: the prompt, the answer (20 x "tok"), then a new question.
+  auto turn2 = turn1;
+  turn2.insert(turn2.end(), 20, generated_token);
+  turn2.insert(turn2.end(), {7, 8, 9, 10, 11, 12});
+  s.submit(2, turn2.size(), 1, prompt_of(turn2));
+  CHECK(run_to_end(s, out) == turn2.size() - 32);
+}
+
+TEST_CASE("an aborted request gives back only the blocks nobody else holds", "[sim][kv]") {
+  batch_scheduler s(with_cache(16));
+  std::vector<token_event> out;
+  const auto shared = tokens(0, 48);
+  s.submit(1, 64, 10, prompt_of(concat(shared, tokens(100, 16))));  // 4 blocks
+  s.begin_step();
+  s.end_step(1, out);
+  s.submit(2, 64, 10, prompt_of(concat(shared, tokens(200, 16))));  // its 3 leading blocks are request 1's
+  s.begin_step();
+  s.end_step(1, out);
+  // Request 1: its 4 prompt blocks and a 5th for the token it decodes; request 2: its own last block.
+  CHECK(s.kv_cache().used_blocks() == 4 + 1 + 1);
+  CHECK(s.prefix_hits() == 48);
+  REQUIRE(s.abort(1));
+  CHECK(s.kv_cache().used_blocks() == 3 + 1);  // the shared 3 stay, held by request 2
+  REQUIRE(s.abort(2));
+  CHECK(s.kv_cache().used_blocks() == 0);
+  CHECK(s.kv_cache().free_blocks() == 16);
+  CHECK(s.kv_tokens() == 0);
+}
+
+TEST_CASE("a preempted request finds its own blocks in the cache when it is admitted again", "[sim][kv]") {
+  batch_scheduler s(with_cache(4));  // 64 tokens
+  std::vector<token_event> out;
+  s.submit(1, 16, 20, prompt_of(tokens(0, 16)));
+  s.submit(2, 16, 20, prompt_of(tokens(500, 16)));
+  run_to_end(s, out);
+  REQUIRE(s.preemptions() >= 1);
+  CHECK(s.prefix_hits() >= 16);  // at least its prompt's block came back
+}
+
+TEST_CASE("fits() refuses what the cache cannot hold, whatever max_tokens a client sends", "[sim][kv]") {
+  batch_scheduler s(with_cache(4));  // 64 tokens
+  CHECK(s.fits(48, 16));
+  CHECK_FALSE(s.fits(48, 17));
+  CHECK_FALSE(s.fits(1, UINT64_MAX));
+  CHECK_FALSE(s.fits(UINT64_MAX, 1));
+  CHECK_FALSE(s.fits(UINT64_MAX - 10, UINT64_MAX - 10));
+  CHECK(s.fits(0, 63));
 }
