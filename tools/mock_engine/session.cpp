@@ -420,7 +420,9 @@ asio::awaitable<bool> connection::serve_generation(const request& req, api_kind 
     co_return co_await reply(
         req, http::status::bad_request, json_type,
         error_body("This model's maximum context length is " + std::to_string(capacity) +
-                       " tokens. However, you requested " + std::to_string(gen.prompt_tokens + gen.max_tokens) +
+                       " tokens. However, you requested " +
+                       std::to_string(gen.max_tokens > UINT64_MAX - gen.prompt_tokens ? UINT64_MAX
+                                                                                       : gen.prompt_tokens + gen.max_tokens) +
                        " tokens (" + std::to_string(gen.prompt_tokens) + " in the messages, " +
                        std::to_string(gen.max_tokens) + " in the completion). Please reduce the length of the "
                        "messages or completion.",
