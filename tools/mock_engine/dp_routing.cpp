@@ -1,6 +1,7 @@
 #include "dp_routing.hpp"
 
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 
 namespace dplb::mock {
@@ -38,6 +39,34 @@ engine_wish read_dp_rank_header(std::optional<std::string_view> header, unsigned
   if (*value == 0 || *value == static_cast<std::int64_t>(own_rank)) return 0U;
   return "X-data-parallel-rank " + std::to_string(*value) + " is not this server's data-parallel rank (" +
          std::to_string(own_rank) + ")";
+}
+
+std::int64_t in_flight_ceiling(std::int64_t total_in_flight, unsigned engines, double load_bound) {
+  const double share = load_bound * static_cast<double>(total_in_flight + 1) / static_cast<double>(engines);
+  // Less a hair, so that a share meant to be an integer (1.1 * 10 / 11) is not pushed to the next one
+  // by the rounding of its product (1.0000000000000002).
+  return static_cast<std::int64_t>(std::ceil(share - 1e-9));
+}
+
+// Why the fallback needs no bound check: the least busy engine has at most floor(T / N) in flight, and
+// floor(T / N) + 1 = ceil((T + 1) / N) <= ceil(C * (T + 1) / N) for C >= 1.
+unsigned choose_by_cached_prefix(std::span<const engine_outlook> engines, double load_bound) {
+  const auto count = static_cast<unsigned>(engines.size());
+  std::int64_t total = 0;
+  for (const auto& e : engines) total += e.in_flight;
+  const auto ceiling = in_flight_ceiling(total, count, load_bound);
+  std::optional<unsigned> best;
+  for (unsigned j = 0; j < count; ++j) {
+    const auto& e = engines[j];
+    if (e.cached_blocks == 0 || e.in_flight + 1 > ceiling) continue;
+    // Strictly better only: an equal engine of a higher index never displaces a lower one.
+    if (!best || e.cached_blocks > engines[*best].cached_blocks ||
+        (e.cached_blocks == engines[*best].cached_blocks && e.in_flight < engines[*best].in_flight)) {
+      best = j;
+    }
+  }
+  if (best) return *best;
+  return least_busy(count, [&](unsigned j) { return engines[j].in_flight; });
 }
 
 }  // namespace dplb::mock

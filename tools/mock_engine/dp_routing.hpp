@@ -7,10 +7,13 @@
 //     listens on PORT+i, as vLLM's external-LB rank i answers to its own rank) picks the one engine;
 //     any other integer is refused.
 //   A value that is not an integer is ignored (vLLM ignores it too), as is no header: the port then
-//   balances (least_busy).
+//   balances, by --dp-balance: least_busy (least-inflight, the default), or choose_by_cached_prefix
+//   (oracle: what a router that knew every engine's KV cache exactly would pick).
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -44,5 +47,22 @@ unsigned least_busy(unsigned engines, InFlight in_flight) {
   }
   return best;
 }
+
+// What the oracle knows of one engine of a port when a request arrives.
+struct engine_outlook {
+  std::size_t cached_blocks = 0;  // leading blocks of the prompt's block-hash chain its KV cache holds
+  std::int64_t in_flight = 0;     // requests routed to it and not answered yet
+};
+
+// The most requests in flight an engine may have once it takes the next one, for a port whose
+// engines have `total_in_flight` requests in flight: ceil(load_bound * (total_in_flight + 1) / engines).
+// load_bound >= 1; engines >= 1.
+std::int64_t in_flight_ceiling(std::int64_t total_in_flight, unsigned engines, double load_bound);
+
+// --dp-balance oracle: among the engines allowed by the load bound (in_flight + 1 <= in_flight_ceiling),
+// the one holding the longest cached prefix of the prompt, ties to the fewest in flight, then the lowest
+// index. When no allowed engine holds even one block: least_busy over all engines (which is always
+// allowed, see the definition). `engines` not empty.
+unsigned choose_by_cached_prefix(std::span<const engine_outlook> engines, double load_bound);
 
 }  // namespace dplb::mock

@@ -35,9 +35,16 @@ LB, `vllm serve --data-parallel-size N` behind one URL); each engine is a full e
   "param":null,"code":400}} before any work (a plain answer, even for stream=true). With --dp 1
   (vLLM's external LB) the port accepts 0 or its own global rank i; any other integer gets the 400.
   A value that is not an integer is ignored, as vLLM does. Without a usable header the port picks
-  the engine with the fewest completions/chat in flight (read, not yet answered), the lowest index
-  on a tie: back-to-back requests on an idle port all go to engine 0. /mock/echo and /mock/stream
-  are routed the same way (an out-of-range value is ignored there).
+  by --dp-balance. least-inflight (the default): the engine with the fewest completions/chat in
+  flight (read, not yet answered), the lowest index on a tie: back-to-back requests on an idle port
+  all go to engine 0. oracle (benchmarks of prefix-aware routing: the ceiling a router that knew the
+  engines' caches exactly could reach): with T requests in flight over the port's N engines, engine
+  e is a candidate if in_flight(e) + 1 <= ceil(C * (T + 1) / N), C = --load-bound; the candidate whose
+  KV cache holds the most leading blocks of the prompt's block-hash chain (as the scheduler will
+  look them up at admission) takes it, ties to the fewest in flight, then the lowest index; if no
+  candidate holds a block, the least-inflight choice. The body is then parsed before routing (its
+  errors are still answered after the faults, as always). /mock/echo and /mock/stream are routed as
+  by least-inflight (an out-of-range value is ignored there).
 
 Endpoints (per rank):
   POST /v1/completions, /v1/chat/completions   vLLM/OpenAI formats, streaming (SSE, one event per
@@ -230,6 +237,36 @@ std::int64_t bounded(const po::variables_map& vm, const char* name, std::int64_t
   return value;
 }
 
+// --dp-balance and --load-bound, and what the oracle needs of the rest (but prefix caching, read with
+// the simulation's flags).
+void read_balance(const po::variables_map& vm, mock_options& options) {
+  const auto mode = vm["dp-balance"].as<std::string>();
+  if (mode == "least-inflight") {
+    options.balance = dp_balance::least_inflight;
+  } else if (mode == "oracle") {
+    options.balance = dp_balance::oracle;
+  } else {
+    throw std::invalid_argument("--dp-balance must be least-inflight or oracle, got '" + mode + "'");
+  }
+  if (!vm["load-bound"].defaulted() && options.balance != dp_balance::oracle) {
+    throw std::invalid_argument("--load-bound needs --dp-balance oracle");
+  }
+  options.load_bound = vm["load-bound"].as<double>();
+  if (!(options.load_bound >= 1 && options.load_bound <= 1e6)) {
+    throw std::invalid_argument("--load-bound must be in [1, 1000000]");
+  }
+  if (options.balance != dp_balance::oracle) return;
+  if (!vm["simulate"].as<bool>()) {
+    throw std::invalid_argument("--dp-balance oracle needs --simulate (it reads the simulated KV caches)");
+  }
+  if (options.dp < 2) throw std::invalid_argument("--dp-balance oracle needs --dp > 1 (it picks among a port's engines)");
+  if (options.threads != 1) {
+    // The caches live on thread 0's event loop; with one thread every session runs there too and reads
+    // them directly, and chooses and claims its engine in one go (see session.cpp).
+    throw std::invalid_argument("--dp-balance oracle needs --threads 1 (the simulated KV caches live on thread 0)");
+  }
+}
+
 }  // namespace
 
 command_line_result parse_command_line(int argc, const char* const* argv, std::ostream& out,
@@ -249,7 +286,15 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
      "number of ports (DP ranks, vLLM's external LB: one server per rank)")
     ("dp", po::value<std::int64_t>()->value_name("N")->default_value(defaults.dp),
      "DP engines behind each port (vLLM's internal LB: --data-parallel-size N behind one URL); "
-     "X-data-parallel-rank: j picks engine j, else the least busy engine (see below)")
+     "X-data-parallel-rank: j picks engine j, else the port balances by --dp-balance (see below)")
+    ("dp-balance", po::value<std::string>()->value_name("MODE")->default_value("least-inflight"),
+     "how a port with --dp N > 1 picks the engine of a request without X-data-parallel-rank: "
+     "least-inflight (the fewest completions/chat in flight, the lowest index on a tie) or oracle (the "
+     "engine whose simulated KV cache holds the longest prefix of the prompt, within --load-bound; needs "
+     "--simulate, --dp > 1, --threads 1 and prefix caching)")
+    ("load-bound", po::value<double>()->value_name("C")->default_value(defaults.load_bound, "1.25"),
+     "--dp-balance oracle: an engine is a candidate only if its requests in flight + 1 <= "
+     "ceil(C * (the port's requests in flight + 1) / N); C in [1, 1000000]")
     ("model", po::value<std::string>()->value_name("NAME")->default_value(defaults.model),
      "served model name (another `model` in a request gets vLLM's 404)")
     ("ttft-ms", po::value<std::int64_t>()->value_name("MS")->default_value(defaults.ttft.count()),
@@ -340,6 +385,7 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
         bounded(vm, "close-on-request", 0, std::numeric_limits<std::int64_t>::max()));
     options.threads = static_cast<unsigned>(bounded(vm, "threads", 1, 256));
     options.admin_port = static_cast<std::uint16_t>(bounded(vm, "admin-port", 0, 65535));
+    read_balance(vm, options);
 
     options.simulate = vm["simulate"].as<bool>();
     if (!options.simulate) {
@@ -366,6 +412,9 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
     engine.kv.num_blocks = static_cast<std::uint32_t>(bounded(vm, "kv-blocks", 1, 1 << 26));
     engine.kv.block_size = static_cast<std::uint32_t>(bounded(vm, "block-size", 1, 1024));
     engine.kv.prefix_caching = !vm["no-enable-prefix-caching"].as<bool>();
+    if (options.balance == dp_balance::oracle && !engine.kv.prefix_caching) {
+      throw std::invalid_argument("--dp-balance oracle needs prefix caching (no --no-enable-prefix-caching)");
+    }
     engine.max_num_seqs = static_cast<std::uint32_t>(bounded(vm, "max-num-seqs", 1, 65536));
     engine.max_num_batched_tokens =
         static_cast<std::uint32_t>(bounded(vm, "max-num-batched-tokens", 0, 1 << 24));

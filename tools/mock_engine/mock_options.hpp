@@ -12,6 +12,12 @@
 
 namespace dplb::mock {
 
+// How a port picks the engine of a request that names none (--dp-balance; dp_routing.hpp).
+enum class dp_balance {
+  least_inflight,  // the fewest requests in flight, the lowest index on a tie (vLLM's internal LB, simplified)
+  oracle,          // the longest cached prefix of the prompt within a load bound (needs --simulate)
+};
+
 struct mock_options {
   std::string host = "127.0.0.1";         // IP literal or a name resolved at start-up
   std::uint16_t port = 8100;              // rank i listens on port + i; 0 = an ephemeral port per rank
@@ -19,6 +25,10 @@ struct mock_options {
   // DP engines behind each port (vLLM's internal LB, `--data-parallel-size N` behind one URL): each a
   // full engine of its own; X-data-parallel-rank picks one, else the port balances (dp_routing.hpp).
   unsigned dp = 1;
+  dp_balance balance = dp_balance::least_inflight;
+  // --load-bound C of the oracle (>= 1): an engine may take a request only while it then has at most
+  // ceil(C * (the port's requests in flight + 1) / dp) in flight.
+  double load_bound = 1.25;
   std::string model = "mock-model";       // the only model name accepted and listed
   std::chrono::milliseconds ttft{0};      // wait before the first token
   std::chrono::milliseconds itl{0};       // wait between two tokens

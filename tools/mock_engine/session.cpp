@@ -15,9 +15,11 @@
 #include <charconv>
 #include <chrono>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include "disconnect_watch.hpp"
 #include "dp_routing.hpp"
@@ -38,6 +40,9 @@ using request = http::request<http::string_body>;
 using std::chrono::steady_clock;
 
 constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
+
+// A completions/chat body, validated: the request, or the error that answers it.
+using parsed_generation = std::variant<generation_request, api_error>;
 
 // Limits (the proxy's own are the same, so the mock never hides one of its 413/431 answers).
 constexpr std::size_t header_limit = 64 * 1024;
@@ -122,10 +127,13 @@ class connection final : public closable_connection {
   asio::awaitable<bool> serve(request& req);
   engine_wish dp_wish(const request& req) const;
   engine_state& choose_engine(const engine_wish& wish) const;
+  engine_state& oracle_engine(std::span<const std::uint64_t> prompt_chain) const;
+  parsed_generation parse_generation(const request& req, api_kind kind) const;
   asio::awaitable<bool> serve_routed_generation(const request& req, api_kind kind);
   asio::awaitable<bool> reply(const request& req, http::status status, std::string_view content_type,
                               std::string body, std::string_view allow = {});
-  asio::awaitable<bool> serve_generation(const request& req, api_kind kind);
+  asio::awaitable<bool> serve_generation(const request& req, api_kind kind,
+                                         std::optional<parsed_generation> parsed_early);
   asio::awaitable<bool> stream_tokens(const request& req, const generation_request& gen,
                                       const response_renderer& renderer, generation_tracker& tracker);
   asio::awaitable<bool> emit_tokens(const generation_request& gen, const response_renderer& renderer,
@@ -371,6 +379,27 @@ engine_state& connection::choose_engine(const engine_wish& wish) const {
   return rank_.engines[j];
 }
 
+// --dp-balance oracle: the engine whose KV cache holds the longest prefix of the prompt, within the load
+// bound (dp_routing.hpp). The caches are read directly: the oracle runs only with --threads 1, so this
+// session runs on thread 0, where the schedulers live; and with no suspension between this choice and
+// the caller's in-flight claim, requests that arrive together cannot all choose on the same counts.
+engine_state& connection::oracle_engine(std::span<const std::uint64_t> prompt_chain) const {
+  std::vector<engine_outlook> engines;
+  engines.reserve(rank_.engines.size());
+  for (const auto& engine : rank_.engines) {
+    engines.push_back({engine.simulation->cached_prefix(engine.sim_index, prompt_chain),
+                       engine.metrics.requests_in_flight.load(std::memory_order_relaxed)});
+  }
+  return rank_.engines[choose_by_cached_prefix(engines, options_.load_bound)];
+}
+
+// Simulated engines hash the prompt's blocks for their prefix cache.
+parsed_generation connection::parse_generation(const request& req, api_kind kind) const {
+  const std::uint32_t block_size = options_.simulate ? options_.engine.kv.block_size : 0;
+  return parse_generation_request(kind, sv(req[http::field::content_type]), req.body(), options_.model,
+                                  options_.default_max_tokens, block_size);
+}
+
 // Completions/chat: X-data-parallel-rank is checked before anything else (a value this port does not
 // serve gets vLLM's 400 at once, even for a stream); then the request is the chosen engine's.
 asio::awaitable<bool> connection::serve_routed_generation(const request& req, api_kind kind) {
@@ -382,17 +411,30 @@ asio::awaitable<bool> connection::serve_routed_generation(const request& req, ap
     co_return co_await reply(req, http::status::bad_request, json_type,
                              error_body(*refusal, "BadRequestError", 400));
   }
-  engine_ = &choose_engine(wish);
+  // The oracle routes by the prompt's block hashes, so it parses the body first; a bad body is still
+  // answered where it always is, after the faults (serve_generation), and goes where least-inflight
+  // would send it (an empty chain matches nothing).
+  std::optional<parsed_generation> parsed_early;
+  if (options_.balance == dp_balance::oracle && std::holds_alternative<any_engine>(wish)) {
+    parsed_early = parse_generation(req, kind);
+    const auto* gen = std::get_if<generation_request>(&*parsed_early);
+    engine_ = &oracle_engine(gen != nullptr ? std::span<const std::uint64_t>(gen->prompt_chain)
+                                            : std::span<const std::uint64_t>{});
+  } else {
+    engine_ = &choose_engine(wish);
+  }
   logged.engine = engine_->index;
   rank_.log(std::move(logged));
   auto& m = engine_->metrics;
   m.requests_routed.fetch_add(1, std::memory_order_relaxed);
   if (std::holds_alternative<unsigned>(wish)) m.requests_routed_by_header.fetch_add(1, std::memory_order_relaxed);
   const in_flight_claim claim(m);
-  co_return co_await serve_generation(req, kind);
+  co_return co_await serve_generation(req, kind, std::move(parsed_early));
 }
 
-asio::awaitable<bool> connection::serve_generation(const request& req, api_kind kind) {
+// `parsed_early`: the body, if the oracle has parsed it already.
+asio::awaitable<bool> connection::serve_generation(const request& req, api_kind kind,
+                                                   std::optional<parsed_generation> parsed_early) {
   // The faults that come before any answer, in the order a test would expect: a stall, then a status.
   if (const auto stall = rank_.faults.stall(); stall.count() > 0) {
     if (!co_await unless_disconnected(stream_.socket(), sleep_until(steady_clock::now() + stall))) {
@@ -404,10 +446,7 @@ asio::awaitable<bool> connection::serve_generation(const request& req, api_kind 
     co_return co_await reply(req, static_cast<http::status>(status), json_type, injected_error_body(status));
   }
 
-  // Simulated engines hash the prompt's blocks for their prefix cache.
-  const std::uint32_t block_size = engine_->simulation != nullptr ? options_.engine.kv.block_size : 0;
-  auto parsed = parse_generation_request(kind, sv(req[http::field::content_type]), req.body(), options_.model,
-                                         options_.default_max_tokens, block_size);
+  auto parsed = parsed_early ? std::move(*parsed_early) : parse_generation(req, kind);
   if (auto* error = std::get_if<api_error>(&parsed)) {
     co_return co_await reply(req, static_cast<http::status>(error->status), json_type,
                              std::move(error->body));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
+#include <cassert>
 #include <cmath>
 #include <utility>
 
@@ -85,6 +86,11 @@ void sim_engine::shutdown() {
   accepting_.store(false, std::memory_order_release);
   clocks_.clear();  // the timers belong to thread 0's context, which goes before the engine
   streams_.clear();
+}
+
+std::size_t sim_engine::cached_prefix(unsigned scheduler, std::span<const sim::block_hash> chain) const {
+  assert(context_.get_executor().running_in_this_thread());
+  return schedulers_[scheduler]->kv_cache().cached_prefix(chain);
 }
 
 void sim_engine::submit(std::shared_ptr<sim_stream> stream) {

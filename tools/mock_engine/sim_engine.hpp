@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -81,6 +82,10 @@ class sim_engine {
   bool fits(std::uint64_t prompt_tokens, std::uint64_t max_tokens) const {
     return schedulers_.front()->fits(prompt_tokens, max_tokens);
   }
+
+  // How many leading blocks of `chain` scheduler `scheduler`'s KV cache holds now (--dp-balance oracle).
+  // Thread 0 only: the schedulers are not thread-safe, and thread 0 is the one that changes them.
+  std::size_t cached_prefix(unsigned scheduler, std::span<const sim::block_hash> chain) const;
 
  private:
   friend class sim_request;

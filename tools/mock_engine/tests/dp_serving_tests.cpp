@@ -3,9 +3,11 @@
 // admin port's overrides, raw text and /stats. Waits are on observable state (/stats), never on time.
 
 #include <catch2/catch.hpp>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "await.hpp"
 #include "http_client.hpp"
@@ -52,6 +54,32 @@ unsigned admin(const mock_engine& mock, bhttp::verb method, const std::string& t
   bhttp::request<bhttp::string_body> req{method, target, 11};
   req.body() = body;
   return connection.send(std::move(req)).status;
+}
+
+// `words` distinct words that all begin with `stem`: prompts of different stems share no KV block.
+std::string prompt_of(const std::string& stem, unsigned words) {
+  std::string prompt;
+  for (unsigned i = 0; i < words; ++i) prompt += (i == 0 ? "" : " ") + stem + std::to_string(i);
+  return prompt;
+}
+
+std::string completion_body(const std::string& prompt) {
+  return json{{"model", "mock-model"}, {"prompt", prompt}, {"max_tokens", 1}}.dump();
+}
+
+bhttp::request<bhttp::string_body> completion_of(const std::string& prompt, std::optional<std::string> dp_rank) {
+  bhttp::request<bhttp::string_body> req{bhttp::verb::post, "/v1/completions", 11};
+  req.set(bhttp::field::content_type, "application/json");
+  if (dp_rank) req.set("X-data-parallel-rank", *dp_rank);
+  req.body() = completion_body(prompt);
+  return req;
+}
+
+// The same request as raw bytes, for a connection that only sends (its answer is not awaited).
+std::string raw_completion_of(const std::string& prompt) {
+  const auto body = completion_body(prompt);
+  return "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+         std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
 }  // namespace
@@ -218,4 +246,55 @@ TEST_CASE("mock dp: with --simulate --dp-lockstep every engine of the process st
   const auto m = mock.metrics(1);
   CHECK(m.at("mock_real_tokens_total{engine=\"1\"}") >= 3);
   CHECK(m.at("mock_real_tokens_total{engine=\"0\"}") == 0);
+}
+
+TEST_CASE("mock dp: --dp-balance oracle sends a prompt to the engine that cached it, within the load bound",
+          "[mock][dp][oracle]") {
+  mock_engine mock(1, {"--dp", "4", "--simulate", "--time-scale", "100", "--dp-balance", "oracle"});
+  const auto port = mock.ports()[0];
+  const auto shared = prompt_of("shared", 64);  // 4 blocks of the default 16 tokens
+  const auto hits = [&](unsigned engine) {
+    return mock.metrics(0).at("vllm:prefix_cache_hits_total{engine=\"" + std::to_string(engine) +
+                              "\",model_name=\"mock-model\"}");
+  };
+
+  // Engine 2 serves it first (named); its cache keeps the prompt's blocks once the request is done.
+  auto r = send(port, completion_of(shared, "2"));
+  REQUIRE(r.status == 200);
+  REQUIRE(engine_of(r) == "2");
+  // The same prompt, no header, an idle port: least-inflight would pick engine 0; the oracle picks the
+  // engine holding the prompt, which finds 3 of its 4 blocks cached (the last token is always computed).
+  r = send(port, completion_of(shared, std::nullopt));
+  REQUIRE(r.status == 200);
+  CHECK(engine_of(r) == "2");
+  CHECK(hits(2) == 48);
+  CHECK(hits(0) + hits(1) + hits(3) == 0);
+
+  // From here the port stalls every request for a minute, so that each stays in flight: requests are
+  // sent one by one, each once the previous one is counted, and /stats says where each went.
+  mock.set_fault(0, R"({"stall_ms":60000})");
+  std::vector<std::unique_ptr<http_connection>> held;
+  const auto hold = [&](const std::string& prompt) {
+    held.push_back(std::make_unique<http_connection>(port));
+    held.back()->write_raw(raw_completion_of(prompt));
+    const auto total = held.size();
+    const auto s = await_until([&] { return stats(mock); }, [&](const json& st) {
+      std::uint64_t in_flight = 0;
+      for (unsigned e = 0; e < 4; ++e) in_flight += routed(st, 0, e, "requests_in_flight");
+      return in_flight == total;
+    });
+    std::vector<std::uint64_t> loads;
+    for (unsigned e = 0; e < 4; ++e) loads.push_back(routed(s, 0, e, "requests_in_flight"));
+    return loads;
+  };
+  using loads = std::vector<std::uint64_t>;
+  // Nothing in flight: the ceiling is ceil(1.25 * 1 / 4) = 1, and the cached prompt goes to engine 2.
+  CHECK(hold(shared) == loads{0, 0, 1, 0});
+  // Engine 2 would have 2 > ceil(1.25 * 2 / 4) = 1: the bound sends the copy to the least busy engine.
+  CHECK(hold(shared) == loads{1, 0, 1, 0});
+  // Unrelated prompts match nothing anywhere: they spread as by least-inflight.
+  CHECK(hold(prompt_of("other", 64)) == loads{1, 1, 1, 0});
+  CHECK(hold(prompt_of("third", 64)) == loads{1, 1, 1, 1});
+  // Evenly loaded, the ceiling is ceil(1.25 * 5 / 4) = 2: the cache decides again.
+  CHECK(hold(shared) == loads{1, 1, 2, 1});
 }

@@ -205,3 +205,58 @@ TEST_CASE("dp: /stats lists per port and engine the requests routed and the rece
         R"("recent":[{"engine":1,"x_data_parallel_rank":"1"},{"engine":null,"x_data_parallel_rank":"9"},)"
         R"({"engine":0,"x_data_parallel_rank":null}]}]})");
 }
+
+namespace {
+
+// The oracle's pick for per-engine (cached blocks, in flight), with --load-bound `bound`.
+unsigned oracle(std::vector<engine_outlook> engines, double bound = 1.25) {
+  return choose_by_cached_prefix(engines, bound);
+}
+
+}  // namespace
+
+TEST_CASE("dp oracle: the load ceiling is ceil(C * (total in flight + 1) / N)", "[dp][oracle]") {
+  CHECK(in_flight_ceiling(0, 4, 1.25) == 1);   // 0.3125
+  CHECK(in_flight_ceiling(3, 4, 1.25) == 2);   // 1.25
+  CHECK(in_flight_ceiling(7, 4, 1.0) == 2);    // exactly 2: not rounded up past it
+  CHECK(in_flight_ceiling(9, 11, 1.1) == 1);   // 1.1 * 10 / 11 is 1.0000000000000002 in doubles
+  CHECK(in_flight_ceiling(15, 4, 2.0) == 8);
+}
+
+TEST_CASE("dp oracle: the longest cached prefix wins among the engines within the bound", "[dp][oracle]") {
+  CHECK(oracle({{0, 0}, {3, 0}, {5, 0}, {1, 0}}) == 2);
+  CHECK(oracle({{2, 1}, {7, 1}, {0, 1}, {0, 1}}) == 1);  // ceiling ceil(1.25 * 5 / 4) = 2: all allowed
+  // Engine 2 holds the most but would go above the ceiling (1 + 1 > ceil(1.25 * 2 / 4) = 1): the
+  // longest match among the others.
+  CHECK(oracle({{0, 0}, {3, 0}, {9, 1}, {0, 0}}) == 1);
+  // A looser bound lets it take the request after all (ceil(2 * 2 / 4) = 1 still refuses, 4 allows).
+  CHECK(oracle({{0, 0}, {3, 0}, {9, 1}, {0, 0}}, 2.0) == 1);
+  CHECK(oracle({{0, 0}, {3, 0}, {9, 1}, {0, 0}}, 4.0) == 2);
+}
+
+TEST_CASE("dp oracle: equal matches go to the fewest in flight, then the lowest index", "[dp][oracle]") {
+  CHECK(oracle({{4, 2}, {4, 1}, {4, 2}, {0, 0}}, 2.0) == 1);
+  CHECK(oracle({{0, 0}, {4, 1}, {4, 1}, {0, 0}}, 2.0) == 1);
+  CHECK(oracle({{0, 3}, {4, 0}, {4, 0}, {0, 0}}) == 1);
+}
+
+TEST_CASE("dp oracle: with no match of a block among the allowed engines, the least busy engine", "[dp][oracle]") {
+  CHECK(oracle({{0, 0}, {0, 0}, {0, 0}}) == 0);  // as least-inflight: the lowest index on a tie
+  CHECK(oracle({{0, 2}, {0, 1}, {0, 1}, {0, 3}}) == 1);
+  CHECK(oracle({{0, 1}, {0, 1}, {6, 2}, {0, 0}}) == 3);  // the match is on an engine above the ceiling
+  CHECK(oracle({{0, 1}, {0, 1}, {6, 2}, {0, 2}}, 1.0) == 0);  // 2 + 1 > ceil(7 / 4)
+  CHECK(oracle({{0, 1}, {0, 1}, {6, 2}, {0, 2}}) == 2);       // 2 + 1 <= ceil(1.25 * 7 / 4)
+  // The least busy engine is always within the bound, even with C = 1.
+  for (std::int64_t a = 0; a < 6; ++a) {
+    for (std::int64_t b = 0; b < 6; ++b) {
+      const std::vector<engine_outlook> engines{{0, a}, {0, b}, {0, 1}};
+      const auto j = choose_by_cached_prefix(engines, 1.0);
+      CHECK(engines[j].in_flight + 1 <= in_flight_ceiling(a + b + 1, 3, 1.0));
+    }
+  }
+}
+
+TEST_CASE("dp oracle: one engine takes everything", "[dp][oracle]") {
+  CHECK(oracle({{0, 5}}) == 0);
+  CHECK(oracle({{3, 5}}, 1.0) == 0);
+}

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <string>
 #include <vector>
+#include <utility>
 
 #include "mock_options.hpp"
 
@@ -149,6 +150,62 @@ TEST_CASE("options: --help shows every simulation flag with its default", "[opti
                            "--cudagraph-sizes", "mock_padded_tokens_total", "mock_step_lag_seconds_total",
                            "--dp N (=1)", "--kv-blocks N (=65536)", "--block-size N (=16)", "--no-enable-prefix-caching", "vllm:prefix_cache_hits_total", "X-data-parallel-rank",
                            "/metrics/override", "/metrics/raw", "GET    /stats", "x-mock-engine"}) {
+    INFO(text);
+    CHECK(p.out.find(text) != std::string::npos);
+  }
+}
+
+TEST_CASE("options: --dp-balance is least-inflight by default, oracle with its --load-bound", "[options]") {
+  auto p = parse({});
+  REQUIRE(p.result.options);
+  CHECK(p.result.options->balance == dp_balance::least_inflight);
+  CHECK(p.result.options->load_bound == 1.25);
+  p = parse({"--dp", "2", "--dp-balance", "least-inflight"});
+  REQUIRE(p.result.options);
+  CHECK(p.result.options->balance == dp_balance::least_inflight);
+  p = parse({"--simulate", "--dp", "4", "--dp-balance", "oracle"});
+  REQUIRE(p.result.options);
+  CHECK(p.result.options->balance == dp_balance::oracle);
+  CHECK(p.result.options->load_bound == 1.25);
+  p = parse({"--simulate", "--dp", "4", "--dp-balance", "oracle", "--load-bound", "1"});
+  REQUIRE(p.result.options);
+  CHECK(p.result.options->load_bound == 1.0);
+  p = parse({"--simulate", "--dp", "4", "--dp-balance", "oracle", "--load-bound", "2.5", "--threads", "1"});
+  REQUIRE(p.result.options);
+  CHECK(p.result.options->load_bound == 2.5);
+}
+
+TEST_CASE("options: the oracle's flags are refused where they cannot apply", "[options]") {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"--dp-balance", "random"}, "--dp-balance must be least-inflight or oracle"},
+      {{"--dp-balance", ""}, "--dp-balance must be"},
+      {{"--dp", "4", "--dp-balance", "oracle"}, "needs --simulate"},
+      {{"--simulate", "--dp-balance", "oracle"}, "needs --dp > 1"},
+      {{"--simulate", "--dp", "1", "--dp-balance", "oracle"}, "needs --dp > 1"},
+      {{"--simulate", "--dp", "4", "--dp-balance", "oracle", "--threads", "2"}, "needs --threads 1"},
+      {{"--simulate", "--dp", "4", "--dp-balance", "oracle", "--no-enable-prefix-caching"}, "needs prefix caching"},
+      {{"--simulate", "--dp", "4", "--load-bound", "2"}, "--load-bound needs --dp-balance oracle"},
+      {{"--simulate", "--dp", "4", "--dp-balance", "least-inflight", "--load-bound", "2"}, "needs --dp-balance oracle"},
+      {{"--simulate", "--dp", "4", "--dp-balance", "oracle", "--load-bound", "0.99"}, "[1, 1000000]"},
+      {{"--simulate", "--dp", "4", "--dp-balance", "oracle", "--load-bound", "-1"}, "[1, 1000000]"},
+      {{"--simulate", "--dp", "4", "--dp-balance", "oracle", "--load-bound", "nan"}, "[1, 1000000]"},
+      {{"--simulate", "--dp", "4", "--dp-balance", "oracle", "--load-bound", "inf"}, "[1, 1000000]"},
+      {{"--simulate", "--dp", "4", "--dp-balance", "oracle", "--load-bound", "x"}, ""},
+  };
+  for (const auto& [args, message] : refused) {
+    INFO(args.back());
+    const auto p = parse(args);
+    CHECK_FALSE(p.result.options);
+    CHECK(p.result.exit_code == 2);
+    CHECK(p.err.rfind("dplb-mock-engine: ", 0) == 0);
+    CHECK(p.err.find(message) != std::string::npos);
+  }
+}
+
+TEST_CASE("options: --help shows the balancing modes", "[options]") {
+  const auto p = parse({"--help"});
+  for (const char* text : {"--dp-balance MODE (=least-inflight)", "--load-bound C (=1.25)", "oracle",
+                           "ceil(C * (T + 1) / N)"}) {
     INFO(text);
     CHECK(p.out.find(text) != std::string::npos);
   }
