@@ -319,7 +319,9 @@ class load_run {
       // A session turn's prompt is its whole history, known only when it is sent (session() sets it).
       report_.results[i].input_words = plans_[i].prompt_words();
       report_.results[i].max_tokens = plans_[i].max_tokens;
-      report_.results[i].prefix_group = plans_[i].prefix_group;
+      // A session's prefix is its first turn's (the later turns carry it in their history).
+      const std::size_t opening = options_.chat_sessions.enabled() ? i - i % options_.chat_sessions.turns : i;
+      report_.results[i].prefix_group = plans_[opening].prefix_group;
       bytes += plans_[i].prompt_words() * 6 + 256;
     }
     if (!options_.chat_sessions.enabled() && bytes <= prebuilt_bodies_limit) {

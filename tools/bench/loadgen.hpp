@@ -95,7 +95,7 @@ struct request_result {
   bool has_usage = false;               // a usage object was seen
   std::size_t events = 0;               // content events (non-empty `choices`)
   std::size_t input_words = 0;          // words in the prompt sent (a chat's: over all its messages)
-  int prefix_group = -1;                // the request's prefix group; -1 without --prefix-groups
+  int prefix_group = -1;                // its prefix group (a session turn: its session's); -1: none
   std::string answer;                   // the generated text, kept only for multi-turn sessions
   std::size_t max_tokens = 0;           // output length asked for
   std::string error;                    // empty when ok
