@@ -97,6 +97,15 @@ def percentile(values, p):
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
+def quantile(values, q):
+    """numpy's default (linear) quantile of a non-empty list."""
+    values = sorted(values)
+    at = q * (len(values) - 1)
+    low = int(at)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (at - low)
+
+
 def binaries(build_dir, script):
     """(dplb, mock engine, dplb-bench) under build_dir; exits with a note when one is missing."""
     build = Path(build_dir)

@@ -23,7 +23,10 @@ Workloads (--workloads):
           own 100 words after its group's prefix, 64 output tokens (ignore_eos), completions, streaming. Open
           loop: Poisson arrivals at each of --rates (requests per simulated second), each rate its own run
           with fresh engines (so a row's cache starts cold, as the others'), --num-prompts requests per run,
-          at most --max-concurrency in flight.
+          at most --max-concurrency in flight. The default rates 12, 24, 36: the load-only policies carry
+          about 20 (their hit rate near 0.5, most of the 192 ms of a whole prompt's prefill paid every other
+          request), a router that hits the cache about twice that, so 12 loads everyone lightly, 24 is
+          past the load-only policies' capacity but not a prefix-aware one's, 36 near its limit.
   chat    multi-turn sessions (dplb-bench --sessions --turns, chat endpoint): --chat-sessions sessions of
           --chat-turns turns; each session's first user message starts with one of 8 shared 1,000-word
           system prompts (--prefix-groups 8 --prefix-len 1000), every turn adds 100 new words, answers are 64
@@ -51,7 +54,7 @@ import statistics
 import subprocess
 import time
 
-from benchlib import (add_run_arguments, compared_policies, finish_bench, log, metric_by_engine, run_cells,
+from benchlib import (add_run_arguments, compared_policies, finish_bench, log, metric_by_engine, quantile, run_cells,
                       scrape, start_bench, start_dplb, start_mock)
 
 ENGINES = 4
@@ -79,15 +82,6 @@ def oracle_offered(mock):
     text = subprocess.run([mock, "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=30).stdout
     return "--dp-balance" in text
-
-
-def quantile(values, q):
-    """numpy's default (linear) quantile of a non-empty list."""
-    values = sorted(values)
-    at = q * (len(values) - 1)
-    low = int(at)
-    high = min(low + 1, len(values) - 1)
-    return values[low] + (values[high] - values[low]) * (at - low)
 
 
 def engine_figures(metrics_text):
@@ -157,7 +151,7 @@ def main():
                         help="dplb policies, and 'oracle' (the mock's own balancing); those this build lacks are "
                         "skipped")
     parser.add_argument("--workloads", default="groups chat", help="among: groups chat")
-    parser.add_argument("--rates", default="8 16 32",
+    parser.add_argument("--rates", default="12 24 36",
                         help="groups: requests per simulated second, one run each ('inf': all at once)")
     parser.add_argument("--num-prompts", type=int, default=480, help="groups: requests per run")
     parser.add_argument("--max-concurrency", type=int, default=512, help="groups: the client's cap in flight")
