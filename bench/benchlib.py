@@ -1,4 +1,4 @@
-"""Helpers shared by the Python benchmark drivers (imbalance.py, scale.py, replicas.py, tokens.py): child
+"""Helpers shared by the Python benchmark drivers (imbalance.py, scale.py, replicas.py, tokens.py, prefix.py): child
 processes that log to a file and are stopped by their own pid, sums over Prometheus text, a simulated engine
 and dplb started on ephemeral ports, dplb-bench runs, and a sampler of the engines' gauges. Standard library
 only."""
@@ -97,6 +97,15 @@ def percentile(values, p):
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
+def quantile(values, q):
+    """numpy's default (linear) quantile of a non-empty list."""
+    values = sorted(values)
+    at = q * (len(values) - 1)
+    low = int(at)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (at - low)
+
+
 def binaries(build_dir, script):
     """(dplb, mock engine, dplb-bench) under build_dir; exits with a note when one is missing."""
     build = Path(build_dir)
@@ -140,11 +149,12 @@ def start_mock(mock, args, log_path):
     return proc, ports, admin
 
 
-def start_dplb(dplb, policy, backend_ports, log_path, extra=()):
-    """A dplb on an ephemeral port in front of 127.0.0.1:<each of backend_ports>: (process, its port)."""
+def start_dplb(dplb, policy, backend_ports, log_path, extra=(), dp=1):
+    """A dplb on an ephemeral port in front of 127.0.0.1:<each of backend_ports>: (process, its port). With dp > 1
+    each port serves that many DP engines (`--backend URL#dp=N`, vLLM's internal LB)."""
     args = [dplb, "--listen", "127.0.0.1:0", "--policy", policy, "--log-level", "info"]
     for port in backend_ports:
-        args += ["--backend", f"http://127.0.0.1:{port}"]
+        args += ["--backend", f"http://127.0.0.1:{port}" + (f"#dp={dp}" if dp > 1 else "")]
     proc = Process(args + list(extra), log_path)
     try:
         port = int(proc.await_line(r"listening on 127\.0\.0\.1:(\d+)").group(1))

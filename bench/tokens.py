@@ -42,8 +42,8 @@ import argparse
 import statistics
 import time
 
-from benchlib import (GaugeSampler, add_run_arguments, compared_policies, finish_bench, log, metric_sum, run_cells,
-                      scrape, spread, start_bench, start_dplb, start_mock, window, window_throughput)
+from benchlib import (GaugeSampler, add_run_arguments, compared_policies, finish_bench, log, metric_sum, quantile,
+                      run_cells, scrape, spread, start_bench, start_dplb, start_mock, window, window_throughput)
 
 RANKS = 4
 
@@ -61,15 +61,6 @@ WORKLOADS = {
     "outputs": ["--random-input-len", "200", "--random-output-len", "128", "--long-share", "0.1",
                 "--long-output-len", "1024"],
 }
-
-
-def quantile(values, q):
-    """numpy's default (linear) quantile of a non-empty list."""
-    values = sorted(values)
-    at = q * (len(values) - 1)
-    low = int(at)
-    high = min(low + 1, len(values) - 1)
-    return values[low] + (values[high] - values[low]) * (at - low)
 
 
 def ttft_by_class(result, time_scale):

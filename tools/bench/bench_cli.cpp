@@ -120,6 +120,19 @@ cli_result parse_command_line(int argc, const char* const* argv, std::ostream& o
      "prompt words of the --long-share requests (0: --random-input-len)")
     ("long-output-len", po::value(&shape.long_output_len)->default_value(shape.long_output_len),
      "max tokens of the --long-share requests (0: --random-output-len)")
+    ("prefix-groups", po::value(&shape.prefix_groups)->default_value(shape.prefix_groups),
+     "shared prefixes: each request belongs to one of G groups (uniformly, from the seed) and its prompt (a "
+     "chat's first user message) starts with the group's fixed --prefix-len words, then its own "
+     "--random-input-len words; 0: off")
+    ("prefix-len", po::value(&shape.prefix_len)->default_value(shape.prefix_len),
+     "words of each group's prefix (with --prefix-groups)")
+    ("sessions", po::value(&run.chat_sessions.sessions)->default_value(run.chat_sessions.sessions),
+     "multi-turn chat (openai-chat): S conversations of --turns requests; turn k sends every earlier user "
+     "message and answer (as received) plus --random-input-len new words, once turn k-1 has completed. The "
+     "arrivals and --max-concurrency count sessions; --num-prompts is S*T. 0: off")
+    ("turns", po::value(&run.chat_sessions.turns)->default_value(run.chat_sessions.turns), "requests per session")
+    ("session-header", po::value(&run.chat_sessions.header),
+     "send 'NAME: session-<i>' on every request of session i (for dplb's --affinity-header)")
     ("ignore-eos", po::bool_switch(), "send ignore_eos: true (the engine produces exactly the output length)")
     ("no-stream", po::bool_switch(), "non-streaming requests (TTFT is then the whole response)")
     ("no-keep-alive", po::bool_switch(), "a new connection for every request")
@@ -146,6 +159,15 @@ cli_result parse_command_line(int argc, const char* const* argv, std::ostream& o
       shape.endpoint = endpoint.empty() ? "/v1/chat/completions" : endpoint;
     } else {
       throw bad_command_line("--backend must be openai or openai-chat, not '" + cli.backend + "'");
+    }
+    if (run.chat_sessions.enabled()) {
+      const std::size_t requests = run.chat_sessions.sessions * run.chat_sessions.turns;
+      if (vm["num-prompts"].defaulted()) {
+        run.num_prompts = requests;
+      } else if (run.num_prompts != requests) {
+        throw bad_command_line("--num-prompts must be --sessions * --turns (" + std::to_string(requests) +
+                               ") or left out");
+      }
     }
     if (dataset != "random") throw bad_command_line("--dataset-name: only 'random' is supported");
     if (cli.base_url.empty()) {

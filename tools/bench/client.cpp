@@ -311,15 +311,20 @@ class load_run {
   void prepare_requests() {
     const auto& shape = options_.shape;
     plans_ = plan_requests(shape, report_.results.size(), options_.seed);
-    offsets_ = arrival_offsets(plans_.size(), options_.request_rate, options_.burstiness, options_.seed,
+    // With sessions the arrival times are the sessions' starts; their later turns follow their answers.
+    offsets_ = arrival_offsets(dispatch_units(), options_.request_rate, options_.burstiness, options_.seed,
                                options_.burst_spread.count());
     std::size_t bytes = 0;
     for (std::size_t i = 0; i < plans_.size(); ++i) {
-      report_.results[i].input_words = plans_[i].input_words;
+      // A session turn's prompt is its whole history, known only when it is sent (session() sets it).
+      report_.results[i].input_words = plans_[i].prompt_words();
       report_.results[i].max_tokens = plans_[i].max_tokens;
-      bytes += plans_[i].input_words * 6 + 256;
+      // A session's prefix is its first turn's (the later turns carry it in their history).
+      const std::size_t opening = options_.chat_sessions.enabled() ? i - i % options_.chat_sessions.turns : i;
+      report_.results[i].prefix_group = plans_[opening].prefix_group;
+      bytes += plans_[i].prompt_words() * 6 + 256;
     }
-    if (bytes <= prebuilt_bodies_limit) {
+    if (!options_.chat_sessions.enabled() && bytes <= prebuilt_bodies_limit) {
       bodies_.reserve(plans_.size());
       for (const auto& plan : plans_) bodies_.push_back(request_body(shape, report_.model, plan));
     }
@@ -329,19 +334,32 @@ class load_run {
     run_id_ = random_run_id();
   }
 
-  std::string head_for(std::size_t index, std::size_t body_size) const {
+  // What dispatch() releases at the arrival times under the concurrency cap: requests, or sessions.
+  std::size_t dispatch_units() const {
+    return options_.chat_sessions.enabled() ? options_.chat_sessions.sessions : report_.results.size();
+  }
+
+  // `more_headers`: complete header lines ("Name: value\r\n"), e.g. a session's.
+  std::string head_for(std::size_t index, std::size_t body_size, std::string_view more_headers = {}) const {
     std::string head;
-    head.reserve(head_prefix_.size() + run_id_.size() + 48);
-    head.append(head_prefix_).append(run_id_).append("-").append(std::to_string(index));
-    head.append("\r\nContent-Length: ").append(std::to_string(body_size)).append("\r\n\r\n");
+    head.reserve(head_prefix_.size() + run_id_.size() + more_headers.size() + 48);
+    head.append(head_prefix_).append(run_id_).append("-").append(std::to_string(index)).append("\r\n");
+    head.append(more_headers);
+    head.append("Content-Length: ").append(std::to_string(body_size)).append("\r\n\r\n");
     return head;
+  }
+
+  std::string session_header(std::size_t session) const {
+    const auto& name = options_.chat_sessions.header;
+    return name.empty() ? std::string{} : name + ": session-" + std::to_string(session) + "\r\n";
   }
 
   // Releases requests at their arrival times, under the concurrency cap. Waiting here, in order, is
   // what vllm's per-request tasks on a semaphore amount to: request i starts at max(arrival, free slot).
   asio::awaitable<void> dispatch() {
     asio::steady_timer arrival(workers_[0].io());
-    for (std::size_t i = 0; i < total_; ++i) {
+    const bool sessions = options_.chat_sessions.enabled();
+    for (std::size_t i = 0; i < offsets_.size(); ++i) {
       const auto due = start_ + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(offsets_[i]));
       if (due > clock::now()) {
         arrival.expires_at(std::min(due, deadline_));
@@ -357,13 +375,15 @@ class load_run {
       }
       ++in_flight_;
       auto& w = workers_[i % workers_.size()];
-      asio::co_spawn(w.io(), request(w, i), asio::detached);
+      asio::co_spawn(w.io(), sessions ? session(w, i) : request(w, i), asio::detached);
     }
   }
 
+  // Unit `first` (a request, or a session's first request) and every later one fail unsent.
   void abandon_from(std::size_t first) {
-    for (std::size_t i = first; i < total_; ++i) report_.results[i].error = "not sent: run timeout";
-    count_done(total_ - first);
+    const std::size_t from = options_.chat_sessions.enabled() ? first * options_.chat_sessions.turns : first;
+    for (std::size_t i = from; i < total_; ++i) report_.results[i].error = "not sent: run timeout";
+    count_done(total_ - from);
   }
 
   asio::awaitable<void> request(worker& w, std::size_t index) {
@@ -378,7 +398,44 @@ class load_run {
       result.ok = false;
       result.error = std::string("internal error: ") + e.what();
     }
-    finished();
+    release_slot();
+    count_done(1);
+  }
+
+  // One multi-turn session, its turns one after the other on one worker: each sends the whole
+  // conversation so far and waits for its answer, which the next turn sends back. A failed turn ends the
+  // session (its later turns fail unsent: the history they would carry does not exist).
+  asio::awaitable<void> session(worker& w, std::size_t index) {
+    const std::size_t turns = options_.chat_sessions.turns;
+    const std::size_t first = index * turns;
+    const std::string header = session_header(index);
+    conversation talk;
+    std::size_t turn = 0;
+    for (; turn < turns; ++turn) {
+      request_result& result = report_.results[first + turn];
+      try {
+        talk.add_user_turn(plans_[first + turn]);
+        const std::string body = talk.request_body(options_.shape, report_.model, plans_[first + turn].max_tokens);
+        result.input_words = talk.words();
+        const std::string head = head_for(first + turn, body.size(), header);
+        result.start = clock::now();
+        co_await send(w, result, head, body);
+      } catch (const std::exception& e) {
+        result.ok = false;
+        result.error = std::string("internal error: ") + e.what();
+      }
+      count_done(1);
+      if (!result.ok) break;
+      talk.add_answer(std::move(result.answer));
+      result.answer.clear();
+    }
+    if (turn + 1 < turns) {
+      for (std::size_t later = turn + 1; later < turns; ++later) {
+        report_.results[first + later].error = "not sent: an earlier turn of its session failed";
+      }
+      count_done(turns - turn - 1);
+    }
+    release_slot();
   }
 
   std::string failure(const char* step, const error_code& ec, const worker& w) const {
@@ -442,7 +499,7 @@ class load_run {
     const auto kind = result.status != 200    ? response_recorder::body_kind::error_text
                       : options_.shape.stream ? response_recorder::body_kind::event_stream
                                               : response_recorder::body_kind::json;
-    response_recorder recorder(result, kind);
+    response_recorder recorder(result, kind, options_.chat_sessions.enabled());
     std::array<char, body_step> step;
     while (!parser.is_done()) {
       parser.get().body().data = step.data();
@@ -461,15 +518,14 @@ class load_run {
     co_return parser.keep_alive() && options_.keep_alive ? exchange_outcome::reusable : exchange_outcome::finished;
   }
 
-  // Called on the request's worker when a request is over, whatever its outcome.
-  void finished() {
+  // Called on the unit's worker when a request (or a session) is over, whatever its outcome.
+  void release_slot() {
     if (options_.max_concurrency != 0) {
       asio::dispatch(workers_[0].io(), [this] {
         --in_flight_;
         slot_freed_.cancel();
       });
     }
-    count_done(1);
   }
 
   void count_done(std::size_t n) {

@@ -35,9 +35,28 @@ struct request_shape {
   double long_share = 0.0;                   // in [0, 1]; 0: one class
   std::size_t long_input_len = 0;
   std::size_t long_output_len = 0;
+  // Shared prefixes (llm-d's "prefix groups" workload): with prefix_groups > 0 each request belongs to one
+  // of that many groups, drawn uniformly from the seed, and its prompt (a chat's first user message) is
+  // the group's prefix_len words, the same for every request of the group (a function of the seed and the
+  // group only), then a space and the request's own input_len words. 0: no prefix.
+  std::size_t prefix_groups = 0;
+  std::size_t prefix_len = 0;
   bool ignore_eos = true;                    // `"ignore_eos":true`, so the engine emits exactly output_len
   std::string model;                         // empty: GET /v1/models first and use the first id
   std::vector<std::pair<std::string, std::string>> extra_headers;  // sent with every request
+};
+
+// Multi-turn chat: `sessions` conversations of `turns` requests each. Turn k of a session sends every
+// earlier user message and the assistant's answer to it (the text as received), then a new user message;
+// it starts only when turn k - 1 has completed, so a session has at most one request in flight. The
+// sessions start at the arrival times (one per session) and hold a --max-concurrency slot from their first
+// turn to their last. Request i of the run is turn i % turns of session i / turns.
+struct session_options {
+  std::size_t sessions = 0;  // 0: no sessions, every request on its own
+  std::size_t turns = 1;
+  std::string header;        // non-empty: every request of a session carries `<header>: session-<index>`
+
+  bool enabled() const { return sessions != 0; }
 };
 
 struct run_options {
@@ -57,6 +76,7 @@ struct run_options {
   std::chrono::milliseconds timeout{600000};  // the whole run; requests still open then fail
   unsigned threads = 1;                       // event loops; requests are spread round-robin
   request_shape shape;
+  session_options chat_sessions;  // needs a chat endpoint and num_prompts == sessions * turns
   // Called from one of run()'s threads, never concurrently, about ten times a second while requests
   // finish, and once more at the end with done == total. May be empty.
   std::function<void(std::size_t done, std::size_t total)> progress;
@@ -74,7 +94,9 @@ struct request_result {
   std::uint64_t completion_tokens = 0;  // idem
   bool has_usage = false;               // a usage object was seen
   std::size_t events = 0;               // content events (non-empty `choices`)
-  std::size_t input_words = 0;          // words in the prompt sent
+  std::size_t input_words = 0;          // words in the prompt sent (a chat's: over all its messages)
+  int prefix_group = -1;                // its prefix group (a session turn: its session's); -1: none
+  std::string answer;                   // the generated text, kept only for multi-turn sessions
   std::size_t max_tokens = 0;           // output length asked for
   std::string error;                    // empty when ok
   std::chrono::steady_clock::time_point start{};  // when the request was handed to a connection

@@ -97,6 +97,11 @@ int main(int argc, char** argv) {
     json["long_share"] = cli.run.shape.long_share;
     json["long_input_len"] = cli.run.shape.long_input_len;
     json["long_output_len"] = cli.run.shape.long_output_len;
+    json["prefix_groups"] = cli.run.shape.prefix_groups;
+    json["prefix_len"] = cli.run.shape.prefix_len;
+    json["sessions"] = cli.run.chat_sessions.sessions;
+    json["turns"] = cli.run.chat_sessions.turns;
+    json["session_header"] = cli.run.chat_sessions.header;
     json["seed"] = cli.run.seed;
     std::ofstream file(cli.result_json);
     file << json.dump(2) << '\n';

@@ -4,7 +4,8 @@
 
 namespace dplb::loadgen {
 
-response_recorder::response_recorder(request_result& result, body_kind kind) : result_(result), kind_(kind) {
+response_recorder::response_recorder(request_result& result, body_kind kind, bool keep_answer)
+    : result_(result), kind_(kind), keep_answer_(keep_answer) {
   // One allocation up front instead of a few as the gaps arrive.
   if (kind_ == body_kind::event_stream) result_.itl_s.reserve(result_.max_tokens);
 }
@@ -46,6 +47,7 @@ void response_recorder::on_event(std::string_view data, clock::time_point at) {
     }
     last_content_ = at;
     ++result_.events;
+    if (keep_answer_) append_answer_text(data, result_.answer);
   }
   if (info.usage) {
     result_.has_usage = true;
@@ -106,6 +108,7 @@ void response_recorder::complete(clock::time_point at) {
         result_.error = "response has no choices";
         return;
       }
+      if (keep_answer_) append_answer_text(text_, result_.answer);
       // Without a stream the first token is seen with the last, as vllm bench serve counts it.
       result_.events = 1;
       result_.ttft_s = result_.e2e_s;

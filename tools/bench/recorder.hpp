@@ -9,6 +9,7 @@
 
 #include "loadgen.hpp"
 #include "sse.hpp"
+#include "workload.hpp"
 
 namespace dplb::loadgen {
 
@@ -22,8 +23,10 @@ class response_recorder {
     error_text,    // any other status: the start of the body goes into the error message
   };
 
-  // `result.start` must be set; `result.status` is used for error messages.
-  response_recorder(request_result& result, body_kind kind);
+  // `result.start` must be set; `result.status` is used for error messages. With keep_answer the generated
+  // text goes into result.answer (a multi-turn session sends it back; parsing every event costs CPU, so
+  // only then).
+  response_recorder(request_result& result, body_kind kind, bool keep_answer = false);
 
   // Body bytes (de-chunked) that arrived at `at`.
   void consume(std::string_view bytes, clock::time_point at);
@@ -45,6 +48,7 @@ class response_recorder {
 
   request_result& result_;
   body_kind kind_;
+  bool keep_answer_;
   sse_reader sse_;
   std::string text_;  // the JSON body, or the start of an error body
   bool done_ = false;

@@ -247,6 +247,16 @@ nlohmann::json to_json(const summary& s, const run_report& report) {
   }
   j["input_lens"] = std::move(input_lens);
   j["ttfts"] = std::move(ttfts);
+  // With shared prefixes, each request's group (null without one), to split the figures by group.
+  const bool grouped = std::any_of(report.results.begin(), report.results.end(),
+                                   [](const request_result& r) { return r.prefix_group >= 0; });
+  if (grouped) {
+    auto groups = nlohmann::json::array();
+    for (const auto& r : report.results) {
+      groups.push_back(r.prefix_group >= 0 ? nlohmann::json(r.prefix_group) : nlohmann::json(nullptr));
+    }
+    j["groups"] = std::move(groups);
+  }
   j["errors"] = s.errors;
   if (!report.error.empty()) j["setup_error"] = report.error;
   return j;

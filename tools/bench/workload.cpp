@@ -67,7 +67,24 @@ std::vector<request_plan> plan_requests(const request_shape& shape, std::size_t 
   }
   splitmix64 seeds{seed ^ 0x5eedf00dULL};
   for (auto& plan : plans) plan.prompt_seed = seeds();
+  if (shape.prefix_groups > 0) {
+    // A stream of its own, as the long class's: the lengths and the own words stay as without groups.
+    std::mt19937_64 groups(seed ^ 0x9f0c4e5a11ULL);
+    std::uniform_int_distribution<std::size_t> draw(0, shape.prefix_groups - 1);
+    for (auto& plan : plans) {
+      const std::size_t group = draw(groups);
+      plan.prefix_group = static_cast<int>(group);
+      plan.prefix_words = shape.prefix_len;
+      plan.prefix_seed = group_prefix_seed(seed, group);
+    }
+  }
   return plans;
+}
+
+std::uint64_t group_prefix_seed(std::uint64_t seed, std::size_t group) {
+  splitmix64 mix{seed ^ 0x9e0f1c5ULL};
+  mix.state += static_cast<std::uint64_t>(group) * 0xd1b54a32d192ed03ULL;
+  return mix();
 }
 
 std::vector<double> arrival_offsets(std::size_t count, double rate, double burstiness, std::uint64_t seed,
@@ -105,19 +122,98 @@ bool is_chat_endpoint(std::string_view endpoint) {
   return endpoint.find("/chat/completions") != std::string_view::npos;
 }
 
-std::string request_body(const request_shape& shape, std::string_view model, const request_plan& plan) {
-  const bool chat = is_chat_endpoint(shape.endpoint);
-  std::string body;
-  body.reserve(plan.input_words * 6 + 256);
-  body.append("{\"model\":").append(nlohmann::json(model).dump());
-  body.append(chat ? ",\"messages\":[{\"role\":\"user\",\"content\":\"" : ",\"prompt\":\"");
-  append_prompt(body, plan.input_words, plan.prompt_seed);
-  body.append(chat ? "\"}],\"max_completion_tokens\":" : "\",\"max_tokens\":");
-  body.append(std::to_string(plan.max_tokens));
+void append_plan_prompt(std::string& out, const request_plan& plan) {
+  if (plan.prefix_words > 0) {
+    append_prompt(out, plan.prefix_words, plan.prefix_seed);
+    out.push_back(' ');
+  }
+  append_prompt(out, plan.input_words, plan.prompt_seed);
+}
+
+namespace {
+
+// What follows the prompt or the messages in every body.
+void append_body_tail(std::string& body, const request_shape& shape, bool chat, std::size_t max_tokens) {
+  body.append(chat ? ",\"max_completion_tokens\":" : ",\"max_tokens\":");
+  body.append(std::to_string(max_tokens));
   body.append(shape.stream ? ",\"stream\":true" : ",\"stream\":false");
   if (shape.stream && shape.include_usage) body.append(",\"stream_options\":{\"include_usage\":true}");
   if (shape.ignore_eos) body.append(",\"ignore_eos\":true");
   body.push_back('}');
+}
+
+}  // namespace
+
+std::string request_body(const request_shape& shape, std::string_view model, const request_plan& plan) {
+  const bool chat = is_chat_endpoint(shape.endpoint);
+  std::string body;
+  body.reserve(plan.prompt_words() * 6 + 256);
+  body.append("{\"model\":").append(nlohmann::json(model).dump());
+  body.append(chat ? ",\"messages\":[{\"role\":\"user\",\"content\":\"" : ",\"prompt\":\"");
+  append_plan_prompt(body, plan);
+  body.append(chat ? "\"}]" : "\"");
+  append_body_tail(body, shape, chat, plan.max_tokens);
+  return body;
+}
+
+void append_answer_text(std::string_view json, std::string& out) {
+  const auto event = nlohmann::json::parse(json, nullptr, false);
+  if (!event.is_object()) return;
+  const auto choices = event.find("choices");
+  if (choices == event.end() || !choices->is_array() || choices->empty() || !choices->front().is_object()) return;
+  const auto& choice = choices->front();
+  const auto append_string = [&](const nlohmann::json& holder, const char* key) {
+    if (!holder.is_object()) return false;
+    const auto value = holder.find(key);
+    if (value == holder.end() || !value->is_string()) return false;
+    out += value->get_ref<const std::string&>();
+    return true;
+  };
+  if (append_string(choice, "text")) return;
+  if (const auto delta = choice.find("delta"); delta != choice.end() && append_string(*delta, "content")) return;
+  if (const auto message = choice.find("message"); message != choice.end()) append_string(*message, "content");
+}
+
+std::size_t count_words(std::string_view text) {
+  std::size_t words = 0;
+  bool in_word = false;
+  for (const char c : text) {
+    const bool space = c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+    if (!space && !in_word) ++words;
+    in_word = !space;
+  }
+  return words;
+}
+
+void conversation::add_user_turn(const request_plan& plan) {
+  request_plan own = plan;
+  if (!messages_.empty()) own.prefix_words = 0;
+  std::string content;
+  append_plan_prompt(content, own);
+  words_ += own.prompt_words();
+  messages_.push_back({true, std::move(content)});
+}
+
+void conversation::add_answer(std::string text) {
+  words_ += count_words(text);
+  messages_.push_back({false, std::move(text)});
+}
+
+std::string conversation::request_body(const request_shape& shape, std::string_view model,
+                                       std::size_t max_tokens) const {
+  std::string body;
+  std::size_t bytes = 256;
+  for (const auto& m : messages_) bytes += m.content.size() + 48;
+  body.reserve(bytes);
+  body.append("{\"model\":").append(nlohmann::json(model).dump()).append(",\"messages\":[");
+  for (std::size_t i = 0; i < messages_.size(); ++i) {
+    if (i != 0) body.push_back(',');
+    body.append(messages_[i].from_user ? "{\"role\":\"user\",\"content\":" : "{\"role\":\"assistant\",\"content\":");
+    // The answers come from the server: escape them (the generated prompts need none, but one path is simpler).
+    body.append(nlohmann::json(messages_[i].content).dump()).push_back('}');
+  }
+  body.push_back(']');
+  append_body_tail(body, shape, true, max_tokens);
   return body;
 }
 
@@ -151,6 +247,18 @@ std::string validate(const run_options& options) {
   if (!(shape.long_share >= 0.0 && shape.long_share <= 1.0)) return "long share must be in [0, 1]";
   if (shape.long_input_len > 10'000'000) return "long input length must be 0..10000000";
   if (shape.long_output_len > 10'000'000) return "long output length must be 0..10000000";
+  if (shape.prefix_groups > 1'000'000) return "prefix groups must be <= 1000000";
+  if (shape.prefix_groups > 0 && (shape.prefix_len == 0 || shape.prefix_len > 10'000'000)) {
+    return "prefix length must be 1..10000000 with prefix groups";
+  }
+  const auto& sessions = options.chat_sessions;
+  if (sessions.enabled()) {
+    if (!is_chat_endpoint(shape.endpoint)) return "sessions need the chat endpoint (--backend openai-chat)";
+    if (sessions.turns == 0 || sessions.turns > 1'000'000) return "turns must be 1..1000000";
+    if (sessions.sessions > 100'000'000 / sessions.turns || options.num_prompts != sessions.sessions * sessions.turns) {
+      return "with sessions the number of prompts must be sessions * turns";
+    }
+  }
   const auto bad_char = [](std::string_view text) {
     return text.find_first_of("\r\n") != std::string_view::npos;
   };
@@ -159,6 +267,9 @@ std::string validate(const run_options& options) {
     if (name.empty() || bad_char(name) || name.find_first_of(": \t") != std::string::npos)
       return "bad header name '" + name + "'";
     if (bad_char(value)) return "header '" + name + "' has a line break in its value";
+  }
+  if (bad_char(sessions.header) || sessions.header.find_first_of(": \t") != std::string::npos) {
+    return "bad session header name '" + sessions.header + "'";
   }
   return {};
 }

@@ -1,7 +1,9 @@
 // The load generator's pure parts: SSE assembly, event inspection, the per-response recorder, the
 // workload, the summary and the command line. No sockets.
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <set>
 #include <sstream>
 
 #include "bench_cli.hpp"
@@ -498,4 +500,199 @@ TEST_CASE("parse_base_url") {
   CHECK_FALSE(dplb::bench::parse_base_url("http://:80"));
   CHECK_FALSE(dplb::bench::parse_base_url("http://h:99999"));
   CHECK_FALSE(dplb::bench::parse_base_url("127.0.0.1:8000"));
+}
+
+// Shared prefixes and multi-turn sessions (issue 10's workloads).
+
+namespace {
+
+std::vector<std::string> words_of(std::string_view text) {
+  std::istringstream in{std::string(text)};
+  std::vector<std::string> words;
+  for (std::string w; in >> w;) words.push_back(w);
+  return words;
+}
+
+std::vector<std::string> head_words(const std::vector<std::string>& words, std::size_t n) {
+  return {words.begin(), words.begin() + static_cast<std::ptrdiff_t>(std::min(n, words.size()))};
+}
+
+}  // namespace
+
+TEST_CASE("plan_requests draws prefix groups uniformly, leaving everything else as without them") {
+  request_shape shape;
+  shape.input_len = 100;
+  const auto plain = plan_requests(shape, 1600, 5);
+  shape.prefix_groups = 16;
+  shape.prefix_len = 1500;
+  const auto grouped = plan_requests(shape, 1600, 5);
+  std::vector<std::size_t> per_group(16, 0);
+  std::vector<std::uint64_t> seed_of(16, 0);
+  for (std::size_t i = 0; i < grouped.size(); ++i) {
+    const auto& plan = grouped[i];
+    REQUIRE(plan.prefix_group >= 0);
+    REQUIRE(plan.prefix_group < 16);
+    CHECK(plan.prefix_words == 1500);
+    CHECK(plan.prompt_words() == 1600);
+    CHECK(plan.input_words == plain[i].input_words);
+    CHECK(plan.prompt_seed == plain[i].prompt_seed);  // the own words stay unique per request
+    const auto g = static_cast<std::size_t>(plan.prefix_group);
+    if (per_group[g]++ == 0) seed_of[g] = plan.prefix_seed;
+    CHECK(plan.prefix_seed == seed_of[g]);  // one prefix per group
+  }
+  for (const std::size_t n : per_group) {
+    CHECK(n > 60);  // 100 expected
+    CHECK(n < 140);
+  }
+  CHECK(std::set<std::uint64_t>(seed_of.begin(), seed_of.end()).size() == 16);
+  // The group's prefix depends on the seed and the group only, not on how many requests there are.
+  const auto fewer = plan_requests(shape, 10, 5);
+  for (const auto& plan : fewer) {
+    CHECK(plan.prefix_seed == group_prefix_seed(5, static_cast<std::size_t>(plan.prefix_group)));
+  }
+  CHECK(group_prefix_seed(5, 3) != group_prefix_seed(6, 3));
+  CHECK(plain.front().prefix_group == -1);
+  CHECK(plain.front().prefix_words == 0);
+}
+
+TEST_CASE("a grouped request's prompt is its group's prefix, then its own words") {
+  request_shape shape;
+  shape.input_len = 20;
+  shape.prefix_groups = 2;
+  shape.prefix_len = 50;
+  const auto plans = plan_requests(shape, 64, 11);
+  const auto prompt_of = [&](const request_plan& plan) {
+    return words_of(nlohmann::json::parse(request_body(shape, "m", plan))["prompt"].get<std::string>());
+  };
+  const request_plan* same[2] = {nullptr, nullptr};
+  for (const auto& plan : plans) {
+    if (plan.prefix_group != plans[0].prefix_group) continue;
+    if (same[0] == nullptr) {
+      same[0] = &plan;
+    } else if (same[1] == nullptr) {
+      same[1] = &plan;
+    }
+  }
+  const auto other = std::find_if(plans.begin(), plans.end(),
+                                  [&](const request_plan& p) { return p.prefix_group != plans[0].prefix_group; });
+  REQUIRE(same[1] != nullptr);
+  REQUIRE(other != plans.end());
+  const auto a = prompt_of(*same[0]), b = prompt_of(*same[1]), c = prompt_of(*other);
+  REQUIRE(a.size() == 70);
+  REQUIRE(b.size() == 70);
+  CHECK(head_words(a, 50) == head_words(b, 50));
+  CHECK(std::vector<std::string>(a.begin() + 50, a.end()) != std::vector<std::string>(b.begin() + 50, b.end()));
+  CHECK(head_words(a, 50) != head_words(c, 50));
+
+  shape.endpoint = "/v1/chat/completions";
+  const auto chat = nlohmann::json::parse(request_body(shape, "m", *same[0]));
+  CHECK(words_of(chat["messages"][0]["content"].get<std::string>()) == a);
+}
+
+TEST_CASE("a conversation sends its whole history, the prefix in the first user message only") {
+  request_shape shape;
+  shape.endpoint = "/v1/chat/completions";
+  shape.input_len = 10;
+  shape.prefix_groups = 1;
+  shape.prefix_len = 30;
+  const auto plans = plan_requests(shape, 2, 3);
+  conversation talk;
+  talk.add_user_turn(plans[0]);
+  CHECK(talk.words() == 40);
+  auto first = nlohmann::json::parse(talk.request_body(shape, "m", 7));
+  REQUIRE(first["messages"].size() == 1);
+  CHECK(first["max_completion_tokens"] == 7);
+  const std::string opening = first["messages"][0]["content"];
+  CHECK(words_of(opening).size() == 40);
+
+  talk.add_answer(" tok \"quoted\"\n tok");  // as received; the body must escape it
+  talk.add_user_turn(plans[1]);
+  CHECK(talk.words() == 40 + 3 + 10);
+  const auto second = nlohmann::json::parse(talk.request_body(shape, "m", 7));
+  REQUIRE(second["messages"].size() == 3);
+  CHECK(second["messages"][0]["role"] == "user");
+  CHECK(second["messages"][0]["content"] == opening);  // the same bytes: the cached blocks match
+  CHECK(second["messages"][1]["role"] == "assistant");
+  CHECK(second["messages"][1]["content"] == " tok \"quoted\"\n tok");
+  CHECK(second["messages"][2]["role"] == "user");
+  CHECK(words_of(second["messages"][2]["content"].get<std::string>()).size() == 10);
+  CHECK(second["stream"] == true);
+}
+
+TEST_CASE("append_answer_text takes completions text, chat deltas and a chat message") {
+  std::string text;
+  append_answer_text(token_event, text);
+  CHECK(text == " the");
+  append_answer_text(R"({"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})", text);
+  append_answer_text(R"({"choices":[{"index":0,"delta":{"content":" tok"}}]})", text);
+  append_answer_text(R"({"choices":[{"index":0,"delta":{"role":"assistant"}}]})", text);
+  append_answer_text(usage_event, text);
+  append_answer_text("[DONE]", text);
+  CHECK(text == " the tok");
+  text.clear();
+  append_answer_text(R"({"choices":[{"index":0,"message":{"role":"assistant","content":"a b"}}],"usage":{}})", text);
+  CHECK(text == "a b");
+  CHECK(count_words(" tok tok\ttok\n") == 3);
+  CHECK(count_words("") == 0);
+  CHECK(count_words("   ") == 0);
+}
+
+TEST_CASE("response_recorder keeps the answer text only when asked") {
+  const auto t0 = rclock::now();
+  const std::string chat_token = R"(data: {"choices":[{"index":0,"delta":{"content":" tok"}}]})" "\n\n";
+  for (const bool keep : {false, true}) {
+    auto r = started_result(t0);
+    response_recorder recorder(r, response_recorder::body_kind::event_stream, keep);
+    recorder.consume(chat_token + chat_token + "data: [DONE]\n\n", t0 + 1ms);
+    recorder.complete(t0 + 2ms);
+    CHECK(r.ok);
+    CHECK(r.answer == (keep ? " tok tok" : ""));
+  }
+}
+
+TEST_CASE("validate checks prefix groups and sessions") {
+  run_options options;
+  options.shape.prefix_groups = 4;
+  CHECK(validate(options).find("prefix length") != std::string::npos);
+  options.shape.prefix_len = 100;
+  CHECK(validate(options).empty());
+  options.chat_sessions.sessions = 10;
+  options.chat_sessions.turns = 3;
+  CHECK(validate(options).find("chat endpoint") != std::string::npos);
+  options.shape.endpoint = "/v1/chat/completions";
+  CHECK(validate(options).find("sessions * turns") != std::string::npos);
+  options.num_prompts = 30;
+  CHECK(validate(options).empty());
+  options.chat_sessions.header = "x-session id";
+  CHECK(validate(options).find("session header") != std::string::npos);
+  options.chat_sessions.header = "x-session-id";
+  options.chat_sessions.turns = 0;
+  CHECK_FALSE(validate(options).empty());
+}
+
+TEST_CASE("the command line takes prefix groups and sessions; --num-prompts follows the sessions") {
+  auto parsed = parse({"--prefix-groups", "16", "--prefix-len", "1500", "--random-input-len", "100"});
+  REQUIRE(parsed.options);
+  CHECK(parsed.options->run.shape.prefix_groups == 16);
+  CHECK(parsed.options->run.shape.prefix_len == 1500);
+  CHECK_FALSE(parsed.options->run.chat_sessions.enabled());
+
+  parsed = parse({"--backend", "openai-chat", "--sessions", "8", "--turns", "4", "--session-header", "x-session-id"});
+  REQUIRE(parsed.options);
+  CHECK(parsed.options->run.num_prompts == 32);
+  CHECK(parsed.options->run.chat_sessions.sessions == 8);
+  CHECK(parsed.options->run.chat_sessions.turns == 4);
+  CHECK(parsed.options->run.chat_sessions.header == "x-session-id");
+  CHECK(parse({"--backend", "openai-chat", "--sessions", "8", "--turns", "4", "--num-prompts", "32"}).options);
+
+  for (const auto& args : std::vector<std::vector<const char*>>{
+           {"--backend", "openai-chat", "--sessions", "8", "--turns", "4", "--num-prompts", "31"},
+           {"--sessions", "8", "--turns", "4"},  // completions have no history
+           {"--prefix-groups", "4"}}) {
+    std::string error;
+    const auto bad = parse(args, &error);
+    CHECK_FALSE(bad.options);
+    CHECK(bad.exit_code == 2);
+    CHECK(std::count(error.begin(), error.end(), '\n') == 1);
+  }
 }
