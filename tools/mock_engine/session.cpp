@@ -418,7 +418,7 @@ asio::awaitable<bool> connection::serve_routed_generation(const request& req, ap
   if (options_.balance == dp_balance::oracle && std::holds_alternative<any_engine>(wish)) {
     parsed_early = parse_generation(req, kind);
     const auto* gen = std::get_if<generation_request>(&*parsed_early);
-    engine_ = &oracle_engine(gen != nullptr ? std::span<const std::uint64_t>(gen->prompt_chain)
+    engine_ = &oracle_engine(gen != nullptr ? std::span<const std::uint64_t>(gen->prompt_chain.chain())
                                             : std::span<const std::uint64_t>{});
   } else {
     engine_ = &choose_engine(wish);

@@ -670,7 +670,7 @@ TEST_CASE("validate checks prefix groups and sessions") {
   CHECK_FALSE(validate(options).empty());
 }
 
-TEST_CASE("the command line takes prefix groups and sessions; --num-prompts follows the sessions") {
+TEST_CASE("the command line takes prefix groups and sessions, and the number of prompts follows the sessions") {
   auto parsed = parse({"--prefix-groups", "16", "--prefix-len", "1500", "--random-input-len", "100"});
   REQUIRE(parsed.options);
   CHECK(parsed.options->run.shape.prefix_groups == 16);
