@@ -5,6 +5,8 @@
 #   overhead-stream-cpu.png   proxy CPU seconds per million relayed SSE events, per proxy and N (part 2)
 # and, when bench/imbalance.sh has run (its imbalance.tsv in IMBALANCE_DIR, default bench/results):
 #   imbalance-bursts.png      output-token throughput of each policy relative to the balanced run, per burst
+# and, when bench/prefix.sh has run (its prefix.json in PREFIX_DIR, default bench/results):
+#   prefix-groups.png         the shared-prefix workload: output tok/s and TTFT p90 against the arrival rate
 #
 #   bench/plot.sh [RESULTS_DIR]     (default: bench/results/latest, the last full overhead run)
 #
@@ -14,12 +16,13 @@ cd "$(dirname "$0")/.."
 
 results=${1:-bench/results/latest}
 imbalance_dir=${IMBALANCE_DIR:-bench/results}
+prefix_dir=${PREFIX_DIR:-bench/results}
 have_overhead=1
 for f in wrk.tsv stream.tsv; do
   [[ -f $results/$f ]] || have_overhead=0
 done
-if [[ $have_overhead == 0 && ! -f $imbalance_dir/imbalance.tsv ]]; then
-  echo "plot: no results found; run bench/overhead.sh or bench/imbalance.sh first" >&2
+if [[ $have_overhead == 0 && ! -f $imbalance_dir/imbalance.tsv && ! -f $prefix_dir/prefix.json ]]; then
+  echo "plot: no results found; run bench/overhead.sh, bench/imbalance.sh or bench/prefix.sh first" >&2
   exit 2
 fi
 command -v gnuplot >/dev/null || { echo "plot: gnuplot not installed" >&2; exit 2; }
@@ -144,6 +147,48 @@ plot_imbalance() {
   echo "plot: wrote imbalance-bursts.png in $imbalance_dir"
 }
 
+# Two panels over the arrival rate, one line per policy (medians over runs): output tok/s, and TTFT p90 on a
+# log scale. The medians come out of prefix.json with python3, which the benchmarks need anyway.
+plot_prefix() {
+  local clauses_tput="" clauses_ttft="" p
+  python3 - "$prefix_dir/prefix.json" "$tmp" <<'PY'
+import json, statistics, sys
+runs = [r for r in json.load(open(sys.argv[1]))["runs"] if r["workload"] == "groups" and r["rate"] != "inf"]
+policies = list(dict.fromkeys(r["policy"] for r in runs))
+with open(f"{sys.argv[2]}/prefix-policies", "w") as names:
+    names.write("\n".join(policies) + "\n")
+for p in policies:
+    with open(f"{sys.argv[2]}/prefix-{p}.dat", "w") as out:
+        for rate in sorted({float(r["rate"]) for r in runs if r["policy"] == p}):
+            cell = [r for r in runs if r["policy"] == p and float(r["rate"]) == rate]
+            out.write(f"{rate:g}\t{statistics.median(r['output_tok_s'] for r in cell)}\t"
+                      f"{statistics.median(r['ttft_p90_s'] for r in cell)}\n")
+PY
+  declare -A policy_colour=([least-inflight]='#d62728' [round-robin]='#ff9896' [least-load]='#ff7f0e'
+                            [prefix-aware]='#2ca02c' [oracle]='#444444')
+  while read -r p; do
+    clauses_tput+="${clauses_tput:+, }'$tmp/prefix-$p.dat' using 1:2 with linespoints lw 2 pt 7 lc rgb '${policy_colour[$p]:-#7f7f7f}' title '$p'"
+    clauses_ttft+="${clauses_ttft:+, }'$tmp/prefix-$p.dat' using 1:3 with linespoints lw 2 pt 7 lc rgb '${policy_colour[$p]:-#7f7f7f}' title '$p'"
+  done <"$tmp/prefix-policies"
+  gnuplot <<GNUPLOT
+set terminal $terminal noenhanced
+set output '$prefix_dir/prefix-groups.png'
+set multiplot layout 1,2 title '16 groups of shared 1,500-word prefixes, 4 simulated engines with prefix caching'
+set xlabel 'arrival rate (requests per simulated s)'
+set grid
+set key top left
+set ylabel 'output tokens / s'
+set yrange [0:*]
+plot $clauses_tput
+set ylabel 'TTFT p90 (s, log scale; lower is better)'
+set logscale y
+set yrange [*:*]
+plot $clauses_ttft
+unset multiplot
+GNUPLOT
+  echo "plot: wrote prefix-groups.png in $prefix_dir"
+}
+
 if [[ $have_overhead == 1 ]]; then
   plot_lines rps 'Requests per second, POST /v1/completions (max_tokens 1), median of rounds' 'requests / s' \
     overhead-rps.png
@@ -153,3 +198,5 @@ if [[ $have_overhead == 1 ]]; then
   echo "plot: wrote overhead-rps.png, overhead-cpu-per-req.png and overhead-stream-cpu.png in $results"
 fi
 [[ -f $imbalance_dir/imbalance.tsv ]] && plot_imbalance
+[[ -f $prefix_dir/prefix.json ]] && plot_prefix
+true

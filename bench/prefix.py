@@ -12,7 +12,7 @@ ceiling a prefix-aware router can aim at. Rows whose dplb policy or mock mode th
 
 Engines (every row): --prefill-us-per-token 120 (prefill-heavy: a cached prefix saves most of a request's cost),
 --kv-blocks 1024 of 16 tokens (16,384 tokens) each, --max-num-seqs 32, --threads 1.
-  Why 1024 blocks: the mock names (and caches) only full prompt blocks, so a 1,500-word prefix is 93 cached
+  Why 1024 blocks: the mock caches full blocks only, so a 1,500-word prefix is 93 cached
   blocks (94 held while a request of its group runs). The 16 groups' prefixes need 16 x 94 = 1,504 blocks: more
   than one engine has (1,024), so an engine that sees every group evicts prefixes, but a quarter of that (376,
   4 groups per engine) plus the running requests' own blocks ((100 + 64) / 16 -> 11 each, 32 x 11 = 352) fits
@@ -27,6 +27,9 @@ Workloads (--workloads):
           about 20 (their hit rate near 0.5, most of the 192 ms of a whole prompt's prefill paid every other
           request), a router that hits the cache about twice that, so 12 loads everyone lightly, 24 is
           past the load-only policies' capacity but not a prefix-aware one's, 36 near its limit.
+  unrelated  prompts that share nothing (1,600 unique words each, 64 output tokens), closed loop with
+          --unrelated-concurrency in flight: prefix-aware must place them as least-inflight does (its
+          throughput within noise of least-inflight's).
   chat    multi-turn sessions (dplb-bench --sessions --turns, chat endpoint): --chat-sessions sessions of
           --chat-turns turns; each session's first user message starts with one of 8 shared 1,000-word
           system prompts (--prefix-groups 8 --prefix-len 1000), every turn adds 100 new words, answers are 64
@@ -69,6 +72,11 @@ def groups_args(opts):
     return ["--prefix-groups", str(opts.groups), "--prefix-len", str(opts.prefix_len), "--random-input-len",
             str(opts.query_len), "--random-output-len", str(opts.output_len), "--num-prompts", str(opts.num_prompts),
             "--max-concurrency", str(opts.max_concurrency)]
+
+
+def unrelated_args(opts):
+    return ["--random-input-len", str(opts.unrelated_len), "--random-output-len", str(opts.output_len),
+            "--num-prompts", str(opts.num_prompts), "--max-concurrency", str(opts.unrelated_concurrency)]
 
 
 def chat_args(opts):
@@ -119,7 +127,8 @@ def run_one(opts, workdir, workload, rate, policy, repeat):
                     extra += ["--affinity-header", SESSION_HEADER]
             proxy, port = start_dplb(opts.dplb, policy, ports, workdir / f"{tag}.dplb.log", extra, dp=ENGINES)
         rate_args = ["--request-rate", "inf" if rate == "inf" else str(float(rate) * opts.time_scale)]
-        args = (groups_args(opts) if workload == "groups" else chat_args(opts)) + rate_args + [
+        workload_args = {"groups": groups_args, "chat": chat_args, "unrelated": unrelated_args}[workload](opts)
+        args = workload_args + rate_args + [
             "--ignore-eos", "--seed", str(opts.seed + repeat)]
         result_path = workdir / f"{tag}.json"
         started = time.monotonic()
@@ -156,7 +165,7 @@ def main():
     parser.add_argument("--policies", default=POLICIES + " " + ORACLE,
                         help="dplb policies, and 'oracle' (the mock's own balancing); those this build lacks are "
                         "skipped")
-    parser.add_argument("--workloads", default="groups chat", help="among: groups chat")
+    parser.add_argument("--workloads", default="groups chat unrelated", help="among: groups chat unrelated")
     parser.add_argument("--rates", default="12 24 36",
                         help="groups: requests per simulated second, one run each ('inf': all at once)")
     parser.add_argument("--num-prompts", type=int, default=480, help="groups: requests per run")
@@ -165,6 +174,9 @@ def main():
     parser.add_argument("--prefix-len", type=int, default=1500, help="groups: words of each group's prefix")
     parser.add_argument("--query-len", type=int, default=100, help="groups: each request's own words")
     parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--unrelated-len", type=int, default=1600, help="unrelated: words of each prompt")
+    parser.add_argument("--unrelated-concurrency", type=int, default=64,
+                        help="unrelated: requests in flight (closed loop)")
     parser.add_argument("--chat-sessions", type=int, default=96)
     parser.add_argument("--chat-turns", type=int, default=6)
     parser.add_argument("--chat-concurrency", type=int, default=32, help="chat: sessions at a time")
@@ -193,9 +205,9 @@ def main():
             log(f"prefix: skipping {ORACLE}: {opts.mock} has no --dp-balance")
     workloads = opts.workloads.split()
     for workload in workloads:
-        if workload not in ("groups", "chat"):
-            raise SystemExit(f"prefix: unknown workload {workload} (known: groups chat)")
-    rates = {"groups": opts.rates.split(), "chat": ["inf"]}
+        if workload not in ("groups", "chat", "unrelated"):
+            raise SystemExit(f"prefix: unknown workload {workload} (known: groups chat unrelated)")
+    rates = {"groups": opts.rates.split(), "chat": ["inf"], "unrelated": ["inf"]}
     cells = [(workload, rate, policy, repeat) for workload in workloads for rate in rates[workload]
              for repeat in range(opts.repeats) for policy in policies]
     run_cells("prefix", cells, lambda workdir, *cell: run_one(opts, workdir, *cell), opts,
@@ -248,6 +260,14 @@ def report(opts, workloads, rates, policies, records, elapsed):
                     f"| {ratio(value('least-inflight', 'ttft_p50_s'), p50)} "
                     f"| {ratio(value('least-inflight', 'ttft_p90_s'), p90)} "
                     f"| {ratio(tput, value(ORACLE, 'output_tok_s'))} |")
+    lines += ["", "Every run's output tok/s, by seed (runs of one seed send the same requests):", ""]
+    for workload in workloads:
+        for rate in rates[workload]:
+            for policy in policies:
+                runs = sorted((r for r in records if r["workload"] == workload and r["rate"] == rate
+                               and r["policy"] == policy), key=lambda r: r["repeat"])
+                if runs:
+                    lines.append(f"- {workload}, {rate}, {policy}: " + ", ".join(f"{r['output_tok_s']:,.0f}" for r in runs))
     lines += ["", f"Failed requests: {sum(r['failed'] for r in records)}; preemptions: "
               f"{sum(sum(r['preemptions']) for r in records):.0f}; the mock's step-end lag, at most "
               f"{max(r['lag_share'] for r in records):.1%} of its steps' wall time (the scaled figures hold while "

@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 args=(--build-dir "${PREFIX_BUILD_DIR:-build}")
 if [[ ${PREFIX_QUICK:-0} == 1 ]]; then
   args+=(--rates 16 --num-prompts 48 --prefix-len 300 --chat-sessions 8 --chat-turns 3 --chat-concurrency 8
-         --chat-prefix-len 200 --output-len 16 --repeats 1 --time-scale 20
+         --chat-prefix-len 200 --output-len 16 --unrelated-len 300 --unrelated-concurrency 16 --repeats 1 --time-scale 20
          --results-dir "${TMPDIR:-/tmp}/dplb-prefix-quick")
 fi
 exec python3 bench/prefix.py "${args[@]}" "$@"

@@ -46,8 +46,10 @@ class load_bound {
     }
   }
   bool allows(const host_view& h) const {
+    // Less a hair before rounding up: a share meant to be a whole number (1.1 * 10 / 11) must not become
+    // the next one through the rounding of its product (1.0000000000000002).
     return h.usable && weights_ > 0 &&
-           h.inflight + 1.0 <= std::ceil(factor_ * (static_cast<double>(total_) + 1) * h.weight / weights_);
+           h.inflight + 1.0 <= std::ceil(factor_ * (static_cast<double>(total_) + 1) * h.weight / weights_ - 1e-9);
   }
 
  private:

@@ -149,6 +149,15 @@ TEST_CASE("load bound: at most C times the fair share, this request included, ro
   CHECK_FALSE(load_bound(hosts, 1.25).allows(hosts[0]));
   hosts[1].usable = false;  // the unusable neither count nor are allowed
   CHECK_FALSE(load_bound(hosts, 1.25).allows(hosts[1]));
+  // A share that is a whole number stays one, whatever the rounding of the product: 1.1 * 100 / 2 is 55,
+  // which doubles compute as 55.00000000000001.
+  std::vector<host_view> two(2);
+  two[0].inflight = 55;
+  two[1].inflight = 44;
+  CHECK_FALSE(load_bound(two, 1.1).allows(two[0]));  // 56 > 55
+  two[0].inflight = 54;
+  two[1].inflight = 45;
+  CHECK(load_bound(two, 1.1).allows(two[0]));  // 55 <= 55
 }
 
 TEST_CASE("prefix-aware: a request goes where its prefix went, while that rank is within the bound", "[prefix]") {
