@@ -26,7 +26,7 @@ std::vector<std::size_t> place_all(const affinity_ring& ring, const std::vector<
 
 }  // namespace
 
-TEST_CASE("affinity ring: same key, same rank; keys spread over the ranks", "[affinity]") {
+TEST_CASE("affinity ring: same key, same rank, and keys spread over the ranks", "[affinity]") {
   affinity_ring ring;
   ring.add_ranks(0, 4);
   const std::vector<host_view> hosts(4);
