@@ -3,19 +3,11 @@
 #include <algorithm>
 #include <cstring>
 
+#include "dplb/support/hashing.hpp"
+
 namespace dplb::balancer {
-namespace {
+using support::mix64;
 
-// splitmix64's finaliser: cheap and well mixed. The index only needs equal prefixes to hash equal and
-// different ones almost never to; a collision costs one misplaced request, never a wrong answer.
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 void prefix_chain_builder::feed(std::string_view bytes) {
   while (!bytes.empty() && chain_.size() < max_prefix_blocks) {
@@ -29,11 +21,11 @@ void prefix_chain_builder::feed(std::string_view bytes) {
 
 // Whole blocks are hashed, so a chain does not depend on how its prompt was cut into pieces.
 void prefix_chain_builder::close_block() {
-  std::uint64_t state = mix(parent_);
+  std::uint64_t state = mix64(parent_);
   for (std::size_t at = 0; at < prefix_block_bytes; at += 8) {
     std::uint64_t word = 0;
     std::memcpy(&word, block_.data() + at, 8);
-    state = mix(state ^ word);
+    state = mix64(state ^ word);
   }
   chain_.push_back(state);
   parent_ = state;
@@ -49,14 +41,12 @@ std::vector<prefix_hash> prefix_chain_builder::take(prefix_hash seed) {
 }
 
 prefix_hash prefix_chain_builder::seed_of(std::string_view model) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a, then mixed
-  for (const char c : model) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
-  return mix(h);
+  return support::hash_bytes(model);
 }
 
 void prefix_chain_builder::reseed(std::vector<prefix_hash>& chain, prefix_hash seed) {
   if (seed == 0) return;
-  for (auto& h : chain) h = mix(h ^ seed);
+  for (auto& h : chain) h = mix64(h ^ seed);
 }
 
 void prefix_index::match(std::span<const prefix_hash> chain, std::size_t ranks,

@@ -4,26 +4,16 @@
 #include <cassert>
 
 namespace dplb::mock::sim {
-namespace {
+using support::mix64;
 
-// splitmix64's finaliser: a well-mixed 64-bit hash step (collisions are as unlikely as in vLLM's own
-// 64-bit builtin hash mode; this is a simulator, not a security boundary).
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 chain_builder::chain_builder(std::uint32_t block_size, block_hash seed)
     : block_size_(block_size), parent_(seed) {}
 
 void chain_builder::add(std::uint64_t token) {
   if (block_size_ == 0) return;
-  if (filled_ == 0) state_ = mix(parent_);
-  state_ = mix(state_ ^ token);
+  if (filled_ == 0) state_ = mix64(parent_);
+  state_ = mix64(state_ ^ token);
   if (++filled_ < block_size_) return;
   chain_.push_back(state_);
   parent_ = state_;

@@ -13,6 +13,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "dplb/support/hashing.hpp"
+
 namespace dplb::mock::sim {
 
 using block_hash = std::uint64_t;
@@ -88,13 +90,9 @@ class kv_block_pool {
   std::unordered_map<block_hash, block_id> by_hash_;
 };
 
-// A word's pseudo-token id: FNV-1a 64 of its bytes. The mock's stand-in for a tokenizer: a prompt is one
+// A word's pseudo-token id: a hash of its bytes. The mock's stand-in for a tokenizer: a prompt is one
 // token per whitespace-separated word, and every generated token is the word "tok".
-constexpr std::uint64_t word_token(std::string_view word) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (const char c : word) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
-  return h;
-}
+constexpr std::uint64_t word_token(std::string_view word) { return support::hash_bytes(word); }
 inline constexpr std::uint64_t generated_token = word_token("tok");
 
 // The chain of block hashes of a request's full blocks: block i's hash mixes block i-1's hash (`seed` for
