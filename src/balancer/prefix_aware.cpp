@@ -50,7 +50,8 @@ std::optional<std::size_t> prefix_aware::choose(const pick_context& request, std
 }
 
 void prefix_aware::on_state_change(std::size_t rank, std::uint8_t flags) {
-  // A removed rank never comes back under its number: what it held is of no more use.
+  // A removed rank's engine may be gone or restarted: what dplb remembers of it is no evidence of its cache
+  // any more (if the admin adds the same backend back, its ranks start with an empty index).
   if ((flags & host_flag::removed) != 0) {
     index_.forget(rank);
     publish_size(rank);
