@@ -194,10 +194,7 @@ struct application::impl {
         signals(signal_io, SIGINT, SIGTERM),
         reload_signal(signal_io, SIGHUP) {
     if (!settings.affinity_header.empty()) balancer.enable_affinity(settings.load_bound, &routing);
-    metrics.observe_routing(routing,
-                            std::ranges::any_of(settings.clusters, [](const config::cluster_spec& c) {
-                              return c.policy == "prefix-aware";
-                            }),
+    metrics.observe_routing(routing, config::any_cluster_uses(settings, "prefix-aware"),
                             !settings.affinity_header.empty());
     for (const auto& h : topology.hosts()) {
       balancer.set_weight(h.rank, h.weight);

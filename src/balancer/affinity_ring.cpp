@@ -7,7 +7,6 @@
 namespace dplb::balancer {
 using support::mix64;
 
-
 // A fixed function: every dplb replica puts a key on the same rank.
 std::uint64_t affinity_ring::hash(std::string_view key) { return support::hash_bytes(key); }
 

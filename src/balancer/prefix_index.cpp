@@ -8,7 +8,6 @@
 namespace dplb::balancer {
 using support::mix64;
 
-
 void prefix_chain_builder::feed(std::string_view bytes) {
   while (!bytes.empty() && chain_.size() < max_prefix_blocks) {
     const std::size_t take = std::min(bytes.size(), prefix_block_bytes - filled_);

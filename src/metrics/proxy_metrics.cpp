@@ -21,6 +21,23 @@ prometheus::Histogram::BucketBoundaries latency_buckets() {
           5,     10,     20,    30,   60,    120,  300, 600, 1200, 1800, 3600};
 }
 
+// A family assembled at scrape time, outside the registry (lock-free histograms, routing counters).
+prometheus::MetricFamily scraped_family(std::string name, std::string help, prometheus::MetricType type) {
+  prometheus::MetricFamily f;
+  f.name = std::move(name);
+  f.help = std::move(help);
+  f.type = type;
+  return f;
+}
+
+prometheus::ClientMetric histogram_sample(std::vector<prometheus::ClientMetric::Label> labels,
+                                          const atomic_histogram& h) {
+  prometheus::ClientMetric m;
+  m.label = std::move(labels);
+  m.histogram = h.snapshot();
+  return m;
+}
+
 }  // namespace
 
 proxy_metrics::proxy_metrics(const std::vector<std::string>& rank_urls, const balancer::balancer& balancer,
@@ -297,13 +314,6 @@ void proxy_metrics::observe_routing(const balancer::routing_stats& stats, bool p
 std::vector<prometheus::MetricFamily> proxy_metrics::routing_families() const {
   std::vector<prometheus::MetricFamily> out;
   if (routing_ == nullptr) return out;
-  const auto family = [](std::string name, std::string help, prometheus::MetricType type) {
-    prometheus::MetricFamily f;
-    f.name = std::move(name);
-    f.help = std::move(help);
-    f.type = type;
-    return f;
-  };
   const auto counter = [](std::string outcome, const std::atomic<std::uint64_t>& value) {
     prometheus::ClientMetric m;
     m.label = {{"outcome", std::move(outcome)}};
@@ -312,22 +322,20 @@ std::vector<prometheus::MetricFamily> proxy_metrics::routing_families() const {
   };
   const auto& r = *routing_;
   if (routing_prefix_) {
-    auto decisions = family("dplb_prefix_decisions_total",
+    auto decisions = scraped_family("dplb_prefix_decisions_total",
                             "prefix-aware picks: taken (sent where the longest prefix went), overridden (that rank "
                             "was over --load-bound) or missed (no match of --prefix-min-match)",
                             prometheus::MetricType::Counter);
     decisions.metric = {counter("taken", r.prefix_taken), counter("overridden", r.prefix_overridden),
                         counter("missed", r.prefix_missed)};
     out.push_back(std::move(decisions));
-    auto matched = family("dplb_prefix_matched_tokens",
+    auto matched = scraped_family("dplb_prefix_matched_tokens",
                           "prefix-aware picks: the longest prefix of the prompt some rank was sent before, in "
                           "estimated tokens",
                           prometheus::MetricType::Histogram);
-    prometheus::ClientMetric m;
-    m.histogram = r.matched_tokens.snapshot();
-    matched.metric.push_back(std::move(m));
+    matched.metric.push_back(histogram_sample({}, r.matched_tokens));
     out.push_back(std::move(matched));
-    auto index = family("dplb_prefix_index_blocks",
+    auto index = scraped_family("dplb_prefix_index_blocks",
                         "prefix-aware: prompt blocks (256 bytes, about 64 tokens, each) remembered for the rank",
                         prometheus::MetricType::Gauge);
     const std::size_t ranks = std::min(rank_count(), r.capacity);
@@ -341,7 +349,7 @@ std::vector<prometheus::MetricFamily> proxy_metrics::routing_families() const {
     out.push_back(std::move(index));
   }
   if (routing_affinity_) {
-    auto decisions = family("dplb_affinity_decisions_total",
+    auto decisions = scraped_family("dplb_affinity_decisions_total",
                             "Requests with --affinity-header: taken (sent to their session's rank) or overridden "
                             "(it was over --load-bound: the next rank on the ring took it)",
                             prometheus::MetricType::Counter);
@@ -370,17 +378,7 @@ void proxy_metrics::refresh_engine_stats(std::size_t rank) {
 
 std::vector<prometheus::MetricFamily> proxy_metrics::histogram_families() const {
   const auto family = [](std::string name, std::string help) {
-    prometheus::MetricFamily f;
-    f.name = std::move(name);
-    f.help = std::move(help);
-    f.type = prometheus::MetricType::Histogram;
-    return f;
-  };
-  const auto sample = [](std::vector<prometheus::ClientMetric::Label> labels, const atomic_histogram& h) {
-    prometheus::ClientMetric m;
-    m.label = std::move(labels);
-    m.histogram = h.snapshot();
-    return m;
+    return scraped_family(std::move(name), std::move(help), prometheus::MetricType::Histogram);
   };
   auto duration = family("dplb_request_duration_seconds", "From the pick of a rank to the end of the relayed response");
   auto ttfb = family("dplb_time_to_first_byte_seconds",
@@ -388,12 +386,12 @@ std::vector<prometheus::MetricFamily> proxy_metrics::histogram_families() const 
   const std::size_t ranks = rank_count();
   for (std::size_t r = 0; r < ranks; ++r) {
     if (retired(r)) continue;
-    duration.metric.push_back(sample({{"rank", rank_labels_[r]}}, *ranks_[r].duration));
-    ttfb.metric.push_back(sample({{"rank", rank_labels_[r]}}, *ranks_[r].ttfb));
+    duration.metric.push_back(histogram_sample({{"rank", rank_labels_[r]}}, *ranks_[r].duration));
+    ttfb.metric.push_back(histogram_sample({{"rank", rank_labels_[r]}}, *ranks_[r].ttfb));
   }
   auto queue_wait = family("dplb_queue_wait_seconds",
                            "Time requests waited in dplb's queue, whether they then got a slot or not");
-  queue_wait.metric.push_back(sample({}, queue_wait_));
+  queue_wait.metric.push_back(histogram_sample({}, queue_wait_));
   return {std::move(duration), std::move(ttfb), std::move(queue_wait)};
 }
 

@@ -567,8 +567,7 @@ class session {
   http::request_head request_head_;    // views into buffer_
   std::string session_key_;            // --affinity-header's value in the request being served
   std::vector<std::uint64_t> prefix_chain_;  // its prompt's prefix blocks (prefix-aware), for the pick
-  const bool wants_prefix_chain_ = std::ranges::any_of(
-      settings_.clusters, [](const config::cluster_spec& c) { return c.policy == "prefix-aware"; });
+  const bool wants_prefix_chain_ = config::any_cluster_uses(settings_, "prefix-aware");
   std::string request_body_;           // de-chunked
   upstream_head upstream_head_;        // the engine's request head, written from request_head_
   http::response_head response_head_;  // views into the engine connection's buffer

@@ -9,7 +9,7 @@ namespace dplb::balancer {
 
 struct prefix_aware_options {
   double load_bound = 1.25;                 // --load-bound: see load_bound
-  std::size_t min_match_blocks = 4;         // --prefix-min-match, in blocks of prefix_block_tokens
+  std::size_t min_match_blocks = 1;         // --prefix-min-match (default 64 tokens), in blocks of prefix_block_tokens
   std::size_t index_blocks_per_rank = 16384;  // --prefix-index-blocks
 };
 

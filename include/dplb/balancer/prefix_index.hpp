@@ -2,7 +2,7 @@
 // What dplb remembers of the prompts it routed, for the prefix-aware policy: per rank, the chains of
 // prompt blocks it sent there, so that a request starting with a prompt a rank has seen goes where the
 // engine likely still caches that prefix's KV (vLLM's prefix caching). Approximate by design: dplb does
-// not tokenize, so a block is a fixed number of prompt bytes (about vLLM's 16 tokens), and dplb does not
+// not tokenize, so a block is a fixed number of prompt bytes (about 64 tokens), and dplb does not
 // see the engine's evictions, so each rank's part is bounded and forgets least recently used blocks first.
 
 #include <array>
@@ -72,7 +72,7 @@ class prefix_index {
   // all, since its head is what later requests share), and its least recently used go beyond capacity.
   void insert(std::size_t rank, std::span<const prefix_hash> chain);
 
-  // Forgets everything a rank held (it was removed; its number is never reused).
+  // Forgets everything a rank held (it was removed).
   void forget(std::size_t rank);
 
   std::size_t blocks(std::size_t rank) const { return rank < ranks_.size() ? ranks_[rank].count : 0; }

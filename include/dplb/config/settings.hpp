@@ -3,6 +3,7 @@
 // environment (DPLB_*), a JSON config file, and the defaults written here. Parsing is pure (no I/O except
 // reading the config file) so that precedence is unit-tested without starting anything.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -157,6 +158,11 @@ inline constexpr std::chrono::milliseconds default_stats_interval{100};
 // engine stats (`uses_engine_stats`), else never (0).
 inline std::chrono::milliseconds engine_stats_interval(const settings& s, bool uses_engine_stats) {
   return s.stats_interval.value_or(uses_engine_stats ? default_stats_interval : std::chrono::milliseconds(0));
+}
+
+// Whether some model group (the implicit "default" one included) balances with `policy`.
+inline bool any_cluster_uses(const settings& s, std::string_view policy) {
+  return std::ranges::any_of(s.clusters, [&](const cluster_spec& c) { return c.policy == policy; });
 }
 
 // The process environment as name -> value (only DPLB_* entries matter). Tests pass their own.

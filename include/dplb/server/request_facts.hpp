@@ -49,7 +49,7 @@ struct request_facts {
   std::optional<std::int64_t> data_parallel_rank;  // vLLM's body field "data_parallel_rank", when an integer
   // Only when asked (prefix-aware): the prompt's blocks, chained by hash and seeded by the model
   // (balancer/prefix_index.hpp). Fed, in order: a text prompt's bytes after unescaping (each prompt of a
-  // batch followed by a separator), a token id as its 4 bytes (so a block is 16 ids), and every message's
+  // batch followed by a separator), a token id as its 4 bytes (so a block is 64 ids), and every message's
   // content text, each message followed by a separator (roles are not fed: the template adds the same
   // tokens around any conversation). Approximate: a repeated key adds its text again rather than replacing it.
   std::vector<std::uint64_t> prefix_chain;
