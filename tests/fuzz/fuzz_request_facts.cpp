@@ -6,6 +6,9 @@
 //    in the resulting object). This checks both halves of inspect_request_body: its own JSON reader
 //    accepts exactly what nlohmann accepts, and its handler's path tracking follows the rules in
 //    request_facts.hpp. The DOM keeps the last of repeated keys, as the rules do.
+//  - the prefix chain (asked for by prefix-aware routing): asking for it changes no other fact, and it
+//    equals a chain fed from the DOM by the rules in request_facts.hpp. The chain is compared on the
+//    DOM's own serialisation, which has no repeated keys (where the chain is approximate by design).
 // Any difference traps with both results printed.
 
 #include <nlohmann/json.hpp>
@@ -16,8 +19,11 @@
 #include <cstdio>
 #include <limits>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
+#include "dplb/balancer/prefix_index.hpp"
 #include "dplb/server/request_facts.hpp"
 
 namespace {
@@ -148,6 +154,59 @@ request_facts reference(const json& j) {
   return f;
 }
 
+// The prefix chain the rules in request_facts.hpp give for a JSON object: a text prompt's bytes; in a
+// batch, each text followed by a separator and each non-negative id as its 4 bytes (also in nested id
+// arrays); without a prompt, each message object's content text (or its parts' "text"), followed by a
+// separator.
+std::vector<std::uint64_t> reference_chain(const json& j) {
+  using dplb::balancer::prefix_chain_builder;
+  prefix_chain_builder chain;
+  const auto feed_id = [&](const json& id) {
+    if (!id.is_number_unsigned()) return;  // negatives are counted but not fed
+    const auto narrow = static_cast<std::uint32_t>(id.get<std::uint64_t>());
+    chain.feed(std::string_view(reinterpret_cast<const char*>(&narrow), sizeof narrow));
+  };
+  const auto text = [](const json& s) { return std::string_view(s.get_ref<const json::string_t&>()); };
+  const auto prompt = j.find("prompt");
+  const auto messages = j.find("messages");
+  if (prompt != j.end()) {
+    if (prompt->is_string()) chain.feed(text(*prompt));
+    if (prompt->is_array()) {
+      for (const auto& item : *prompt) {
+        if (item.is_string()) {
+          chain.feed(text(item));
+          chain.separate();
+        } else if (item.is_array()) {
+          for (const auto& id : item) feed_id(id);
+        } else {
+          feed_id(item);
+        }
+      }
+    }
+  } else if (messages != j.end()) {
+    for (const auto& message : messages->is_array() ? *messages : json::array()) {
+      if (!message.is_object()) continue;
+      if (const auto content = message.find("content"); content != message.end()) {
+        if (content->is_string()) chain.feed(text(*content));
+        if (content->is_array()) {
+          for (const auto& part : *content) {
+            if (!part.is_object()) continue;
+            if (const auto t = part.find("text"); t != part.end() && t->is_string()) chain.feed(text(*t));
+          }
+        }
+      }
+      chain.separate();
+    }
+  } else {
+    return {};
+  }
+  auto blocks = chain.take();
+  std::string model;
+  if (const auto it = j.find("model"); it != j.end() && it->is_string()) model = it->get<std::string>();
+  prefix_chain_builder::reseed(blocks, prefix_chain_builder::seed_of(model));
+  return blocks;
+}
+
 // The DOM turns an integer literal beyond 64 bits (or below INT64_MIN: 19 digits may be enough) into a
 // double, where the rules still read it as an integer (a huge max_tokens clamps): the reference cannot
 // tell those apart from `1e30`.
@@ -174,5 +233,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!dom) return 0;
   const request_facts expected = reference(*dom);
   if (got != expected) fail("inspect_request_body differs from the DOM reference", expected, got);
+
+  request_facts with_chain = dplb::server::inspect_request_body(body, /*prefix_chain=*/true);
+  const auto chain = std::move(with_chain.prefix_chain);
+  with_chain.prefix_chain.clear();
+  if (with_chain != got) fail("asking for the prefix chain changed the other facts", got, with_chain);
+  if (!dom->is_object()) {
+    if (!chain.empty()) fail("a prefix chain from a body that is not a JSON object", got, with_chain);
+    return 0;
+  }
+  const std::string canonical = dom->dump();  // no repeated keys
+  if (dplb::server::inspect_request_body(canonical, true).prefix_chain != reference_chain(*dom)) {
+    std::fprintf(stderr, "fuzz_request_facts: the prefix chain differs from the DOM reference on %s\n",
+                 canonical.c_str());
+    __builtin_trap();
+  }
   return 0;
 }
