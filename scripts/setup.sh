@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs everything dplb needs to build and test, from Debian 12 packages only.
-# Idempotent; run as root. Set DPLB_SETUP_BENCH=1 to also install the benchmark peers, DPLB_SETUP_FUZZ=1
+# Installs everything dplb needs to build and test: Debian 12 packages, and the npm packages of the
+# ecosystem tests (tests/ecosystem: the OpenAI SDK, a Chromium driver, Kubernetes schemas) from the npm
+# registry, pinned by tests/ecosystem/package-lock.json. Idempotent; run as root. Set DPLB_SETUP_BENCH=1 to also install the benchmark peers, DPLB_SETUP_FUZZ=1
 # the fuzzing toolchain (scripts/fuzz.sh), DPLB_SETUP_PROFILE=1 the profilers of bench/profile.sh.
 set -euo pipefail
 
@@ -9,7 +10,12 @@ packages=(
   libboost1.81-dev libboost-program-options1.81-dev libboost-url1.81-dev
   nlohmann-json3-dev libspdlog-dev libfmt-dev prometheus-cpp-dev catch2
   curl python3
+  # The real clients of the ecosystem tests: Prometheus and promtool, headless Chromium for the status
+  # page, docker-compose to validate deploy/compose.yaml, Node.js and npm for the SDK and the schemas.
+  prometheus chromium docker-compose python3-yaml
 )
+# The machine's own Node.js (with its npm) serves; Debian's otherwise.
+command -v npm >/dev/null || packages+=(nodejs npm)
 if [[ "${DPLB_SETUP_BENCH:-0}" == 1 ]]; then
   packages+=(haproxy nginx-light wrk gnuplot-nox)
 fi
@@ -34,4 +40,13 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The ecosystem tests' npm packages, installed again only when the lock file changed.
+ecosystem=$(cd "$(dirname "$0")/../tests/ecosystem" && pwd)
+stamp=$ecosystem/node_modules/.dplb-lock-sha256
+want=$(sha256sum "$ecosystem/package-lock.json" | cut -d' ' -f1)
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+  (cd "$ecosystem" && npm ci --no-audit --no-fund --loglevel=error)
+  echo "$want" >"$stamp"
 fi
