@@ -324,6 +324,11 @@ constexpr option_spec count_option(std::string_view flag, std::string_view env, 
 constexpr std::array option_table{
     option_spec{.flag = "help", .meaning = "Print this help and exit.", .kind = value_kind::flag},
     option_spec{.flag = "version", .meaning = "Print the version and exit.", .kind = value_kind::flag},
+    option_spec{.flag = "check-config",
+                .meaning = "Check the configuration (command line, environment, config file) and exit: 0 with a "
+                           "summary when dplb would start with it, 2 with the error otherwise. Nothing is "
+                           "resolved, bound or started, so a file for another host can be checked here.",
+                .kind = value_kind::flag},
     option_spec{
         .flag = "listen",
         .env = "DPLB_LISTEN",
@@ -1239,6 +1244,35 @@ std::string help_text() {
   return tidy;
 }
 
+namespace {
+
+// --check-config's answer: what dplb would serve, in a few lines.
+std::string configuration_summary(const settings& s) {
+  const auto count = [](std::size_t n, const char* noun) {
+    return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+  };
+  std::size_t ranks = 0;
+  for (const auto& b : s.backends) ranks += b.dp;
+  std::string out = "dplb: configuration OK\n";
+  out += "  listen " + s.listen.host + ":" + std::to_string(s.listen.port) + "\n";
+  for (std::size_t c = 0; c < s.clusters.size(); ++c) {
+    const auto& cluster = s.clusters[c];
+    std::size_t cluster_ranks = 0, cluster_backends = 0;
+    for (const auto& b : s.backends) {
+      if (b.cluster != c) continue;
+      ++cluster_backends;
+      cluster_ranks += b.dp;
+    }
+    out += "  model group " + cluster.name + ": " + count(cluster_backends, "backend") + ", " +
+           count(cluster_ranks, "rank") + ", policy " + cluster.policy + "\n";
+  }
+  out += "  " + count(s.backends.size(), "backend") + ", " + count(ranks, "rank") + " in all\n";
+  if (s.admin_listen) out += "  admin API on " + s.admin_listen->host + ":" + std::to_string(s.admin_listen->port) + "\n";
+  return out;
+}
+
+}  // namespace
+
 parse_result parse_command_line(int argc, const char* const* argv, const environment& env) {
   const command_line_values cli = read_command_line(argc, argv);
   // --help and --version answer even when the rest of the configuration is incomplete or wrong.
@@ -1260,6 +1294,7 @@ parse_result parse_command_line(int argc, const char* const* argv, const environ
   // After the loop: a cluster without a policy of its own takes the top-level one.
   resolve_backends(s, cli, env, file, file_path);
   resolve_admin_token(s, env);
+  if (cli.contains("check-config")) return {std::nullopt, configuration_summary(s)};
   return {std::move(s), {}};
 }
 

@@ -482,6 +482,21 @@ TEST_CASE("option --version prints dplb and the build's version", "[config]") {
   CHECK(std::string(DPLB_VERSION).find('.') != std::string::npos);
 }
 
+TEST_CASE("option --check-config summarises a valid configuration and refuses a broken one as a run would", "[config]") {
+  const auto checked = parse({"--check-config", "--listen", "127.0.0.1:9000", "--backend",
+                              "http://a:8000#dp=4,http://b:8000", "--policy", "round-robin"});
+  CHECK_FALSE(checked.run.has_value());
+  CHECK_THAT(checked.print_and_exit, Catch::StartsWith("dplb: configuration OK\n"));
+  CHECK_THAT(checked.print_and_exit, Catch::Contains("listen 127.0.0.1:9000"));
+  CHECK_THAT(checked.print_and_exit, Catch::Contains("model group default: 2 backends, 5 ranks, policy round-robin"));
+  CHECK_THAT(checked.print_and_exit, Catch::Contains("2 backends, 5 ranks in all"));
+  // The same errors as a run: a wrong value is refused, not summarised.
+  CHECK_THAT(error_of({"--check-config", "--backend", "http://a:8000", "--policy", "fastest"}),
+             Catch::Contains("fastest"));
+  CHECK_THAT(error_of({"--check-config", "--backend", "http://a:8000", "--admin-listen", "127.0.0.1:0"}),
+             Catch::Contains("token"));
+}
+
 TEST_CASE("process_environment reads DPLB_* variables from the real environment", "[config]") {
   REQUIRE(::setenv("DPLB_UNIT_TEST_PROBE", "a=b,c", 1) == 0);
   const cfg::environment env = cfg::process_environment();
