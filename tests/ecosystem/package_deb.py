@@ -10,23 +10,10 @@ import sys
 import urllib.request
 from pathlib import Path
 
-source = Path(os.environ["DPLB_SOURCE_DIR"])
+from ecosystem import OUTPUT as output, SOURCE as source, Checks, benchlib
+
 build_dir = Path(os.environ["DPLB_BUILD_DIR"])
-output = Path(os.environ["DPLB_TEST_OUTPUT_DIR"])
-sys.path.insert(0, str(source / "bench"))
-import benchlib  # noqa: E402
-
-failures = []
-passed = 0
-
-
-def check(condition, what):
-    global passed
-    print(("ok: " if condition else "FAILED: ") + what, flush=True)
-    if condition:
-        passed += 1
-    else:
-        failures.append(what)
+check = Checks()
 
 
 def run(*args, check_status=True):
@@ -81,7 +68,6 @@ try:
             check(bool(names & depends), f"{binary} loads {library} from {package}, a dependency")
 
     # The installed binaries run: the mock engine's two ranks behind dplb, one request through.
-    output.mkdir(parents=True, exist_ok=True)
     mock, ports, _ = benchlib.start_mock("/usr/bin/dplb-mock-engine", ["--ranks", "2"], output / "deb-mock.log")
     try:
         dplb, port = benchlib.start_dplb("/usr/bin/dplb", "round-robin", ports, output / "deb-dplb.log")
@@ -104,5 +90,4 @@ finally:
     run("dpkg", "--purge", "dplb", check_status=False)
 check(not Path("/etc/dplb/dplb.json").exists(), "dpkg --purge removed the configuration")
 
-print(f"{passed} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+check.finish()

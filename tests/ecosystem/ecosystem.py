@@ -1,0 +1,57 @@
+"""What the Python ecosystem tests share, beyond bench/benchlib.py (processes, the mock engine and dplb on
+ephemeral ports): the paths CTest passes, checks that count, a request helper, and a free loopback port for
+programs that cannot report the one they bound."""
+
+import json
+import os
+import socket
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+SOURCE = Path(os.environ["DPLB_SOURCE_DIR"])
+OUTPUT = Path(os.environ["DPLB_TEST_OUTPUT_DIR"])
+DPLB = os.environ["DPLB_BINARY"]
+MOCK_ENGINE = os.environ["DPLB_MOCK_ENGINE"]
+sys.path.insert(0, str(SOURCE / "bench"))
+import benchlib  # noqa: E402,F401  (re-exported for the tests)
+
+OUTPUT.mkdir(parents=True, exist_ok=True)
+
+
+class Checks:
+    """Named checks that all run; the closing line counts them, and the exit status fails the test if one failed."""
+
+    def __init__(self):
+        self.passed = 0
+        self.failed = []
+
+    def __call__(self, condition, what):
+        print(("ok: " if condition else "FAILED: ") + what, flush=True)
+        if condition:
+            self.passed += 1
+        else:
+            self.failed.append(what)
+        return condition
+
+    def finish(self):
+        print(f"{self.passed} passed, {len(self.failed)} failed")
+        sys.exit(1 if self.failed else 0)
+
+
+def post_json(url, body, timeout=15):
+    """(status, parsed body) of a JSON POST; HTTP errors are answers too."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
+
+
+def free_port():
+    """A loopback port free a moment ago, for a program that cannot bind port 0 and say which it got."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
