@@ -26,7 +26,9 @@ using json = nlohmann::ordered_json;
 
 response json_response(unsigned status, const json& body) { return response{.status = status, .body = body.dump()}; }
 
-response error(unsigned status, std::string_view message) { return response{.status = status, .body = http::error_body(status, message)}; }
+response error(unsigned status, std::string_view message) {
+  return response{.status = status, .body = http::error_body(status, message)};
+}
 
 // A file of the status page, with the headers that keep it to itself: its CSP (no inline code, nothing
 // from elsewhere), never framed, no Referer sent from it.
@@ -231,7 +233,9 @@ const std::vector<admin_api::route>& admin_api::routes() {
 }
 
 admin_api::credential admin_api::authenticate(std::string_view authorization) const {
-  if (const auto given = bearer_token(authorization)) return same_token(*given, token_) ? credential::bearer : credential::none;
+  if (const auto given = bearer_token(authorization)) {
+    return same_token(*given, token_) ? credential::bearer : credential::none;
+  }
   if (const auto password = basic_password(authorization)) {
     return same_token(*password, token_) ? credential::basic : credential::none;
   }
@@ -287,7 +291,9 @@ std::optional<std::size_t> admin_api::rank_of(std::string_view segment) const {
 
 response admin_api::list_ranks(const call&) const {
   json ranks = json::array();
-  for (std::size_t r = 0; r < balancer_.rank_count(); ++r) ranks.push_back(rank_object(topology_, registry_, balancer_, metrics_, r));
+  for (std::size_t r = 0; r < balancer_.rank_count(); ++r) {
+    ranks.push_back(rank_object(topology_, registry_, balancer_, metrics_, r));
+  }
   const auto uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   return json_response(200, json{{"version", DPLB_VERSION},
                                  {"uptime_seconds", std::floor(uptime * 10) / 10},
@@ -373,7 +379,9 @@ response admin_api::set_backend_draining(const call& c, bool on) const {
 response admin_api::list_backends(const call&) const {
   json backends = json::array();
   for (const auto& b : topology_.backends()) {
-    if (registry_.state_of(b.index) != upstream::backend_state::removed) backends.push_back(backend_object(topology_, registry_, balancer_, metrics_, b));
+    if (registry_.state_of(b.index) != upstream::backend_state::removed) {
+      backends.push_back(backend_object(topology_, registry_, balancer_, metrics_, b));
+    }
   }
   return json_response(200, json{{"backends", std::move(backends)}});
 }

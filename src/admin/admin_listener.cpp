@@ -47,8 +47,12 @@ bhttp::response<bhttp::string_body> to_http(const response& answer, unsigned ver
 
 // The request could not be read whole: answered when it says something useful, else closed silently.
 std::optional<response> refusal_for(const boost::system::error_code& ec) {
-  if (ec == bhttp::error::header_limit) return response{.status = 431, .body = http::error_body(431, "request head too large")};
-  if (ec == bhttp::error::body_limit) return response{.status = 413, .body = http::error_body(413, "request body too large")};
+  if (ec == bhttp::error::header_limit) {
+    return response{.status = 431, .body = http::error_body(431, "request head too large")};
+  }
+  if (ec == bhttp::error::body_limit) {
+    return response{.status = 413, .body = http::error_body(413, "request body too large")};
+  }
   return std::nullopt;
 }
 

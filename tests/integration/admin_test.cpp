@@ -415,7 +415,8 @@ std::vector<std::string> header_values(const http_response& r, bhttp::field name
 
 }  // namespace
 
-TEST_CASE("the admin listener serves the status page with Bearer or Basic credentials, and its headers", "[admin][page]") {
+TEST_CASE("the admin listener serves the status page with Bearer or Basic credentials, and its headers",
+          "[admin][page]") {
   token_file file;
   mock_engine engine(1);
   dplb_proxy proxy(engine.urls(), with_admin(file, {}));
@@ -452,7 +453,8 @@ TEST_CASE("the admin listener serves the status page with Bearer or Basic creden
   CHECK(post.status == 405);
   CHECK(post.headers[bhttp::field::allow] == "GET");
   // A change with Basic credentials from another site's page is refused; from a tool it is done.
-  const auto forged = admin_call(admin, bhttp::verb::post, "/ranks/0/drain", {}, basic_credentials, "http://evil.example");
+  const auto forged =
+      admin_call(admin, bhttp::verb::post, "/ranks/0/drain", {}, basic_credentials, "http://evil.example");
   CHECK(forged.status == 403);
   CHECK(ranks_of(admin)["ranks"][0]["flags"] == json::array());
   CHECK(proxy.process()

@@ -86,9 +86,7 @@ function rowFor(rank) {
     cells[name] = td;
     tr.append(td);
   }
-  const tbody = byId('ranks').tBodies[0];
-  const next = [...rows.keys()].filter((r) => r > rank).sort((a, b) => a - b)[0];
-  tbody.insertBefore(tr, next === undefined ? null : rows.get(next).tr);
+  byId('ranks').tBodies[0].append(tr);  // rank numbers only grow: appended in order
   row = { tr, cells };
   rows.set(rank, row);
   return row;

@@ -165,7 +165,8 @@ TEST_CASE("a change with Basic credentials asked by another origin's page is ref
   fixture f;
   // A browser attaches the Basic credentials it holds to a form another site posts here: refused, and
   // nothing changes. Reading is allowed (the other page cannot read the answer).
-  for (const std::string_view origin : {"http://evil.example", "null", "http://127.0.0.1:8002", "https://127.0.0.1:8001"}) {
+  for (const std::string_view origin :
+       {"http://evil.example", "null", "http://127.0.0.1:8002", "https://127.0.0.1:8001"}) {
     INFO("Origin: " << origin);
     const auto r = f.api.handle({"POST", "/ranks/0/drain", basic("admin", token), {}, origin, "127.0.0.1:8001"});
     check_error(r, 403);
@@ -221,7 +222,8 @@ TEST_CASE("GET / serves the status page, with Bearer or Basic credentials, and i
   const auto js = f.call("GET", "/status.js");
   REQUIRE(js.status == 200);
   CHECK(js.content_type == "text/javascript; charset=utf-8");
-  CHECK_THAT(js.body, Catch::Contains("fetch('/ranks'") && Catch::Contains("textContent") && !Catch::Contains("innerHTML"));
+  CHECK_THAT(js.body,
+             Catch::Contains("fetch('/ranks'") && Catch::Contains("textContent") && !Catch::Contains("innerHTML"));
   const auto css = f.call("GET", "/status.css");
   REQUIRE(css.status == 200);
   CHECK(css.content_type == "text/css; charset=utf-8");
