@@ -1,5 +1,7 @@
 #include "dplb/admin/admin_api.hpp"
 
+#include "dplb/admin/status_page.hpp"
+
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -7,6 +9,7 @@
 #include <cctype>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/config/settings.hpp"
@@ -21,10 +24,21 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-response json_response(unsigned status, const json& body) { return response{status, body.dump(), {}, false}; }
+response json_response(unsigned status, const json& body) { return response{.status = status, .body = body.dump()}; }
 
 response error(unsigned status, std::string_view message) {
-  return response{status, http::error_body(status, message), {}, false};
+  return response{.status = status, .body = http::error_body(status, message)};
+}
+
+// A file of the status page, with the headers that keep it to itself: its CSP (no inline code, nothing
+// from elsewhere), never framed, no Referer sent from it.
+response page_file(const static_asset& asset) {
+  response r{.status = 200, .body = std::string(asset.body)};
+  r.content_type = asset.content_type;
+  r.headers = {{"Content-Security-Policy", std::string(status_page_csp)},
+               {"X-Frame-Options", "DENY"},
+               {"Referrer-Policy", "no-referrer"}};
+  return r;
 }
 
 // The host_flag bits by name, in bit order.
@@ -36,7 +50,7 @@ constexpr std::pair<balancer::host_flag, std::string_view> flag_names[] = {
 };
 
 json rank_object(const upstream::topology& topology, const upstream::backend_registry& registry,
-                 const balancer::balancer& b, std::size_t rank) {
+                 const balancer::balancer& b, const metrics::proxy_metrics& metrics, std::size_t rank) {
   const auto& host = topology.hosts()[rank];
   const auto& backend = topology.backends()[host.backend];
   const std::uint8_t flags = b.flags(rank);
@@ -51,6 +65,7 @@ json rank_object(const upstream::topology& topology, const upstream::backend_reg
                   {"kv_cache_usage", stats.load.kv_cache_usage},
                   {"age_seconds", std::chrono::duration<double>(stats.age).count()}};
   }
+  const auto outcomes = metrics.outcomes(rank);
   return json{{"rank", rank},
               {"url", backend.url},
               {"index_in_url", host.rank_in_url},
@@ -63,6 +78,9 @@ json rank_object(const upstream::topology& topology, const upstream::backend_reg
               {"usable", flags == 0},
               {"inflight", b.inflight(rank)},
               {"requests_total", b.picks(rank)},
+              {"responses_total", outcomes.responses},
+              {"errors_total", outcomes.server_errors},
+              {"upstream_errors_total", outcomes.upstream_errors},
               {"tokens_inflight", b.cost_inflight(rank)},
               {"engine", std::move(engine)}};
 }
@@ -121,7 +139,65 @@ std::optional<std::string_view> bearer_token(std::string_view authorization) {
   return authorization;
 }
 
+// Standard base64 (RFC 4648 4), padding optional; nullopt on any other character or a length no encoding
+// has.
+std::optional<std::string> base64_decoded(std::string_view text) {
+  if (text.ends_with("==")) {
+    text.remove_suffix(2);
+  } else if (text.ends_with('=')) {
+    text.remove_suffix(1);
+  }
+  if (text.size() % 4 == 1) return std::nullopt;
+  std::string out;
+  out.reserve(text.size() * 3 / 4);
+  std::uint32_t bits = 0;
+  int held = 0;
+  for (const char c : text) {
+    int value = -1;
+    if (c >= 'A' && c <= 'Z') value = c - 'A';
+    else if (c >= 'a' && c <= 'z') value = c - 'a' + 26;
+    else if (c >= '0' && c <= '9') value = c - '0' + 52;
+    else if (c == '+') value = 62;
+    else if (c == '/') value = 63;
+    if (value < 0) return std::nullopt;
+    bits = (bits << 6) | static_cast<std::uint32_t>(value);
+    held += 6;
+    if (held >= 8) {
+      held -= 8;
+      out.push_back(static_cast<char>((bits >> held) & 0xFF));
+    }
+  }
+  return out;
+}
+
+// A method that changes nothing (RFC 9110 9.2.1).
+bool safe_method(std::string_view method) { return method == "GET" || method == "HEAD"; }
+
+// Whether a browser sent the request from a page of another origin: it then names that origin (a page's
+// form or fetch always does, for anything but GET and HEAD). dplb serves plain HTTP, so its own origin is
+// http://<Host>. Tools (curl) send no Origin.
+bool from_another_origin(const request& req) {
+  return !req.origin.empty() && (req.host.empty() || req.origin != "http://" + std::string(req.host));
+}
+
 }  // namespace
+
+std::optional<std::string> basic_password(std::string_view authorization) {
+  constexpr std::string_view scheme = "basic ";
+  if (authorization.size() <= scheme.size()) return std::nullopt;
+  for (std::size_t i = 0; i < scheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(authorization[i])) != scheme[i]) return std::nullopt;
+  }
+  authorization.remove_prefix(scheme.size());
+  while (!authorization.empty() && (authorization.back() == ' ' || authorization.back() == '\t')) {
+    authorization.remove_suffix(1);
+  }
+  auto credentials = base64_decoded(authorization);
+  // user-id ":" password; the user-id has no colon, the password may have some.
+  const auto colon = credentials ? credentials->find(':') : std::string::npos;
+  if (colon == std::string::npos) return std::nullopt;
+  return credentials->substr(colon + 1);
+}
 
 bool same_token(std::string_view given, std::string_view token) noexcept {
   if (token.empty()) return false;
@@ -156,15 +232,41 @@ const std::vector<admin_api::route>& admin_api::routes() {
   return table;
 }
 
+admin_api::credential admin_api::authenticate(std::string_view authorization) const {
+  if (const auto given = bearer_token(authorization)) {
+    return same_token(*given, token_) ? credential::bearer : credential::none;
+  }
+  if (const auto password = basic_password(authorization)) {
+    return same_token(*password, token_) ? credential::basic : credential::none;
+  }
+  return credential::none;
+}
+
 response admin_api::handle(const request& req) const {
-  // Authentication comes first, so that without the token not even which paths exist can be learnt.
-  const auto given = bearer_token(req.authorization);
-  if (!given || !same_token(*given, token_)) {
-    response r = error(401, "the admin API needs the header 'Authorization: Bearer <token>' with dplb's admin token");
-    r.bearer_challenge = true;
+  const std::string_view path = req.target.substr(0, req.target.find('?'));
+  const auto* page = status_page_asset(path);
+  // Authentication comes first, so that without the token not even which paths exist can be learnt (the
+  // status page's paths aside: they ask a browser for Basic credentials, so that it prompts for them).
+  const auto how = authenticate(req.authorization);
+  if (how == credential::none) {
+    response r = error(401, "the admin API needs dplb's admin token: the header 'Authorization: Bearer <token>', "
+                            "or Basic credentials with the token as the password");
+    if (page) r.headers.push_back({"WWW-Authenticate", R"(Basic realm="dplb admin", charset="UTF-8")"});
+    r.headers.push_back({"WWW-Authenticate", "Bearer"});
     return r;
   }
-  const std::string_view path = req.target.substr(0, req.target.find('?'));
+  // A browser holding Basic credentials sends them with any request to this listener, a forged one from
+  // another site's page included: such a page may not change anything.
+  if (how == credential::basic && !safe_method(req.method) && from_another_origin(req)) {
+    return error(403, "a change with Basic credentials must come from the admin listener's own page (Origin "
+                      "differs from Host); tools send 'Authorization: Bearer <token>'");
+  }
+  if (page) {
+    if (req.method == "GET") return page_file(*page);
+    response r = error(405, std::string(path) + " answers GET, not " + std::string(req.method));
+    r.allow = "GET";
+    return r;
+  }
   std::string allow;
   for (const auto& r : routes()) {
     call c{{}, req.body};
@@ -189,8 +291,15 @@ std::optional<std::size_t> admin_api::rank_of(std::string_view segment) const {
 
 response admin_api::list_ranks(const call&) const {
   json ranks = json::array();
-  for (std::size_t r = 0; r < balancer_.rank_count(); ++r) ranks.push_back(rank_object(topology_, registry_, balancer_, r));
-  return json_response(200, json{{"policy", balancer_.policy_of(default_cluster_).name()}, {"ranks", std::move(ranks)}});
+  for (std::size_t r = 0; r < balancer_.rank_count(); ++r) {
+    ranks.push_back(rank_object(topology_, registry_, balancer_, metrics_, r));
+  }
+  const auto uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  return json_response(200, json{{"version", DPLB_VERSION},
+                                 {"uptime_seconds", std::floor(uptime * 10) / 10},
+                                 {"policy", balancer_.policy_of(default_cluster_).name()},
+                                 {"inflight_skew", balancer_.inflight_skew()},
+                                 {"ranks", std::move(ranks)}});
 }
 
 void admin_api::set_draining(std::size_t rank, bool on) const {
@@ -204,7 +313,7 @@ response admin_api::set_rank_draining(const call& c, bool on) const {
   const auto rank = rank_of(c.params.at(0));
   if (!rank) return error(404, "no rank " + std::string(c.params.at(0)) + "; GET /ranks lists them");
   set_draining(*rank, on);
-  return json_response(200, rank_object(topology_, registry_, balancer_, *rank));
+  return json_response(200, rank_object(topology_, registry_, balancer_, metrics_, *rank));
 }
 
 namespace {
@@ -242,10 +351,11 @@ std::optional<config::backend_spec> backend_in_body(std::string_view body_text, 
 }
 
 json backend_object(const upstream::topology& topology, const upstream::backend_registry& registry,
-                    const balancer::balancer& balancer, const upstream::backend& b) {
+                    const balancer::balancer& balancer, const metrics::proxy_metrics& metrics,
+                    const upstream::backend& b) {
   json ranks = json::array();
   for (std::size_t r = b.first_rank; r < b.first_rank + b.dp; ++r) {
-    ranks.push_back(rank_object(topology, registry, balancer, r));
+    ranks.push_back(rank_object(topology, registry, balancer, metrics, r));
   }
   return json{{"url", b.url},
               {"dp", b.dp},
@@ -263,13 +373,15 @@ response admin_api::set_backend_draining(const call& c, bool on) const {
   const auto* backend = registry_.active(spec->url);
   if (!backend) return error(404, "no active backend " + spec->url + "; GET /backends lists them");
   for (std::size_t r = backend->first_rank; r < backend->first_rank + backend->dp; ++r) set_draining(r, on);
-  return json_response(200, backend_object(topology_, registry_, balancer_, *backend));
+  return json_response(200, backend_object(topology_, registry_, balancer_, metrics_, *backend));
 }
 
 response admin_api::list_backends(const call&) const {
   json backends = json::array();
   for (const auto& b : topology_.backends()) {
-    if (registry_.state_of(b.index) != upstream::backend_state::removed) backends.push_back(backend_object(topology_, registry_, balancer_, b));
+    if (registry_.state_of(b.index) != upstream::backend_state::removed) {
+      backends.push_back(backend_object(topology_, registry_, balancer_, metrics_, b));
+    }
   }
   return json_response(200, json{{"backends", std::move(backends)}});
 }
@@ -288,7 +400,7 @@ response admin_api::add_backend(const call& c) const {
     spec->cluster = *named;
   }
   try {
-    return json_response(201, backend_object(topology_, registry_, balancer_, registry_.add(*spec)));
+    return json_response(201, backend_object(topology_, registry_, balancer_, metrics_, registry_.add(*spec)));
   } catch (const upstream::backend_change_error& e) {
     return error(e.status(), e.what());
   } catch (const std::exception& e) {
@@ -305,7 +417,7 @@ response admin_api::remove_backend(const call& c) const {
     // 202: accepted, and done once the requests in flight on it finish ("state" says which).
     const auto& removed = registry_.remove(spec->url);
     return json_response(registry_.state_of(removed.index) == upstream::backend_state::removed ? 200 : 202,
-                         backend_object(topology_, registry_, balancer_, removed));
+                         backend_object(topology_, registry_, balancer_, metrics_, removed));
   } catch (const upstream::backend_change_error& e) {
     return error(e.status(), e.what());
   } catch (const std::exception& e) {
@@ -329,7 +441,7 @@ response admin_api::set_rank_weight(const call& c) const {
   const auto w = static_cast<std::uint32_t>(weight->get<std::uint64_t>());
   balancer_.set_weight(*rank, w);
   spdlog::info("rank {} ({}) weight set to {} by the admin API", *rank, topology_.hosts()[*rank].name, w);
-  return json_response(200, rank_object(topology_, registry_, balancer_, *rank));
+  return json_response(200, rank_object(topology_, registry_, balancer_, metrics_, *rank));
 }
 
 }  // namespace dplb::admin

@@ -33,9 +33,11 @@ namespace {
 
 bhttp::response<bhttp::string_body> to_http(const response& answer, unsigned version, bool keep_alive) {
   bhttp::response<bhttp::string_body> out{static_cast<bhttp::status>(answer.status), version};
-  out.set(bhttp::field::content_type, "application/json");
+  out.set(bhttp::field::content_type, answer.content_type);
   out.set(bhttp::field::cache_control, "no-store");
-  if (answer.bearer_challenge) out.set(bhttp::field::www_authenticate, "Bearer");
+  // Every answer is what its Content-Type says: a browser must never run JSON as a script or a page.
+  out.set("X-Content-Type-Options", "nosniff");
+  for (const auto& h : answer.headers) out.insert(h.name, h.value);  // insert: a challenge may come twice
   if (!answer.allow.empty()) out.set(bhttp::field::allow, answer.allow);
   out.body() = answer.body;
   out.keep_alive(keep_alive);
@@ -45,8 +47,12 @@ bhttp::response<bhttp::string_body> to_http(const response& answer, unsigned ver
 
 // The request could not be read whole: answered when it says something useful, else closed silently.
 std::optional<response> refusal_for(const boost::system::error_code& ec) {
-  if (ec == bhttp::error::header_limit) return response{431, http::error_body(431, "request head too large"), {}, false};
-  if (ec == bhttp::error::body_limit) return response{413, http::error_body(413, "request body too large"), {}, false};
+  if (ec == bhttp::error::header_limit) {
+    return response{.status = 431, .body = http::error_body(431, "request head too large")};
+  }
+  if (ec == bhttp::error::body_limit) {
+    return response{.status = 413, .body = http::error_body(413, "request body too large")};
+  }
   return std::nullopt;
 }
 
@@ -76,12 +82,15 @@ io::task<void> serve_connection(const admin_api& api, io::socket socket, listene
       break;
     }
     const auto& req = parser.get();
-    const auto authorization = req.find(bhttp::field::authorization);
-    const auto answer = api.handle(request{
-        req.method_string(), req.target(),
-        authorization == req.end() ? std::string_view() : std::string_view(authorization->value()), req.body()});
+    const auto field = [&req](bhttp::field name) {
+      const auto it = req.find(name);
+      return it == req.end() ? std::string_view() : std::string_view(it->value());
+    };
+    const auto answer = api.handle(request{req.method_string(), req.target(), field(bhttp::field::authorization),
+                                           req.body(), field(bhttp::field::origin), field(bhttp::field::host)});
     // Neither the header nor the target is logged: one may hold a token, both are the client's bytes.
     if (answer.status == 401) spdlog::warn("admin API: refused a request from {} without a valid token", peer);
+    if (answer.status == 403) spdlog::warn("admin API: refused a change from {} asked by another site's page", peer);
     auto out = to_http(answer, req.version(), req.keep_alive());
     stream.expires_after(limits.write_timeout);
     auto [write_ec, written] = co_await bhttp::async_write(stream, out, io::as_result);

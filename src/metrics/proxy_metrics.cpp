@@ -229,6 +229,21 @@ void proxy_metrics::request_finished(std::size_t rank, unsigned status, std::chr
   ranks_[rank].duration->observe(duration.count());
 }
 
+proxy_metrics::rank_outcomes proxy_metrics::outcomes(std::size_t rank) const {
+  rank_outcomes out;
+  if (rank >= rank_count()) return out;
+  const auto& handles = ranks_[rank];
+  for (unsigned status = 0; status < handles.by_status->size(); ++status) {
+    const auto* counter = (*handles.by_status)[status].load(std::memory_order_acquire);
+    if (!counter) continue;
+    const auto n = static_cast<std::uint64_t>(counter->Value());
+    out.responses += n;
+    if (status >= 500) out.server_errors += n;
+  }
+  for (const auto* counter : handles.errors) out.upstream_errors += static_cast<std::uint64_t>(counter->Value());
+  return out;
+}
+
 void proxy_metrics::first_byte(std::size_t rank, std::chrono::duration<double> since_pick) {
   ranks_[rank].ttfb->observe(since_pick.count());
 }

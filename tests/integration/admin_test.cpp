@@ -1,5 +1,6 @@
-// The admin API against the real dplb and the mock engine: the bearer token, GET /ranks for a #dp=2
-// backend, drains (a drained rank takes nothing new but finishes what it has; undrained, it takes
+// The admin API against the real dplb and the mock engine: the bearer token, the status page and Basic
+// credentials over real HTTP (headers included), GET /ranks for a #dp=2 backend and its per-rank error
+// counts, drains (a drained rank takes nothing new but finishes what it has; undrained, it takes
 // requests again), runtime weights, and that the public port never serves the admin paths.
 
 #include <catch2/catch.hpp>
@@ -27,6 +28,8 @@ using namespace std::chrono_literals;
 namespace {
 
 const std::string token = "integration-admin-token-7f3a";
+// What a browser sends for the user "admin" with the token as the password: base64("admin:" + token).
+const std::string basic_credentials = "Basic YWRtaW46aW50ZWdyYXRpb24tYWRtaW4tdG9rZW4tN2YzYQ==";
 
 // A file holding the admin token (with the newline an editor leaves).
 struct token_file : temp_file {
@@ -40,10 +43,12 @@ std::vector<std::string> with_admin(const token_file& file, std::vector<std::str
 }
 
 http_response admin_call(std::uint16_t port, bhttp::verb method, const std::string& target,
-                         const std::string& body = {}, const std::string& authorization = "Bearer " + token) {
+                         const std::string& body = {}, const std::string& authorization = "Bearer " + token,
+                         const std::string& origin = {}) {
   http_connection c(port);
   bhttp::request<bhttp::string_body> request{method, target, 11};
   if (!authorization.empty()) request.set(bhttp::field::authorization, authorization);
+  if (!origin.empty()) request.set(bhttp::field::origin, origin);
   if (!body.empty()) {
     request.set(bhttp::field::content_type, "application/json");
     request.body() = body;
@@ -96,8 +101,10 @@ TEST_CASE("the admin API answers only requests with the bearer token", "[admin]"
     INFO("Authorization: " << auth);
     const auto r = admin_call(proxy.admin_port(), bhttp::verb::get, "/ranks", {}, auth);
     CHECK(r.status == 401);
+    CHECK(r.headers.count(bhttp::field::www_authenticate) == 1);
     CHECK(r.headers[bhttp::field::www_authenticate] == "Bearer");
     CHECK(r.headers[bhttp::field::content_type] == "application/json");
+    CHECK(r.headers["X-Content-Type-Options"] == "nosniff");
     CHECK(json::parse(r.body)["error"]["code"] == 401);
   }
   // A drain without the token changes nothing.
@@ -396,4 +403,106 @@ TEST_CASE("backends added and removed while requests flow lose no request and le
   const auto doc = ranks_of(admin);
   REQUIRE(doc["ranks"].size() == 3);  // the removed backends came back under their ranks each round
   for (const auto& rank : doc["ranks"]) CHECK(rank["inflight"] == 0);
+}
+
+namespace {
+
+std::vector<std::string> header_values(const http_response& r, bhttp::field name) {
+  std::vector<std::string> values;
+  for (auto [it, end] = r.headers.equal_range(name); it != end; ++it) values.emplace_back(it->value());
+  return values;
+}
+
+}  // namespace
+
+TEST_CASE("the admin listener serves the status page with Bearer or Basic credentials, and its headers",
+          "[admin][page]") {
+  token_file file;
+  mock_engine engine(1);
+  dplb_proxy proxy(engine.urls(), with_admin(file, {}));
+  const auto admin = proxy.admin_port();
+  for (const std::string& auth : {"Bearer " + token, basic_credentials}) {
+    INFO("Authorization: " << auth);
+    const auto page = admin_call(admin, bhttp::verb::get, "/", {}, auth);
+    REQUIRE(page.status == 200);
+    CHECK(page.headers[bhttp::field::content_type] == "text/html; charset=utf-8");
+    CHECK(page.headers[bhttp::field::cache_control] == "no-store");
+    CHECK(page.headers["X-Content-Type-Options"] == "nosniff");
+    CHECK(page.headers[bhttp::field::x_frame_options] == "DENY");
+    CHECK(page.headers["Content-Security-Policy"] ==
+          "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src data:; "
+          "base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
+    CHECK_THAT(page.body, Catch::StartsWith("<!doctype html>") && Catch::Contains("/status.js"));
+    const auto script = admin_call(admin, bhttp::verb::get, "/status.js", {}, auth);
+    CHECK(script.status == 200);
+    CHECK(script.headers[bhttp::field::content_type] == "text/javascript; charset=utf-8");
+    // The page's own reads: the JSON API takes the browser's Basic credentials too.
+    CHECK(admin_call(admin, bhttp::verb::get, "/ranks", {}, auth).status == 200);
+  }
+  // Without credentials, or with wrong ones, a browser is asked for Basic ones (Bearer offered too).
+  for (const std::string& auth : {std::string(), std::string("Basic YWRtaW46d3Jvbmc="), "Bearer " + token + "x"}) {
+    INFO("Authorization: " << auth);
+    const auto refused = admin_call(admin, bhttp::verb::get, "/", {}, auth);
+    CHECK(refused.status == 401);
+    CHECK(header_values(refused, bhttp::field::www_authenticate) ==
+          std::vector<std::string>{R"(Basic realm="dplb admin", charset="UTF-8")", "Bearer"});
+    CHECK(refused.headers["Content-Security-Policy"].empty());
+    CHECK(json::parse(refused.body)["error"]["code"] == 401);
+  }
+  const auto post = admin_call(admin, bhttp::verb::post, "/", {}, basic_credentials);
+  CHECK(post.status == 405);
+  CHECK(post.headers[bhttp::field::allow] == "GET");
+  // A change with Basic credentials from another site's page is refused; from a tool it is done.
+  const auto forged =
+      admin_call(admin, bhttp::verb::post, "/ranks/0/drain", {}, basic_credentials, "http://evil.example");
+  CHECK(forged.status == 403);
+  CHECK(ranks_of(admin)["ranks"][0]["flags"] == json::array());
+  CHECK(proxy.process()
+            .wait_for_line(std::regex("refused a change from 127\\.0\\.0\\.1 asked by another site's page"), 10s)
+            .has_value());
+  CHECK(admin_call(admin, bhttp::verb::post, "/ranks/0/drain", {}, basic_credentials).status == 200);
+  CHECK(ranks_of(admin)["ranks"][0]["flags"] == json::array({"draining"}));
+  CHECK(proxy.process().output().find(token) == std::string::npos);
+}
+
+TEST_CASE("GET /ranks counts the 5xx responses of the failing rank only", "[admin][page]") {
+  token_file file;
+  mock_engine engine(2);
+  // No ejection: the failing rank keeps its share, so that both ranks see requests.
+  dplb_proxy proxy(engine.urls(),
+                   with_admin(file, {"--policy", "round-robin", "--threads", "1", "--ejection-threshold", "0"}));
+  const auto admin = proxy.admin_port();
+  engine.set_fault(1, R"({"status": 500})");
+  std::map<std::string, std::map<unsigned, int>> seen;  // rank -> status -> count
+  {
+    http_connection client(proxy.port());
+    for (int i = 0; i < 10; ++i) {
+      const auto r = client.send(completion(1, false));
+      ++seen[rank_header(r)][r.status];
+    }
+  }
+  CHECK(seen == std::map<std::string, std::map<unsigned, int>>{{"0", {{200, 5}}}, {"1", {{500, 5}}}});
+  // A rank that resets every connection: dplb retries on the other rank, the client sees no error, and
+  // the failed attempts show on the rank that failed.
+  engine.set_fault(1, R"({"status": 0, "reset_on_request": true})");
+  {
+    http_connection client(proxy.port());
+    for (int i = 0; i < 4; ++i) CHECK(client.send(completion(1, false)).status == 200);
+  }
+  const auto doc = await_until([&] { return ranks_of(admin); },
+                               [](const json& d) { return d["ranks"][0]["responses_total"] == 9; });
+  const auto& ok = doc["ranks"][0];
+  CHECK(ok["responses_total"] == 9);
+  CHECK(ok["errors_total"] == 0);
+  CHECK(ok["upstream_errors_total"] == 0);
+  const auto& failing = doc["ranks"][1];
+  CHECK(failing["responses_total"] == 5);
+  CHECK(failing["errors_total"] == 5);
+  CHECK(failing["upstream_errors_total"].get<int>() >= 5 + 2);  // each 500 (server_error), each reset
+  // The same counts as dplb_requests_total{rank,code}.
+  const auto metrics = scrape_metrics(proxy.port());
+  CHECK(metric_sum(metrics, "dplb_requests_total{", {"rank=\"1\"", "code=\"500\""}) == 5);
+  CHECK(metric_sum(metrics, "dplb_requests_total{", {"rank=\"0\""}) == 9);
+  CHECK(doc["version"].is_string());
+  CHECK(doc["uptime_seconds"].get<double>() >= 0);
 }

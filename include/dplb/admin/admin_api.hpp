@@ -2,12 +2,15 @@
 // The admin API's requests and answers, without sockets: each handler is a function of the request and the
 // shared state, so that the whole API is unit-tested without a listener (admin_listener.hpp serves it).
 //
-// Every request must carry `Authorization: Bearer <token>`; then a small router maps path and method to a
-// handler (a table of routes).
+// Every request must carry the token, as `Authorization: Bearer <token>` or, for a browser (which cannot
+// send a Bearer header when it opens a page), as HTTP Basic credentials whose password is the token; then
+// a small router maps path and method to a handler (a table of routes), and the status page's files
+// (status_page.hpp) are served at their paths.
 //
 // Threading contract: handle() runs on the backend registry's thread (the main thread's loop); the
 // balancer and the metrics it changes are thread-safe, and the API keeps no state of its own.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -34,14 +37,23 @@ struct request {
   std::string_view target;  // path, maybe with a query (ignored)
   std::string_view authorization;  // the Authorization header's value, "" when absent
   std::string_view body;
+  // The Origin and Host headers ("" when absent): a browser sends Basic credentials by itself, so a
+  // change made with them is refused when a page of another origin asked for it (cross-site forgery).
+  std::string_view origin = {};
+  std::string_view host = {};
 };
 
-// Always JSON (Content-Type: application/json).
+struct header {
+  std::string_view name;
+  std::string value;
+};
+
 struct response {
   unsigned status = 200;
-  std::string body;
-  std::string allow;               // 405: the methods the path answers, for the Allow header
-  bool bearer_challenge = false;   // 401: send WWW-Authenticate: Bearer
+  std::string body = {};
+  std::string allow = {};  // 405: the methods the path answers, for the Allow header
+  std::string_view content_type = "application/json";  // JSON but for the status page's files
+  std::vector<header> headers = {};  // more: the 401's WWW-Authenticate challenges, the page's security headers
 };
 
 // What a handler gets: the path's {placeholders} in order, and the body.
@@ -60,6 +72,7 @@ class admin_api {
   response handle(const request& req) const;
 
  private:
+  enum class credential { none, bearer, basic };
   using handler = response (admin_api::*)(const call&) const;
   struct route {
     std::string_view method;
@@ -79,6 +92,9 @@ class admin_api {
   response add_backend(const call& c) const;
   response remove_backend(const call& c) const;
 
+  // How the request proved it holds the token, if it did.
+  credential authenticate(std::string_view authorization) const;
+
   // The rank named by a path segment, or nullopt when there is no such rank.
   std::optional<std::size_t> rank_of(std::string_view segment) const;
   void set_draining(std::size_t rank, bool on) const;
@@ -91,10 +107,15 @@ class admin_api {
   metrics::proxy_metrics& metrics_;
   std::string token_;
   std::size_t default_cluster_;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();  // for uptime_seconds
 };
 
 // Whether `given` equals `token`, in a time that depends only on given's length (never on where the first
 // difference is), so that response timing does not leak the token a byte at a time.
 bool same_token(std::string_view given, std::string_view token) noexcept;
+
+// The password of `Authorization: Basic <base64(user:password)>` (RFC 7617; the scheme in any case), or
+// nullopt when the header is not that.
+std::optional<std::string> basic_password(std::string_view authorization);
 
 }  // namespace dplb::admin

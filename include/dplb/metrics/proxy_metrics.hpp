@@ -91,6 +91,16 @@ class proxy_metrics {
   // The Prometheus text exposition of every metric, with gauges refreshed from the balancer.
   std::string render();
 
+  // A rank's request outcomes so far, read from the same counters as dplb_requests_total{rank,code} and
+  // dplb_upstream_errors_total{rank} (for the admin API: a read of atomics, nothing on the request path
+  // changes). All zero for a rank the metrics do not know.
+  struct rank_outcomes {
+    std::uint64_t responses = 0;        // requests finished on the rank, whatever their status (499 included)
+    std::uint64_t server_errors = 0;    // of them, those with a 5xx status: the engine's, or dplb's 502/503/504
+    std::uint64_t upstream_errors = 0;  // failed attempts on the rank, of any kind (retried ones included)
+  };
+  rank_outcomes outcomes(std::size_t rank) const;
+
  private:
   struct rank_handles {
     prometheus::Gauge* inflight;

@@ -1,6 +1,7 @@
-// The admin API's handlers without sockets: authentication, routing (404, 405 with Allow), the /ranks
-// document, drains by rank and by backend URL (normalised as --backend is), runtime weights, and the
-// draining gauge.
+// The admin API's handlers without sockets: authentication (Bearer, and Basic for browsers, with the
+// cross-site check), routing (404, 405 with Allow), the status page's files and headers, the /ranks document
+// with its per-rank outcome counters, drains by rank and by backend URL (normalised as --backend is),
+// runtime weights, and the draining gauge.
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "dplb/admin/admin_api.hpp"
+#include "dplb/admin/status_page.hpp"
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/balancer/policy_factory.hpp"
 #include "dplb/metrics/proxy_metrics.hpp"
@@ -28,6 +30,23 @@ namespace {
 
 const std::string token = "s3cret-token";
 const std::string bearer = "Bearer " + token;
+
+// RFC 4648 base64, with padding: what a browser sends in `Authorization: Basic`.
+std::string base64(std::string_view bytes) {
+  constexpr std::string_view alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (std::size_t i = 0; i < bytes.size(); i += 3) {
+    std::uint32_t group = 0;
+    const std::size_t n = std::min<std::size_t>(3, bytes.size() - i);
+    for (std::size_t k = 0; k < 3; ++k) group = (group << 8) | (k < n ? static_cast<unsigned char>(bytes[i + k]) : 0u);
+    for (std::size_t k = 0; k < 4; ++k) out += k <= n ? alphabet[(group >> (18 - 6 * k)) & 63] : '=';
+  }
+  return out;
+}
+
+std::string basic(std::string_view user, std::string_view password) {
+  return "Basic " + base64(std::string(user) + ":" + std::string(password));
+}
 
 // Two backends: http://127.0.0.1:8100#dp=2 (ranks 0 and 1) and http://engine-b:8101 (rank 2).
 std::unique_ptr<dplb::upstream::topology> two_backends() {
@@ -76,6 +95,18 @@ struct fixture {
 
 json body_of(const admin::response& r) { return json::parse(r.body); }
 
+// The values of every header `name` of the answer, in order.
+std::vector<std::string> headers_of(const admin::response& r, std::string_view name) {
+  std::vector<std::string> values;
+  for (const auto& h : r.headers) {
+    if (h.name == name) values.push_back(h.value);
+  }
+  return values;
+}
+
+const std::vector<std::string> bearer_challenge{"Bearer"};
+const std::vector<std::string> basic_then_bearer{R"(Basic realm="dplb admin", charset="UTF-8")", "Bearer"};
+
 void check_error(const admin::response& r, unsigned status) {
   CHECK(r.status == status);
   const auto body = body_of(r);
@@ -85,15 +116,17 @@ void check_error(const admin::response& r, unsigned status) {
 
 }  // namespace
 
-TEST_CASE("admin requests without the right bearer token get 401 with a challenge", "[admin]") {
+TEST_CASE("admin requests without the right token get 401 with a challenge", "[admin]") {
   fixture f;
-  for (const std::string& auth : {std::string(), std::string("Bearer"), std::string("Bearer "),
-                                 "Bearer " + token + "x", "Bearer " + token.substr(1), "Basic " + token,
-                                 std::string("Bearer S3CRET-TOKEN"), token}) {
+  for (const std::string& auth :
+       {std::string(), std::string("Bearer"), std::string("Bearer "), "Bearer " + token + "x",
+        "Bearer " + token.substr(1), "Basic " + token, std::string("Bearer S3CRET-TOKEN"), token,
+        basic("admin", token + "x"), basic(token, ""), basic(token, "admin"), "Basic " + base64(token),
+        basic("admin", "S3CRET-TOKEN"), "Basic " + base64("admin:" + token) + "!", "Bearer " + base64(":" + token)}) {
     INFO("Authorization: " << auth);
     const auto r = f.call("GET", "/ranks", {}, auth);
     check_error(r, 401);
-    CHECK(r.bearer_challenge);
+    CHECK(headers_of(r, "WWW-Authenticate") == bearer_challenge);  // API paths: as before, Bearer only
     CHECK(body_of(r)["error"]["type"] == "AuthenticationError");
   }
   // Before routing: an unknown path or a drain says nothing, and changes nothing, without the token.
@@ -102,7 +135,182 @@ TEST_CASE("admin requests without the right bearer token get 401 with a challeng
   CHECK(f.balancer.flags(0) == 0);
   // The scheme is case-insensitive, the token is not.
   CHECK(f.call("GET", "/ranks", {}, "bearer " + token).status == 200);
-  CHECK_FALSE(f.call("GET", "/ranks").bearer_challenge);
+  CHECK(f.call("GET", "/ranks").headers.empty());
+}
+
+TEST_CASE("Basic credentials with the token as the password open the API as the bearer token does", "[admin]") {
+  fixture f;
+  // Any user name, an empty one included; the scheme in any case.
+  for (const std::string& auth : {basic("admin", token), basic("", token), "basic " + base64("x:" + token),
+                                  "BASIC " + base64("x:" + token) + " "}) {
+    INFO("Authorization: " << auth);
+    CHECK(f.call("GET", "/ranks", {}, auth).status == 200);
+  }
+  // A password with colons: the user name ends at the first one.
+  admin::admin_api colons{f.topology, f.registry, f.balancer, f.metrics, "a:b:c"};
+  CHECK(colons.handle({"GET", "/ranks", basic("u", "a:b:c"), {}}).status == 200);
+  CHECK(colons.handle({"GET", "/ranks", basic("u", "a:b"), {}}).status == 401);
+  CHECK(colons.handle({"GET", "/ranks", "Basic " + base64("a:b:c"), {}}).status == 401);  // user "a", password "b:c"
+  // Changes too, from tools (no Origin) and from the listener's own page (Origin = http://Host).
+  const auto drained = f.call("POST", "/ranks/0/drain", {}, basic("admin", token));
+  REQUIRE(drained.status == 200);
+  CHECK(f.balancer.flags(0) == host_flag::draining);
+  const auto undrained = f.api.handle({"POST", "/ranks/0/undrain", basic("admin", token), {}, "http://127.0.0.1:8001",
+                                       "127.0.0.1:8001"});
+  REQUIRE(undrained.status == 200);
+  CHECK(f.balancer.flags(0) == 0);
+}
+
+TEST_CASE("a change with Basic credentials asked by another origin's page is refused", "[admin]") {
+  fixture f;
+  // A browser attaches the Basic credentials it holds to a form another site posts here: refused, and
+  // nothing changes. Reading is allowed (the other page cannot read the answer).
+  for (const std::string_view origin :
+       {"http://evil.example", "null", "http://127.0.0.1:8002", "https://127.0.0.1:8001"}) {
+    INFO("Origin: " << origin);
+    const auto r = f.api.handle({"POST", "/ranks/0/drain", basic("admin", token), {}, origin, "127.0.0.1:8001"});
+    check_error(r, 403);
+    CHECK(f.balancer.flags(0) == 0);
+    CHECK(f.api.handle({"PUT", "/ranks/0/weight", basic("admin", token), R"({"weight":5})", origin, "127.0.0.1:8001"})
+              .status == 403);
+    CHECK(f.balancer.weight(0) == 1);
+    CHECK(f.api.handle({"GET", "/ranks", basic("admin", token), {}, origin, "127.0.0.1:8001"}).status == 200);
+    // A browser never sends a Bearer header by itself: the token in it was given on purpose.
+    CHECK(f.api.handle({"POST", "/ranks/0/drain", bearer, {}, origin, "127.0.0.1:8001"}).status == 200);
+    REQUIRE(f.call("POST", "/ranks/0/undrain").status == 200);
+  }
+  // Without a Host to compare with, an Origin is foreign.
+  CHECK(f.api.handle({"POST", "/ranks/0/drain", basic("admin", token), {}, "http://127.0.0.1:8001", {}}).status == 403);
+}
+
+TEST_CASE("basic_password decodes RFC 7617 credentials and nothing else", "[admin]") {
+  CHECK(admin::basic_password("Basic YWRtaW46czNjcmV0LXRva2Vu") == "s3cret-token");  // admin:s3cret-token
+  CHECK(admin::basic_password("Basic OnM=") == "s");                                  // ":s", unpadded below
+  CHECK(admin::basic_password("Basic OnM") == "s");
+  CHECK(admin::basic_password("Basic dTo=") == "");  // "u:", an empty password
+  CHECK(admin::basic_password("basic " + base64("u:p:q")) == "p:q");
+  CHECK(admin::basic_password("Basic " + base64(std::string("u:\xff\x00x", 5))) == std::string("\xff\x00x", 3));
+  CHECK_FALSE(admin::basic_password("Basic " + base64("no colon")));
+  CHECK_FALSE(admin::basic_password("Basic YWRta W46cw=="));  // a space inside
+  CHECK_FALSE(admin::basic_password("Basic YWRtaW46c-=="));  // not the alphabet
+  CHECK_FALSE(admin::basic_password("Basic YWRtaW46c"));  // a length no encoding has (4n + 1)
+  CHECK_FALSE(admin::basic_password("Basic ==="));
+  CHECK_FALSE(admin::basic_password("Basic "));
+  CHECK_FALSE(admin::basic_password("Bearer " + base64("u:p")));
+  CHECK_FALSE(admin::basic_password("Basicx" + base64("u:p")));
+  CHECK_FALSE(admin::basic_password(""));
+}
+
+TEST_CASE("GET / serves the status page, with Bearer or Basic credentials, and its own security headers", "[admin]") {
+  fixture f;
+  for (const std::string& auth : {bearer, basic("admin", token)}) {
+    INFO("Authorization: " << auth);
+    const auto r = f.call("GET", "/", {}, auth);
+    REQUIRE(r.status == 200);
+    CHECK(r.content_type == "text/html; charset=utf-8");
+    CHECK_THAT(r.body, Catch::StartsWith("<!doctype html>") && Catch::Contains(R"(<meta name="viewport")") &&
+                           Catch::Contains(R"(<script src="/status.js")") && Catch::Contains(R"(href="/status.css")"));
+    CHECK(headers_of(r, "Content-Security-Policy") == std::vector<std::string>{std::string(admin::status_page_csp)});
+    CHECK(headers_of(r, "X-Frame-Options") == std::vector<std::string>{"DENY"});
+    CHECK(headers_of(r, "WWW-Authenticate").empty());
+    CHECK(f.call("GET", "/?refresh=1", {}, auth).body == r.body);
+  }
+  // The CSP allows no inline code and nothing from elsewhere.
+  CHECK_THAT(std::string(admin::status_page_csp),
+             Catch::StartsWith("default-src 'none'; ") && Catch::Contains("script-src 'self';") &&
+                 Catch::Contains("connect-src 'self';") && !Catch::Contains("unsafe") && !Catch::Contains("http"));
+  const auto js = f.call("GET", "/status.js");
+  REQUIRE(js.status == 200);
+  CHECK(js.content_type == "text/javascript; charset=utf-8");
+  CHECK_THAT(js.body,
+             Catch::Contains("fetch('/ranks'") && Catch::Contains("textContent") && !Catch::Contains("innerHTML"));
+  const auto css = f.call("GET", "/status.css");
+  REQUIRE(css.status == 200);
+  CHECK(css.content_type == "text/css; charset=utf-8");
+  CHECK_THAT(css.body, Catch::Contains("@media (max-width:"));
+  // Every file of the page is served, and nothing in it is fetched from elsewhere.
+  REQUIRE(admin::status_page_assets().size() == 3);
+  for (const auto& asset : admin::status_page_assets()) {
+    INFO(asset.path);
+    CHECK(f.call("GET", asset.path).body == asset.body);
+    CHECK_THAT(std::string(asset.body), !Catch::Contains("http://") && !Catch::Contains("https://") &&
+                                            !Catch::Contains("//cdn"));
+  }
+}
+
+TEST_CASE("the status page without credentials asks the browser for Basic ones", "[admin]") {
+  fixture f;
+  for (const std::string& auth : {std::string(), basic("admin", "wrong"), std::string("Bearer wrong")}) {
+    for (const char* path : {"/", "/status.js", "/status.css"}) {
+      INFO("GET " << path << " with Authorization: " << auth);
+      const auto r = f.call("GET", path, {}, auth);
+      check_error(r, 401);
+      CHECK(r.content_type == "application/json");
+      CHECK(headers_of(r, "WWW-Authenticate") == basic_then_bearer);
+      CHECK(headers_of(r, "Content-Security-Policy").empty());
+    }
+  }
+}
+
+TEST_CASE("the status page answers only GET", "[admin]") {
+  fixture f;
+  for (const char* method : {"POST", "PUT", "DELETE", "HEAD"}) {
+    INFO(method);
+    const auto r = f.call(method, "/");
+    check_error(r, 405);
+    CHECK(r.allow == "GET");
+    check_error(f.call(method, "/", {}, ""), 401);  // authentication first, as on every path
+  }
+}
+
+TEST_CASE("GET /ranks counts each rank's responses, server errors and failed attempts", "[admin]") {
+  fixture f;
+  using namespace std::chrono_literals;
+  f.metrics.request_finished(0, 200, 10ms);
+  f.metrics.request_finished(0, 404, 10ms);  // the client's mistake, not the rank's
+  f.metrics.request_finished(0, 499, 10ms);  // the client left
+  f.metrics.request_finished(2, 500, 10ms);
+  f.metrics.request_finished(2, 502, 10ms);
+  f.metrics.request_finished(2, 503, 10ms);
+  f.metrics.request_finished(2, 504, 10ms);
+  f.metrics.request_finished(2, 200, 10ms);
+  f.metrics.upstream_error(2, "reset");
+  f.metrics.upstream_error(2, "connect");
+  f.metrics.upstream_error(1, "timeout");
+  f.metrics.rejected(503);  // dplb's own refusal: no rank's
+
+  const auto doc = body_of(f.call("GET", "/ranks"));
+  const auto& r0 = doc["ranks"][0];
+  CHECK(r0["responses_total"] == 3);
+  CHECK(r0["errors_total"] == 0);
+  CHECK(r0["upstream_errors_total"] == 0);
+  const auto& r1 = doc["ranks"][1];
+  CHECK(r1["responses_total"] == 0);
+  CHECK(r1["errors_total"] == 0);
+  CHECK(r1["upstream_errors_total"] == 1);
+  const auto& r2 = doc["ranks"][2];
+  CHECK(r2["responses_total"] == 5);
+  CHECK(r2["errors_total"] == 4);
+  CHECK(r2["upstream_errors_total"] == 2);
+  // The same counters drive a rank's object in every answer.
+  CHECK(body_of(f.call("POST", "/ranks/2/drain"))["errors_total"] == 4);
+}
+
+TEST_CASE("GET /ranks tells dplb's version, uptime and in-flight skew", "[admin]") {
+  fixture f;
+  auto doc = body_of(f.call("GET", "/ranks"));
+  CHECK(doc["version"] == DPLB_VERSION);
+  CHECK(doc["uptime_seconds"].is_number());
+  CHECK(doc["uptime_seconds"].get<double>() >= 0);
+  CHECK(doc["uptime_seconds"].get<double>() < 60);
+  CHECK(doc["inflight_skew"] == 0);
+  auto a = f.balancer.acquire();
+  auto b = f.balancer.acquire();
+  auto c = f.balancer.acquire();
+  auto d = f.balancer.acquire();  // round-robin over 3 ranks: one of them has 2
+  REQUIRE(d);
+  doc = body_of(f.call("GET", "/ranks"));
+  CHECK(doc["inflight_skew"] == 1);
 }
 
 TEST_CASE("same_token compares whole tokens only", "[admin]") {
@@ -260,7 +468,7 @@ TEST_CASE("PUT /ranks/{rank}/weight sets the weight within the --backend bounds"
 
 TEST_CASE("unknown admin paths are 404 and known paths with a wrong method 405 with Allow", "[admin]") {
   fixture f;
-  for (const char* target : {"/", "/rank", "/ranks/", "/ranks/0", "/ranks/0/drain/now", "/backends/x", "/v1/models"}) {
+  for (const char* target : {"/index.html", "/status.html", "/rank", "/ranks/", "/ranks/0", "/ranks/0/drain/now", "/backends/x", "/v1/models"}) {
     INFO(target);
     check_error(f.call("GET", target), 404);
   }
