@@ -4,7 +4,9 @@ programs that cannot report the one they bound."""
 
 import json
 import os
+import re
 import socket
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -55,3 +57,24 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run(*args, check_status=True):
+    """A command's output (stdout and stderr); exits the test with that output when it fails and check_status."""
+    result = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
+    if check_status and result.returncode != 0:
+        sys.exit(f"{' '.join(map(str, args))} exited {result.returncode}:\n{result.stdout}")
+    return result.stdout
+
+
+def library_packages(binary):
+    """{shared library a binary loads: the Debian package names that satisfy it (its package and what that provides)}."""
+    owners = {}
+    for library in re.findall(r"=> (/\S+)", run("ldd", binary)):
+        owner = run("dpkg", "-S", os.path.realpath(library), check_status=False)
+        if "no path found" in owner:
+            owner = run("dpkg", "-S", library, check_status=False)
+        package = owner.split(":")[0].strip()
+        provides = run("dpkg-query", "-W", "-f=${Provides}", package, check_status=False)
+        owners[library] = {package} | {re.sub(r"\s*\(.*\)", "", p).strip() for p in provides.split(",") if p.strip()}
+    return owners

@@ -10,17 +10,12 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from ecosystem import OUTPUT as output, SOURCE as source, Checks, benchlib
+from ecosystem import OUTPUT as output, SOURCE as source, Checks, benchlib, library_packages, run
 
 build_dir = Path(os.environ["DPLB_BUILD_DIR"])
 check = Checks()
 
 
-def run(*args, check_status=True):
-    result = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
-    if check_status and result.returncode != 0:
-        sys.exit(f"{' '.join(map(str, args))} exited {result.returncode}:\n{result.stdout}")
-    return result.stdout
 
 
 def installed():
@@ -56,16 +51,10 @@ try:
     check("ExecStart=/usr/bin/dplb --config /etc/dplb/dplb.json" in unit, "the unit starts the installed binary")
 
     # Every shared library the binaries load comes from a package the .deb depends on.
+    # A dependency may name the package or a virtual one it provides (libspdlog1.10-fmt9).
     for binary in ("/usr/bin/dplb", "/usr/bin/dplb-mock-engine", "/usr/bin/dplb-bench"):
-        for library in re.findall(r"=> (/\S+)", run("ldd", binary)):
-            owner = run("dpkg", "-S", os.path.realpath(library), check_status=False)
-            if "no path found" in owner:
-                owner = run("dpkg", "-S", library, check_status=False)
-            package = owner.split(":")[0].strip()
-            # A dependency may name a package, or a virtual one it provides (libspdlog1.10-fmt9).
-            provides = run("dpkg-query", "-W", "-f=${Provides}", package, check_status=False)
-            names = {package} | {re.sub(r"\s*\(.*\)", "", p).strip() for p in provides.split(",") if p.strip()}
-            check(bool(names & depends), f"{binary} loads {library} from {package}, a dependency")
+        for library, names in library_packages(binary).items():
+            check(bool(names & depends), f"{binary} loads {library} from {sorted(names)[0]}, a dependency")
 
     # The installed binaries run: the mock engine's two ranks behind dplb, one request through.
     mock, ports, _ = benchlib.start_mock("/usr/bin/dplb-mock-engine", ["--ranks", "2"], output / "deb-mock.log")

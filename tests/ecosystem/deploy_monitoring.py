@@ -1,0 +1,88 @@
+"""The monitoring half of the deploy kit holds: `promtool check config` on deploy/prometheus/prometheus.yml (and the
+rule file it loads), `promtool check rules` and `promtool test rules` on the alert rules (each alert fires on the
+series that should fire it, and not on its neighbours), and the Grafana dashboard: valid JSON with the panels it
+promises, every PromQL expression parsed by promtool, and every metric that the rules and the dashboard name
+present in the real dplb's /metrics (a typo'd name would leave a panel empty and an alert silent forever)."""
+
+import http.client
+import json
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ecosystem import DPLB, MOCK_ENGINE, OUTPUT, SOURCE, Checks, benchlib, post_json
+
+check = Checks()
+deploy = SOURCE / "deploy"
+
+
+def promtool(*args):
+    result = subprocess.run(["promtool", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=120)
+    return result.returncode, result.stdout.strip()
+
+
+status, out = promtool("check", "config", str(deploy / "prometheus/prometheus.yml"))
+check(status == 0, f"promtool check config prometheus.yml: {out}")
+status, out = promtool("check", "rules", str(deploy / "prometheus/alerts.yml"))
+check(status == 0, f"promtool check rules alerts.yml: {out}")
+status, out = promtool("test", "rules", str(deploy / "prometheus/alerts_test.yml"))
+check(status == 0, f"promtool test rules alerts_test.yml: {out}")
+
+rules_text = (deploy / "prometheus/alerts.yml").read_text()
+alerts = re.findall(r"- alert: (\w+)", rules_text)
+tested = set(re.findall(r"alertname: (\w+)", (deploy / "prometheus/alerts_test.yml").read_text()))
+check(set(alerts) >= {"DplbNoUsableRank", "DplbRankDown", "DplbInflightSkewHigh", "DplbErrorRatioHigh",
+                      "DplbQueueGrowing", "DplbEngineStatsStale"}, f"the alerts cover rank down, skew, errors, queue, stale stats: {alerts}")
+check(set(alerts) == tested, f"every alert has a unit test: untested {set(alerts) - tested}")
+
+dashboard = json.loads((deploy / "grafana/dashboards/dplb.json").read_text())
+panels = dashboard["panels"]
+exprs = [t["expr"] for p in panels for t in p["targets"]]
+titles = " | ".join(p["title"] for p in panels).lower()
+for want in ("in flight per rank", "skew", "by status", "time to first byte", "duration", "tokens per second",
+             "running and waiting", "kv-cache"):
+    check(want in titles, f"the dashboard has a panel for {want}")
+check(len({p["id"] for p in panels}) == len(panels), "panel ids are unique")
+datasource_uid = re.search(r"uid: (\S+)", (deploy / "grafana/provisioning/datasources/prometheus.yml").read_text()).group(1)
+check(all(t["datasource"]["uid"] == datasource_uid for p in panels for t in p["targets"]),
+      f"every query uses the provisioned data source ({datasource_uid})")
+
+# Every dashboard expression parses: promtool checks each as a recording rule (Grafana's variables filled in).
+with tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False) as f:
+    concrete = [e.replace("$__rate_interval", "1m").replace("$instance", ".*") for e in exprs]
+    json.dump({"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:expr{i}", "expr": e}
+                                                          for i, e in enumerate(concrete)]}]}, f)
+status, out = promtool("check", "rules", f.name)
+check(status == 0, f"promtool parses the dashboard's {len(exprs)} expressions: {out}")
+Path(f.name).unlink()
+
+# The metric names the rules and the dashboard use, against the real /metrics with every family present.
+mock, ports, _ = benchlib.start_mock(MOCK_ENGINE, ["--ranks", "2"], OUTPUT / "monitoring-mock.log")
+dplb = None
+try:
+    dplb, port = benchlib.start_dplb(DPLB, "least-load", ports, OUTPUT / "monitoring-dplb.log",
+                                     extra=["--stats-interval", "50", "--max-inflight-per-rank", "64"])
+    for i in range(4):
+        assert post_json(f"http://127.0.0.1:{port}/v1/completions",
+                         {"model": "mock-model", "prompt": f"p{i}", "max_tokens": 2})[0] == 200
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("TRACE", "/")  # refused with 405: dplb_rejected_requests_total appears
+    check(connection.getresponse().status == 405, "a TRACE is refused (a rejected request)")
+    connection.close()
+    text = benchlib.scrape(f"http://127.0.0.1:{port}/metrics")
+    for _ in range(100):  # until the engine stats are read (bounded)
+        if "dplb_engine_running{" in text:
+            break
+        text = benchlib.scrape(f"http://127.0.0.1:{port}/metrics")
+finally:
+    for process in (dplb, mock):
+        if process:
+            process.stop()
+exported = set(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{| )", text, re.M))
+used = set(re.findall(r"\b(dplb_[a-z_]+)\b", rules_text + "\n".join(exprs)))
+check(bool(used), f"the rules and the dashboard use {len(used)} dplb metrics")
+missing = sorted(used - exported)
+check(not missing, f"every metric they name is exported by dplb: missing {missing}")
+check.finish()
