@@ -2,6 +2,7 @@
 # Proxy overhead benchmark (not CI, except the OVERHEAD_QUICK=1 smoke): one mock vLLM rank measured
 #   direct      no proxy: the baseline
 #   dplb1       dplb --threads 1
+#   dplb1_log   the same with --access-log (a file in the work directory): the access log's cost (part 1)
 #   haproxy     HAProxy, nbthread 1, as its manual advises   (bench/haproxy.cfg.in)
 #   haproxy_nd  the same plus `option http-no-delay` (part 2 only; see below)
 #   nginx       nginx, worker_processes 1                    (bench/nginx.conf.in)
@@ -36,7 +37,7 @@
 #   OVERHEAD_PROBES        1-token streams sent at a steady rate during each streaming run to measure
 #                          the TTFT a request sees under load (20; 0 = none; see run_stream)
 #   OVERHEAD_MOCK_THREADS  mock engine threads (2: one per core, so that it is not the bottleneck)
-#   OVERHEAD_WRK_TARGETS   targets of part 1 ("direct dplb1 haproxy nginx dplb2")
+#   OVERHEAD_WRK_TARGETS   targets of part 1 ("direct dplb1 dplb1_log haproxy nginx dplb2")
 #   OVERHEAD_STREAM_TARGETS  targets of part 2 ("direct dplb1 haproxy haproxy_nd nginx dplb2")
 #                          (either may be empty to skip that part)
 #   OVERHEAD_RESULTS_DIR   where results go (default: bench/results); each run writes a directory
@@ -66,7 +67,7 @@ waves=${OVERHEAD_STREAM_WAVES:-1}
 input_len=${OVERHEAD_INPUT_LEN:-64}
 probes=${OVERHEAD_PROBES:-20}
 mock_threads=${OVERHEAD_MOCK_THREADS:-2}
-read -r -a wrk_targets <<<"${OVERHEAD_WRK_TARGETS-direct dplb1 haproxy nginx dplb2}"
+read -r -a wrk_targets <<<"${OVERHEAD_WRK_TARGETS-direct dplb1 dplb1_log haproxy nginx dplb2}"
 read -r -a stream_targets <<<"${OVERHEAD_STREAM_TARGETS-direct dplb1 haproxy haproxy_nd nginx dplb2}"
 # Every target started (once, for the whole run): the union of both lists, in order.
 mapfile -t targets < <(printf '%s\n' "${wrk_targets[@]}" "${stream_targets[@]}" | awk 'NF && !seen[$0]++')
@@ -171,11 +172,11 @@ start_mock() {
   port[direct]=$(grep -Eo 'rank 0 listening on [0-9.]+:[0-9]+' "$workdir/mock.log" | awk -F: '{print $NF}')
 }
 
-start_dplb() {  # target threads
+start_dplb() {  # target threads [more options]
   port[$1]=$(free_port)
   # Everything else at dplb's defaults (health checks included): the configuration a user runs.
   "$dplb_bin" --listen "127.0.0.1:${port[$1]}" --backend "http://127.0.0.1:${port[direct]}" \
-    --threads "$2" --log-level warn >"$workdir/$1.log" 2>&1 &
+    --threads "$2" --log-level warn "${@:3}" >"$workdir/$1.log" 2>&1 &
   pid[$1]=$!
 }
 
@@ -299,6 +300,7 @@ for target in "${targets[@]}"; do
   case $target in
     direct) ;;
     dplb1) start_dplb dplb1 1 ;;
+    dplb1_log) start_dplb dplb1_log 1 --access-log "$workdir/access.log" ;;
     dplb2) start_dplb dplb2 2 ;;
     haproxy) start_haproxy haproxy 0 ;;
     haproxy_nd) start_haproxy haproxy_nd 1 ;;

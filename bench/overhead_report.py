@@ -22,13 +22,15 @@ import statistics
 import sys
 from pathlib import Path
 
-PROXIES = ["dplb1", "haproxy", "haproxy_nd", "nginx", "dplb2"]
+PROXIES = ["dplb1", "dplb1_log", "haproxy", "haproxy_nd", "nginx", "dplb2"]
 PEERS = ["haproxy", "nginx"]
 # Streaming peers: HAProxy with `option http-no-delay` when measured. Without it HAProxy holds SSE events
 # back for up to ~200 ms and relays them in bursts: fewer, larger writes, so its CPU per event is not
 # the cost of streaming, and no LLM deployment would accept the added TTFT.
 STREAM_PEERS = ["haproxy_nd", "nginx"]
-DPLBS = ["dplb1", "dplb2"]
+DPLBS = ["dplb1", "dplb1_log", "dplb2"]
+# dplb1_log is dplb1 with --access-log: its ratio to dplb1 is the access log's cost.
+BASELINES = {"dplb1_log": ["dplb1"]}
 # Events a stream relays: one per token, the usage event (dplb-bench asks for include_usage, as
 # `vllm bench serve` does), and `data: [DONE]`.
 EXTRA_EVENTS_PER_STREAM = 2
@@ -189,7 +191,7 @@ def ratios(wrk_rows: list[dict]) -> list[dict]:
     out = []
     for conns in sorted({r["connections"] for r in wrk_rows}):
         for dplb in DPLBS:
-            for peer in PEERS + ["direct"]:
+            for peer in PEERS + ["direct"] + BASELINES.get(dplb, []):
                 a, b = rps.get((dplb, conns)), rps.get((peer, conns))
                 if a is not None and b:
                     out.append({"connections": conns, "target": dplb, "versus": peer, "rps_ratio": a / b})
@@ -259,7 +261,7 @@ def print_tables(settings: dict[str, str], wrk_rows, stream_rows, ratio_rows, ch
     print(f"{'':<20}" + "".join(f"{'c=' + str(c):>9}" for c in conns_list))
     lookup = {(r["target"], r["versus"], r["connections"]): r["rps_ratio"] for r in ratio_rows}
     for dplb in DPLBS:
-        for peer in versus:
+        for peer in versus + BASELINES.get(dplb, []):
             if any((dplb, peer, c) in lookup for c in conns_list):
                 print(f"{dplb + ' / ' + peer:<20}" + "".join(f"{fmt(lookup.get((dplb, peer, c)), '.3f'):>9}"
                                                           for c in conns_list))

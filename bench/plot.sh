@@ -39,7 +39,7 @@ fi
 
 # One colour per target in every plot (gnuplot's default cycles by position, and direct is missing
 # from the CPU plots).
-declare -A colour=([direct]='#444444' [dplb1]='#d62728' [dplb2]='#ff9896' [haproxy]='#1f77b4'
+declare -A colour=([direct]='#444444' [dplb1]='#d62728' [dplb1_log]='#e377c2' [dplb2]='#ff9896' [haproxy]='#1f77b4'
                    [haproxy_nd]='#9ecae1' [nginx]='#2ca02c')
 colour_of() { echo "${colour[$1]:-#7f7f7f}"; }
 

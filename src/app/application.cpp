@@ -193,6 +193,15 @@ struct application::impl {
         shared{settings, topology, balancer, metrics, health, models},
         signals(signal_io, SIGINT, SIGTERM),
         reload_signal(signal_io, SIGHUP) {
+    if (!settings.access_log.empty()) {
+      try {
+        access_log = std::make_unique<metrics::access_log>(settings.access_log);
+      } catch (const std::runtime_error& e) {
+        throw config::config_error(std::string(e.what()) + " (--access-log)");
+      }
+      shared.access_log = access_log.get();
+      metrics.observe_access_log(*access_log);
+    }
     if (!settings.affinity_header.empty()) balancer.enable_affinity(settings.load_bound, &routing);
     metrics.observe_routing(routing, config::any_cluster_uses(settings, "prefix-aware"),
                             !settings.affinity_header.empty());
@@ -230,6 +239,7 @@ struct application::impl {
   upstream::engine_stats_poller stats;
   upstream::backend_registry registry;  // the main thread's: admin API, SIGHUP, retirements
   server::model_routes models;
+  std::unique_ptr<metrics::access_log> access_log;  // outlives the workers that write to it
   server::shared_state shared;
   std::vector<std::unique_ptr<worker>> workers;
   asio::io_context signal_io;  // the main thread's loop: signals and housekeeping
@@ -293,6 +303,14 @@ void application::await_reload_signal() {
   auto& s = *impl_;
   s.reload_signal.async_wait([this, &s](const boost::system::error_code& ec, int) {
     if (ec) return;
+    if (s.access_log) {
+      try {
+        s.access_log->reopen();
+        spdlog::info("SIGHUP: access log reopened at {}", s.settings.access_log);
+      } catch (const std::exception& e) {
+        spdlog::error("SIGHUP: cannot reopen the access log {}: {}", s.settings.access_log, e.what());
+      }
+    }
     if (!s.reload_backends) {
       spdlog::warn("SIGHUP ignored: this dplb has no configuration to reload");
     } else {

@@ -492,6 +492,20 @@ constexpr std::array option_table{
                     },
                 .show_default =
                     [](const settings& s) { return std::string(s.log_fmt == log_format::json ? "json" : "text"); }},
+    option_spec{.flag = "access-log",
+                .env = "DPLB_ACCESS_LOG",
+                .key = "access_log",
+                .value_name = "PATH",
+                .meaning = "Write an access log to PATH ('-': standard output), one JSON object per line and "
+                           "request: time, rank, method, path, status, bytes, ttfb, duration, tokens, model, "
+                           "client. Written by a thread of its own every 100 ms, never by the event loops: a full "
+                           "buffer drops lines (dplb_access_log_dropped_total) rather than slow a request. SIGHUP "
+                           "reopens the file (log rotation). Off by default.",
+                .set_text = [](settings& s, std::string_view v) {
+                  s.access_log = std::string(v);
+                  return std::string();
+                },
+                .show_default = [](const settings&) { return std::string("none"); }},
     count_option<&settings::max_request_body_bytes>("max-request-body-bytes", "DPLB_MAX_REQUEST_BODY_BYTES", "max_request_body_bytes", "BYTES", 1, std::uint64_t{4} << 30, "bytes",
                                   "Largest request body accepted; larger ones get 413."),
     count_option<&settings::max_header_bytes>("max-header-bytes", "DPLB_MAX_HEADER_BYTES", "max_header_bytes", "BYTES", 1, std::uint64_t{64} << 10, "bytes",

@@ -1,5 +1,7 @@
 #include "dplb/metrics/proxy_metrics.hpp"
 
+#include "dplb/metrics/access_log.hpp"
+
 #include "dplb/balancer/routing_stats.hpp"
 
 #include <prometheus/text_serializer.h>
@@ -317,6 +319,15 @@ std::string proxy_metrics::render() {
   }
   for (auto& family : histogram_families()) families.push_back(std::move(family));
   for (auto& family : routing_families()) families.push_back(std::move(family));
+  if (access_log_ != nullptr) {
+    auto dropped = scraped_family("dplb_access_log_dropped_total",
+                                  "Access log lines dropped because the queue to its writing thread was full",
+                                  prometheus::MetricType::Counter);
+    prometheus::ClientMetric m;
+    m.counter.value = static_cast<double>(access_log_->dropped());
+    dropped.metric.push_back(std::move(m));
+    families.push_back(std::move(dropped));
+  }
   return prometheus::TextSerializer().Serialize(families);
 }
 

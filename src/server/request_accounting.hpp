@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "dplb/balancer/balancer.hpp"
+#include "dplb/metrics/access_log.hpp"
 #include "dplb/metrics/proxy_metrics.hpp"
 #include "dplb/metrics/usage_scanner.hpp"
 #include "dplb/server/proxy_context.hpp"
@@ -26,8 +27,10 @@ class request_accounting {
     finished,   // counted under its final status; the slot is free
   };
 
-  request_accounting(shared_state& shared, balancer::rank_lease lease)
-      : shared_(shared), lease_(std::move(lease)), rank_(lease_.rank()), picked_at_(clock_type::now()) {}
+  // `access`: the request's access log entry, filled as the metrics are (null without --access-log).
+  request_accounting(shared_state& shared, balancer::rank_lease lease, metrics::access_entry* access)
+      : shared_(shared), lease_(std::move(lease)), rank_(lease_.rank()), picked_at_(clock_type::now()),
+        access_(access) {}
 
   std::size_t rank() const noexcept { return rank_; }
   state current() const noexcept { return state_; }
@@ -52,7 +55,9 @@ class request_accounting {
   void answered(unsigned status) {
     state_ = state::answered;
     status_ = status;
-    shared_.metrics.first_byte(rank_, clock_type::now() - picked_at_);
+    const auto first_byte = clock_type::now() - picked_at_;
+    shared_.metrics.first_byte(rank_, first_byte);
+    if (access_) access_->ttfb = std::chrono::duration<double>(first_byte).count();
     if (status >= 500) {
       attempt_failed("server_error", upstream::request_outcome::server_error);
     } else {
@@ -72,6 +77,10 @@ class request_accounting {
     const bool counts_tokens = status_ == 200 && (usage.prompt_tokens() || usage.completion_tokens());
     if (counts_tokens) {
       shared_.metrics.tokens(rank_, usage.prompt_tokens().value_or(0), usage.completion_tokens().value_or(0));
+      if (access_) {
+        access_->prompt_tokens = usage.prompt_tokens();
+        access_->completion_tokens = usage.completion_tokens();
+      }
     }
     finish(status_);
   }
@@ -81,7 +90,13 @@ class request_accounting {
   void finish(unsigned status) {
     if (std::exchange(state_, state::finished) == state::finished) return;
     lease_.release();
-    shared_.metrics.request_finished(rank_, status, clock_type::now() - picked_at_);
+    const auto duration = clock_type::now() - picked_at_;
+    shared_.metrics.request_finished(rank_, status, duration);
+    if (access_) {
+      access_->rank = rank_;
+      access_->status = status;
+      access_->duration = std::chrono::duration<double>(duration).count();
+    }
   }
 
  private:
@@ -91,6 +106,7 @@ class request_accounting {
   clock_type::time_point picked_at_;
   state state_ = state::waiting;
   unsigned status_ = 0;
+  metrics::access_entry* access_;
 };
 
 }  // namespace dplb::server

@@ -202,6 +202,7 @@ class response_relay {
       if (got == 0 && !parser.is_done()) continue;  // a chunk header without data yet
       // A read that completes the body is always sent with `last`, even when it delivered no data, so the
       // client never misses the body's end.
+      body_bytes_ += got;
       if (send_now({buffer_.data(), got}, parser.is_done())) {
         auto [write_ec, n] = co_await write_rest();
         rest_written(write_ec);
@@ -210,6 +211,9 @@ class response_relay {
     }
     co_return result::complete;
   }
+
+  // Body bytes handed to the client's socket (the access log's "bytes").
+  std::uint64_t body_bytes() const noexcept { return body_bytes_; }
 
   // Whether any byte of the response reached the client (after a failure: can it still get an error?).
   bool head_sent() const noexcept { return progress_ != progress::nothing_sent; }
@@ -230,6 +234,7 @@ class response_relay {
   std::span<char> buffer_;
   std::array<boost::asio::const_buffer, 3> pieces_;
   std::optional<boost::beast::buffers_suffix<std::array<boost::asio::const_buffer, 3>>> rest_;
+  std::uint64_t body_bytes_ = 0;
   bool client_failed_ = false;
   bool has_body_ = false;
   bool chunked_ = false;

@@ -57,6 +57,10 @@ class session {
     boost::system::error_code ec;
     auto remote = client_.socket().remote_endpoint(ec);
     client_address_ = ec ? "unknown" : remote.address().to_string();
+    if (shared_.access_log && !ec) {
+      const auto port = std::to_string(remote.port());
+      client_endpoint_ = remote.address().is_v6() ? "[" + client_address_ + "]:" + port : client_address_ + ":" + port;
+    }
     client_.socket().set_option(tcp::no_delay(true), ec);
     client_.socket().non_blocking(true, ec);  // written directly when the kernel takes it (write_now.hpp)
   }
@@ -75,7 +79,10 @@ class session {
     // its head is written after the drain began; one written before says keep-alive, and the client sees
     // the close as any idle keep-alive connection's.
     try {
-      while (co_await serve_one_request() && !shared_.draining.load(std::memory_order_relaxed)) {
+      for (;;) {
+        const bool again = co_await serve_one_request();
+        if (access_open_) log_access();
+        if (!again || shared_.draining.load(std::memory_order_relaxed)) break;
       }
     } catch (const std::exception& e) {
       // Errors on the request path are values; an exception here is a bug, and costs only this connection.
@@ -119,6 +126,7 @@ class session {
     }
 
     const auto& head = request_head_;
+    if (shared_.access_log) begin_access(head.method_string, head.target);
     client_version_ = head.version;
     const auto method = head.method;
     const auto decision = admit(head);
@@ -138,8 +146,14 @@ class session {
 
     const bool keep_alive = parser.keep_alive() && !shared_.draining.load(std::memory_order_relaxed);
     switch (decision.route) {
-      case request_route::metrics: co_return co_await serve_own_path(method, "/metrics", keep_alive);
-      case request_route::health: co_return co_await serve_own_path(method, "/health", keep_alive);
+      // dplb's own paths are for its operators' tools, not traffic: not in the access log.
+      case request_route::metrics:
+      case request_route::health: {
+        const bool again = co_await serve_own_path(method, decision.route == request_route::metrics ? "/metrics" : "/health",
+                                                   keep_alive);
+        access_open_ = false;
+        co_return again;
+      }
       case request_route::proxy: break;
     }
     if (decision.pinned_rank_conflict) {
@@ -194,6 +208,7 @@ class session {
       // A request started but not finished in time (slowloris). The stream's deadline has closed the
       // socket already, so, as nginx does, the 408 is only counted, never sent.
       shared_.metrics.rejected(408);
+      if (shared_.access_log) answered_by_dplb(408, 0);
       co_return false;
     }
     if (ec.category() == bhttp::make_error_code(bhttp::error::bad_version).category() &&
@@ -223,6 +238,7 @@ class session {
     set_connection_header(response, keep_alive, client_version_);
     response.prepare_payload();
     if (head_request) response.body().clear();  // Content-Length still tells the size of a GET
+    if (shared_.access_log) answered_by_dplb(response.result_int(), response.body().size());
     client_deadline_.expires_after(settings_.client_write_timeout);
     auto [ec, n] = co_await bhttp::async_write(client_.socket(), response, as_result);
     client_deadline_.expires_never();
@@ -359,6 +375,7 @@ class session {
     if (request.pinned_rank) request.cluster = shared_.topology.hosts()[*request.pinned_rank].cluster;
     if (models.by_model() || shared_.balancer.active_policy().needs_request_facts()) {
       auto facts = inspect_request_body(request_body_, wants_prefix_chain_);
+      if (access_open_) access_.model = facts.model;
       if (models.by_model() && !facts.model.empty()) {
         const auto served = models.cluster_of(facts.model);
         if (!served) {
@@ -392,6 +409,7 @@ class session {
       // Counted as nginx counts a client that closes first (499), among the rejected: it never had a
       // rank to be counted on in dplb_requests_total. Nobody is left to answer.
       shared_.metrics.rejected(499);
+      if (access_open_) answered_by_dplb(499, 0);
       co_return false;
     }
     if (!lease) {
@@ -434,7 +452,7 @@ class session {
       }
     } stop_watch{*this};
 
-    request_accounting accounting(shared_, std::move(lease));
+    request_accounting accounting(shared_, std::move(lease), access_open_ ? &access_ : nullptr);
     upstream_exchange exchange(worker_, *watch, response_head_, upstream_deadline_);
     std::vector<bool> tried;  // sized on the first retry only: the usual request never needs it
     for (std::size_t retries = 0;; ++retries) {
@@ -471,6 +489,7 @@ class session {
     const bool keep_client = relay.prepare_head(rank, head_request, client_version,
                                                 client_keep_alive && !shared_.draining.load(std::memory_order_relaxed));
     const auto relayed = co_await relay.run(accounting);
+    access_.bytes = relay.body_bytes();
     if (watch->client_gone || relayed == response_relay::result::client_failed) {
       // The client went away: dropping the engine connection is how vLLM learns to abort the request.
       // (If the engine had already finished, the request was counted with its status.)
@@ -545,6 +564,30 @@ class session {
     watch_client(s.client_.socket(), s.watch_);
   }
 
+  // The access log (--access-log): an entry opens when a request's head is read (or when dplb answers one it
+  // could not read), collects what the accounting and the relay learn, and is written once the response is out.
+  void begin_access(std::string_view method, std::string_view target) {
+    access_ = metrics::access_entry{};
+    access_.time = std::chrono::system_clock::now();
+    access_.started = clock_type::now();
+    access_.method = method;
+    access_.path = target;
+    access_.client = client_endpoint_;
+    access_open_ = true;
+  }
+  // dplb answered (or, for 408 and 499, gave up on) the request itself: unless a rank's accounting already
+  // set them, these are the status and body size the client got.
+  void answered_by_dplb(unsigned status, std::size_t body_bytes) {
+    if (!access_open_) begin_access({}, {});  // a request too malformed to have a method and a path
+    if (!access_.rank) access_.status = status;  // else the accounting has it (an error sent for a rank)
+    access_.bytes = body_bytes;
+  }
+  void log_access() {
+    access_open_ = false;
+    if (access_.status == 0) access_.status = 499;  // the client left before any answer
+    shared_.access_log->write(metrics::format_access_line(access_, clock_type::now()));
+  }
+
   std::span<char> relay_buffer() {
     if (!relay_buffer_) relay_buffer_ = std::make_unique<char[]>(relay_buffer_size);
     return {relay_buffer_.get(), relay_buffer_size};
@@ -558,6 +601,9 @@ class session {
   socket_deadline client_deadline_;    // guards the client's socket
   socket_deadline upstream_deadline_;  // guards the engine connection the request in progress uses
   std::string client_address_;
+  std::string client_endpoint_;  // "address:port", for the access log
+  metrics::access_entry access_;  // the request being served, while access_open_
+  bool access_open_ = false;
   unsigned client_version_ = 11;  // of the request being served: how its responses say keep-alive
   std::unique_ptr<char[]> relay_buffer_;
   std::shared_ptr<client_watch> watch_;  // of the request being proxied, made once per connection

@@ -94,6 +94,7 @@ struct settings {
   unsigned threads = 0;
   std::string log_level = "info";  // trace, debug, info, warn, error, critical, off
   log_format log_fmt = log_format::text;
+  std::string access_log;  // --access-log: a path, "-" for standard output; empty = off
 
   // --- limits (bytes) ---
   std::size_t max_request_body_bytes = 64u << 20;   // larger request bodies get 413

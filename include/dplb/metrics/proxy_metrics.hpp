@@ -33,6 +33,7 @@ struct routing_stats;
 }
 
 namespace dplb::metrics {
+class access_log;
 
 // The `kind` label values of dplb_upstream_errors_total: connect (refused, unreachable, timed out),
 // reset (closed before any answer on a fresh connection), timeout (no response head in time), protocol
@@ -87,6 +88,8 @@ class proxy_metrics {
   // the prefix families when `prefix` (some model group uses prefix-aware), the affinity one when
   // `affinity` (--affinity-header). `stats` must outlive this. Before serving.
   void observe_routing(const balancer::routing_stats& stats, bool prefix, bool affinity);
+  // The access log's dropped lines (dplb_access_log_dropped_total), shown from now on. Before serving.
+  void observe_access_log(const access_log& log) { access_log_ = &log; }
 
   // The Prometheus text exposition of every metric, with gauges refreshed from the balancer.
   std::string render();
@@ -135,6 +138,7 @@ class proxy_metrics {
   std::vector<prometheus::MetricFamily> routing_families() const;
 
   const balancer::routing_stats* routing_ = nullptr;
+  const access_log* access_log_ = nullptr;
   bool routing_prefix_ = false;
   bool routing_affinity_ = false;
 

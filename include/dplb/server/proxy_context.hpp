@@ -8,6 +8,7 @@
 
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/config/settings.hpp"
+#include "dplb/metrics/access_log.hpp"
 #include "dplb/metrics/proxy_metrics.hpp"
 #include "dplb/server/deadline_sweeper.hpp"
 #include "dplb/server/model_routes.hpp"
@@ -26,6 +27,7 @@ struct shared_state {
   metrics::proxy_metrics& metrics;
   upstream::health_monitor& health;
   const model_routes& models;
+  metrics::access_log* access_log = nullptr;       // --access-log, else null
   std::atomic<std::size_t> client_connections{0};  // open now, all workers
   std::atomic<bool> draining{false};               // SIGTERM received: finish what is in flight, take nothing new
 };
