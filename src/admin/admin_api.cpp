@@ -125,9 +125,9 @@ bool match(std::string_view pattern, std::string_view path, std::vector<std::str
   return true;
 }
 
-// "Bearer <token>": the scheme is case-insensitive (RFC 9110 11.1), the token is not.
-std::optional<std::string_view> bearer_token(std::string_view authorization) {
-  constexpr std::string_view scheme = "bearer ";
+// What follows `scheme` ("bearer ", "basic ": lower case, with its space) in an Authorization value, without
+// trailing blanks. The scheme is case-insensitive (RFC 9110 11.1), the credentials are not.
+std::optional<std::string_view> credentials_of(std::string_view authorization, std::string_view scheme) {
   if (authorization.size() <= scheme.size()) return std::nullopt;
   for (std::size_t i = 0; i < scheme.size(); ++i) {
     if (std::tolower(static_cast<unsigned char>(authorization[i])) != scheme[i]) return std::nullopt;
@@ -137,6 +137,11 @@ std::optional<std::string_view> bearer_token(std::string_view authorization) {
     authorization.remove_suffix(1);
   }
   return authorization;
+}
+
+// "Bearer <token>".
+std::optional<std::string_view> bearer_token(std::string_view authorization) {
+  return credentials_of(authorization, "bearer ");
 }
 
 // Standard base64 (RFC 4648 4), padding optional; nullopt on any other character or a length no encoding
@@ -183,16 +188,9 @@ bool from_another_origin(const request& req) {
 }  // namespace
 
 std::optional<std::string> basic_password(std::string_view authorization) {
-  constexpr std::string_view scheme = "basic ";
-  if (authorization.size() <= scheme.size()) return std::nullopt;
-  for (std::size_t i = 0; i < scheme.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(authorization[i])) != scheme[i]) return std::nullopt;
-  }
-  authorization.remove_prefix(scheme.size());
-  while (!authorization.empty() && (authorization.back() == ' ' || authorization.back() == '\t')) {
-    authorization.remove_suffix(1);
-  }
-  auto credentials = base64_decoded(authorization);
+  const auto encoded = credentials_of(authorization, "basic ");
+  if (!encoded) return std::nullopt;
+  auto credentials = base64_decoded(*encoded);
   // user-id ":" password; the user-id has no colon, the password may have some.
   const auto colon = credentials ? credentials->find(':') : std::string::npos;
   if (colon == std::string::npos) return std::nullopt;
