@@ -86,7 +86,12 @@ for (const overlay of overlays) {
       }
     }
     for (const service of objects.filter((o) => o.kind === 'Service')) {
-      const selected = podsOf(objects).filter((w) => matches(service.spec.selector, w.spec.template.metadata.labels));
+      // A Service for one pod of a StatefulSet selects it by the label its controller sets, pod-name.
+      const podName = service.spec.selector['statefulset.kubernetes.io/pod-name'];
+      const selected = podName
+        ? podsOf(objects).filter((w) => w.kind === 'StatefulSet' && podName.startsWith(`${w.metadata.name}-`) &&
+                                        Number(podName.slice(w.metadata.name.length + 1)) < w.spec.replicas)
+        : podsOf(objects).filter((w) => matches(service.spec.selector, w.spec.template.metadata.labels));
       assert.equal(selected.length, 1, `Service ${service.metadata.name} selects exactly one workload's pods`);
       for (const port of service.spec.ports) {
         if (typeof port.targetPort === 'string') assert.ok(portNames(selected[0]).includes(port.targetPort));
@@ -127,16 +132,16 @@ for (const overlay of overlays) {
       return Number(command.match(/--data-parallel-size (\d+)/)[1]);
     });
     assert.deepEqual(dataParallelSize, [ranks], 'the engines run as many DP ranks as dplb lists');
-    for (const url of config.backends) {
+    // Each backend is a Service (a stable address: dplb resolves names at start, not per request), and the
+    // ranks are listed in order: the i-th backend of a StatefulSet's ranks is its pod i.
+    config.backends.forEach((url, i) => {
       const host = new URL(url.replace(/#.*/, '')).hostname;
-      const [pod, service] = host.includes('.') ? host.split('.') : [null, host];
-      assert.ok(objects.some((o) => o.kind === 'Service' && o.metadata.name === service), `${host}: Service ${service}`);
-      if (pod) {
-        const statefulSet = engines.find((w) => w.kind === 'StatefulSet' && w.spec.serviceName === service);
-        const ordinal = Number(pod.slice(statefulSet.metadata.name.length + 1));
-        assert.ok(pod.startsWith(`${statefulSet.metadata.name}-`) && ordinal < statefulSet.spec.replicas, `${host} is a pod`);
-      }
-    }
+      const service = objects.find((o) => o.kind === 'Service' && o.metadata.name === host);
+      assert.ok(service, `${host}: a Service of the overlay`);
+      assert.ok(service.spec.clusterIP !== 'None', `${host} is not headless: its address outlives a pod`);
+      const podName = service.spec.selector['statefulset.kubernetes.io/pod-name'];
+      if (podName) assert.ok(podName.endsWith(`-${i}`), `backend ${i} (${host}) is rank ${i}'s pod, not ${podName}`);
+    });
   });
 
   test(`${overlay}: the dplb pods run locked down, with readiness on /health and liveness on the port`, () => {
