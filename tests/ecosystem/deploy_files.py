@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from ecosystem import DPLB, MOCK_ENGINE, OUTPUT, SOURCE, Checks, benchlib, library_packages, run
+from ecosystem import DPLB, MOCK_ENGINE, OUTPUT, SOURCE, Checks, benchlib, library_packages
 
 check = Checks()
 deploy = SOURCE / "deploy"

@@ -5,7 +5,6 @@ counters hold what the engine's usage said."""
 
 import json
 import shutil
-import subprocess
 import tempfile
 import time
 import urllib.parse

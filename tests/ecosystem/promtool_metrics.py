@@ -2,9 +2,7 @@
 engine stats read, prefix-aware routing and session affinity on, traffic with successes and an engine's 404.
 promtool must report nothing; it fails a counter without `_total`, a missing HELP, a bad name or unit."""
 
-import json
 import subprocess
-import urllib.request
 
 from ecosystem import DPLB, MOCK_ENGINE, OUTPUT, Checks, benchlib, post_json
 
