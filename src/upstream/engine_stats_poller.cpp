@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace dplb::upstream {
 
@@ -63,15 +64,27 @@ bool engine_stats_poller::readings_from_page(const backend& target, std::string_
 asio::awaitable<void> engine_stats_poller::read_backend(const backend& target,
                                                         std::vector<balancer::engine_reading>& round,
                                                         std::size_t& pending, asio::steady_timer& all_done) {
-  // Taken before the request leaves: what the engine reports beyond what dplb had in flight then is load
-  // dplb did not send (engine_view::inflight_at_read).
+  // The engine counts its requests at some moment between this read leaving and its answer arriving. The
+  // most of dplb's own it can have counted then is what dplb had in flight when the read left plus every
+  // pick since: anything it reports beyond that is load dplb did not send (engine_view::inflight_at_read).
+  // In flight at the answer alone would miss the requests that finished meanwhile, and in flight when the
+  // read left would miss the ones a burst sent meanwhile: either way dplb's own requests would be counted
+  // twice, and a burst would no longer be spread exactly.
   const auto sent_at = std::chrono::steady_clock::now();
   for (std::size_t r = target.first_rank; r < target.first_rank + target.dp; ++r) {
     round[r] = balancer::engine_reading{};
     round[r].inflight_at_read = balancer_.inflight(r);
     round[r].read_at = sent_at;
   }
+  std::vector<std::uint64_t> picks_before(target.dp);
+  for (std::size_t i = 0; i < target.dp; ++i) picks_before[i] = balancer_.picks(target.first_rank + i);
   const auto page = co_await fetch(target, "/metrics", "dplb-engine-stats", timeout_, 16u << 20);
+  for (std::size_t i = 0; i < target.dp; ++i) {
+    const auto picked_meanwhile = balancer_.picks(target.first_rank + i) - picks_before[i];
+    auto& reading = round[target.first_rank + i];
+    reading.inflight_at_read = static_cast<std::uint32_t>(
+        std::min<std::uint64_t>(reading.inflight_at_read + picked_meanwhile, std::numeric_limits<std::uint32_t>::max()));
+  }
   const bool good = page && page->status == 200 && readings_from_page(target, page->body, round);
   if (good) {
     if (std::exchange(warned_[target.index], char{0})) spdlog::info("engine stats: {} answers again", target.url);

@@ -85,7 +85,7 @@ struct host_timing {
 struct engine_reading {
   bool good = false;  // false: no usable answer this round (the last good one keeps aging)
   engine_load load{};
-  std::uint32_t inflight_at_read = 0;  // inflight(rank) just before the read was sent
+  std::uint32_t inflight_at_read = 0;  // the most of dplb's requests the engine can have counted in the read
   std::chrono::steady_clock::time_point read_at{};
 };
 

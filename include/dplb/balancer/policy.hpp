@@ -25,8 +25,9 @@ struct engine_load {
 struct engine_view {
   bool fresh = false;  // a good read newer than the staleness bound; else ignore the rest
   engine_load load{};  // at that read
-  // Requests dplb had in flight on the rank when the read was taken: what the engine reports beyond them
-  // is load dplb did not send (another dplb replica, clients that bypass dplb).
+  // The most of dplb's requests the engine can have counted in the read (in flight when it left, plus
+  // every pick until it answered): what it reports beyond them is load dplb did not send (another dplb
+  // replica, clients that bypass dplb).
   std::uint32_t inflight_at_read = 0;
 };
 
