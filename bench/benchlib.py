@@ -249,7 +249,7 @@ def run_cells(script, cells, run_one, opts, report):
     """Runs run_one(workdir, *cell) for each cell (a tuple; alternate the policies within a repeat so that a slow
     moment of the machine hits each alike), in a work directory removed afterwards unless opts.keep_logs. Writes
     <results_dir>/<script>.json (the settings and every run's record) and <script>.md (report(records, elapsed)),
-    prints the report, and exits 1 if any run had failed requests."""
+    prints the report, and exits 1 if any run had failed requests; else returns the records."""
     import tempfile
     workdir = Path(tempfile.mkdtemp(prefix=f"dplb-{script}."))
     records = []
@@ -275,6 +275,7 @@ def run_cells(script, cells, run_one, opts, report):
     print(text, end="")
     if any(r["failed"] for r in records):
         raise SystemExit(1)
+    return records
 
 
 def add_run_arguments(parser, repeats=2):

@@ -33,12 +33,15 @@ the drain are left out), from every rank's /metrics (the mock's admin port) ever
     tokens each rank prefilled (vllm:prompt_tokens_total).
 Ratios: least-tokens / least-inflight for throughput, least-inflight / least-tokens for the outstanding-token
 max-min and TTFT (above 1: least-tokens better); each run's against the median of least-inflight's runs, all
-listed, and every run's own figures in a second table.
+listed; then seed for seed (run i of both policies had the same requests in the same order), the paired ratios
+and their geometric mean, which take out the run-to-run spread that the requests themselves cause
+(--require-better: exit 3 unless all three geometric means are above 1); and every run's own figures.
 
 Standard library only; every process started here is stopped by its pid, also on errors and Ctrl-C.
 """
 
 import argparse
+import math
 import statistics
 import time
 
@@ -158,6 +161,9 @@ def main():
                         help="lockstep: MoE DP ranks stepping together (each step pads to the largest batch); "
                         "independent: a clock per rank, as the DP ranks of a dense model run")
     parser.add_argument("--warmup-share", type=float, default=0.1, help="of the run, left out at each end")
+    parser.add_argument("--require-better", action="store_true",
+                        help="exit 3 unless every policy beats least-inflight seed for seed (geometric mean of the "
+                        "paired ratios above 1) on max-min outstanding tokens, output tok/s and TTFT mean")
     add_run_arguments(parser)
     opts = parser.parse_args()
     policies = compared_policies(opts, "tokens")
@@ -167,8 +173,10 @@ def main():
             raise SystemExit(f"tokens: unknown workload {workload} (known: {' '.join(WORKLOADS)})")
     cells = [(workload, policy, repeat) for workload in workloads for repeat in range(opts.repeats)
              for policy in policies]
-    run_cells("tokens", cells, lambda workdir, *cell: run_one(opts, workdir, *cell), opts,
-              lambda records, elapsed: report(opts, workloads, policies, records, elapsed))
+    records = run_cells("tokens", cells, lambda workdir, *cell: run_one(opts, workdir, *cell), opts,
+                        lambda records, elapsed: report(opts, workloads, policies, records, elapsed))
+    if opts.require_better:
+        require_better(workloads, policies, records)
 
 
 def pair(by_class):
@@ -195,6 +203,59 @@ def class_cells(cell, policy):
     long_ref, long_mean = part("least-inflight", "long_ttft_s", "mean"), part(policy, "long_ttft_s", "mean")
     cells.append(f"{long_ref / long_mean:.3f}" if long_ref and long_mean else "-")
     return " | ".join(cells)
+
+
+PAIRED_MEASURES = (("max-min outstanding", lambda r: r["outstanding_spread"]["mean"], False),
+                   ("output tok/s", lambda r: r["output_tok_s"], True),
+                   ("TTFT mean", lambda r: r["mean_ttft_s"], False))
+
+
+def geometric_mean(values):
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def paired_ratios(workloads, policies, records):
+    """Run i of a policy against run i of least-inflight: the same seed, so the same requests in the same order.
+    Run-to-run spread (which long prompts meet, the machine's timing) is as large as the policies' difference,
+    and pairing by seed takes out the part the requests cause. Yields (workload, policy, {measure: every pair's
+    ratio, above 1: the policy better; None when a run lacks it}, how many pairs are better on all three)."""
+    for workload in workloads:
+        ref = {r["repeat"]: r for r in records if r["workload"] == workload and r["policy"] == "least-inflight"}
+        for policy in policies:
+            if policy == "least-inflight":
+                continue
+            runs = sorted((r for r in records if r["workload"] == workload and r["policy"] == policy
+                           and r["repeat"] in ref), key=lambda r: r["repeat"])
+            ratios = {}
+            for name, get, higher_better in PAIRED_MEASURES:
+                pairs = [(get(r), get(ref[r["repeat"]])) for r in runs]
+                ratios[name] = (None if not pairs or any(not ours or not theirs for ours, theirs in pairs) else
+                                [ours / theirs if higher_better else theirs / ours for ours, theirs in pairs])
+            all_three = sum(all(ratios[name] and ratios[name][i] > 1 for name in ratios) for i in range(len(runs)))
+            yield workload, policy, ratios, all_three, len(runs)
+
+
+def paired_lines(workloads, policies, records):
+    lines = ["Seed for seed (run i of each policy got the same requests in the same order): paired ratios to "
+             "least-inflight, above 1 better; geometric mean (every pair), pairs better.", "",
+             "| workload | policy | max-min outstanding | output tok/s | TTFT mean | better on all three |",
+             "|---|---|---:|---:|---:|---:|"]
+    for workload, policy, ratios, all_three, runs in paired_ratios(workloads, policies, records):
+        cells = [f"{geometric_mean(each):.3f} ({', '.join(f'{e:.3f}' for e in each)}), {sum(e > 1 for e in each)} "
+                 f"of {len(each)}" if each else "-" for each in ratios.values()]
+        lines.append(f"| {workload} | {policy} | {' | '.join(cells)} | {all_three} of {runs} |")
+    return lines + [""]
+
+
+def require_better(workloads, policies, records):
+    """--require-better: every compared policy's paired geometric mean above 1 on all three measures, or exit 3."""
+    short = [f"{workload}, {policy}: {name} {geometric_mean(each):.3f}" if each else f"{workload}, {policy}: no {name}"
+             for workload, policy, ratios, _, _ in paired_ratios(workloads, policies, records)
+             for name, each in ratios.items() if not each or geometric_mean(each) <= 1]
+    if short:
+        log("tokens: not better than least-inflight seed for seed on " + "; ".join(short) +
+            " (geometric mean of the paired ratios, above 1 better)")
+        raise SystemExit(3)
 
 
 def report(opts, workloads, policies, records, elapsed):
@@ -254,6 +315,7 @@ def report(opts, workloads, policies, records, elapsed):
                 f"| {ratios(runs, 'output_tok_s', value('least-inflight', 'output_tok_s'), True)} | {ttft_ratio} "
                 f"| {value('least-inflight', 'mean_e2e_s') / e2e:.3f} | {class_cells(cell, policy)} |")
     out("")
+    lines.extend(paired_lines(workloads, policies, records))
     out("Every run: max-min outstanding tokens (mean), output tok/s (engines, simulated), client tok/s, TTFT mean "
         "and p99 (s), wall s.")
     out("")
