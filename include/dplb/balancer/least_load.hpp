@@ -8,8 +8,9 @@ namespace dplb::balancer {
 // per unit of weight (load / weight), ties to the `rotation`.
 // vLLM's own balancer scores max(inflight, running + waiting) + the same KV term. Its max() trusts a read
 // that is up to an interval old as much as its live count; here the read only tells what dplb cannot
-// count itself: the requests the engine had beyond the ones dplb had in flight there when the read was
-// taken (work from another dplb replica, clients that bypass dplb, a queue behind long prefills). dplb's
+// count itself: the requests the engine had beyond the most of dplb's own it can have counted (those in
+// flight there when the read left, plus every pick until its answer came back; engine_stats_poller):
+// work from another dplb replica, clients that bypass dplb, a queue behind long prefills. dplb's
 // own requests are its live count, so every pick since the read counts and every release since counts
 // too: a burst on idle ranks stays exact whatever reads land in it, and a request that finished a moment
 // ago weighs nothing, where "picks since the read" would still count it until the next read. When the
