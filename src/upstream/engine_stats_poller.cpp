@@ -70,14 +70,16 @@ asio::awaitable<void> engine_stats_poller::read_backend(const backend& target,
   // In flight at the answer alone would miss the requests that finished meanwhile, and in flight when the
   // read left would miss the ones a burst sent meanwhile: either way dplb's own requests would be counted
   // twice, and a burst would no longer be spread exactly.
+  // The picks are read first, so a pick between the two reads counts in both: the bound errs high (dplb's
+  // own request taken for its own), not low (dplb's own request taken for someone else's).
+  std::vector<std::uint64_t> picks_before(target.dp);
+  for (std::size_t i = 0; i < target.dp; ++i) picks_before[i] = balancer_.picks(target.first_rank + i);
   const auto sent_at = std::chrono::steady_clock::now();
   for (std::size_t r = target.first_rank; r < target.first_rank + target.dp; ++r) {
     round[r] = balancer::engine_reading{};
     round[r].inflight_at_read = balancer_.inflight(r);
     round[r].read_at = sent_at;
   }
-  std::vector<std::uint64_t> picks_before(target.dp);
-  for (std::size_t i = 0; i < target.dp; ++i) picks_before[i] = balancer_.picks(target.first_rank + i);
   const auto page = co_await fetch(target, "/metrics", "dplb-engine-stats", timeout_, 16u << 20);
   for (std::size_t i = 0; i < target.dp; ++i) {
     const auto picked_meanwhile = balancer_.picks(target.first_rank + i) - picks_before[i];
