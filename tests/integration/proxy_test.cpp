@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -192,21 +193,26 @@ TEST_CASE("stream events pass through one by one, as fast as direct", "[proxy][s
     REQUIRE(r.complete);
     std::vector<double> out;
     std::optional<steady::time_point> previous;
+    int events_sharing = 0;  // events that arrived in a piece with another
     for (const auto& [arrived, piece] : r.pieces) {
-      auto pos = piece.find("\"t_us\":");
-      if (pos == std::string::npos) continue;  // the [DONE] event
-      // One timed event per piece: a proxy that buffered would deliver several together. (The last event
-      // may share a piece with [DONE]: the engine writes those two together, and dplb relays at once
-      // whatever arrived together.)
-      CHECK(piece.find("\"t_us\":", pos + 1) == std::string::npos);
-      const double sent_us = std::stod(piece.substr(pos + 7));
       const double arrived_us =
           std::chrono::duration<double, std::micro>(arrived.time_since_epoch()).count();
-      out.push_back(arrived_us - sent_us);
+      int in_piece = 0;
+      for (auto pos = piece.find("\"t_us\":"); pos != std::string::npos; pos = piece.find("\"t_us\":", pos + 1)) {
+        out.push_back(arrived_us - std::stod(piece.substr(pos + 7)));
+        ++in_piece;
+      }
+      if (in_piece == 0) continue;  // the [DONE] event
+      if (in_piece > 1) events_sharing += in_piece;
       if (previous) gaps_ms.push_back(std::chrono::duration<double, std::milli>(arrived - *previous).count());
       previous = arrived;
     }
     REQUIRE(out.size() == static_cast<std::size_t>(events));
+    // One timed event per piece: a proxy that buffered would deliver most of them several together. A client
+    // descheduled for an interval on a busy machine reads two at once whatever it reads from (direct too),
+    // so two pieces may hold two each. (The last event may share a piece with [DONE]: the engine writes
+    // those two together, and dplb relays at once whatever arrived together.)
+    CHECK(events_sharing <= 4);
     return out;
   };
   auto median = [](std::vector<double> v) {
@@ -232,6 +238,11 @@ TEST_CASE("stream events pass through one by one, as fast as direct", "[proxy][s
   CHECK(added_first_ms < 5.0 * timing_slack());
   CHECK(added_median_ms < 5.0 * timing_slack());
   // Gaps preserved: each inter-event gap through dplb stays close to the engine's interval.
+  REQUIRE(proxied_gaps.size() >= 5 * (events - 1) / 2);
   CHECK(median(proxied_gaps) == Approx(interval_ms).margin(3.0 * timing_slack()));
-  for (double gap : proxied_gaps) CHECK(gap < interval_ms * 3 * timing_slack());
+  // And none far off, but for a hiccup or two of a busy machine's scheduler (a client descheduled for 40 ms
+  // sees one gap of 60): a proxy that held events back would stretch many.
+  const auto stretched = std::count_if(proxied_gaps.begin(), proxied_gaps.end(),
+                                       [&](double gap) { return gap >= interval_ms * 3 * timing_slack(); });
+  CHECK(stretched <= 2);
 }
