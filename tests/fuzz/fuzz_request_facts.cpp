@@ -162,8 +162,9 @@ std::vector<std::uint64_t> reference_chain(const json& j) {
   using dplb::balancer::prefix_chain_builder;
   prefix_chain_builder chain;
   const auto feed_id = [&](const json& id) {
-    if (!id.is_number_unsigned()) return;  // negatives are counted but not fed
-    const auto narrow = static_cast<std::uint32_t>(id.get<std::uint64_t>());
+    const auto value = non_negative(id);  // -0 is token 0, as the reader reads it
+    if (!value) return;                   // negatives are counted but not fed
+    const auto narrow = static_cast<std::uint32_t>(*value);
     chain.feed(std::string_view(reinterpret_cast<const char*>(&narrow), sizeof narrow));
   };
   const auto text = [](const json& s) { return std::string_view(s.get_ref<const json::string_t&>()); };
