@@ -163,7 +163,8 @@ def main():
     parser.add_argument("--warmup-share", type=float, default=0.1, help="of the run, left out at each end")
     parser.add_argument("--require-better", action="store_true",
                         help="exit 3 unless every policy beats least-inflight seed for seed (geometric mean of the "
-                        "paired ratios above 1) on max-min outstanding tokens, output tok/s and TTFT mean")
+                        "paired ratios above 1) on max-min outstanding tokens, output tok/s and TTFT mean (prompts-nostream has no "
+                        "TTFT, so it cannot pass)")
     add_run_arguments(parser)
     opts = parser.parse_args()
     policies = compared_policies(opts, "tokens")
