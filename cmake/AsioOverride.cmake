@@ -1,4 +1,5 @@
-# Two isolated changes to the Asio of Boost 1.81, made at configure time on the installed headers.
+# Two isolated changes to the Asio of Boost 1.81, made at configure time on the installed headers where
+# their text matches (elsewhere: a configure warning, and Asio as installed).
 #
 # 1. A short read is the end of what a socket has: Asio's epoll reactor, taught to know it.
 # Why. Asio 1.81 reads a socket again after every read, whatever it returned, until the kernel says
@@ -36,56 +37,95 @@
 #
 # How. The files are copied into the build tree, edited, and the copy's directory is put before Boost's
 # on dplb_asio's (public) include path, so that every translation unit sees the same Asio. Each edit must
-# match the installed text exactly, or configuring fails and says how to go on without them
-# (-DDPLB_ASIO_OVERRIDE=OFF builds on Asio as installed: one more recv() per read, and mallocs per
-# request under concurrency).
-option(DPLB_ASIO_OVERRIDE "Build on Asio with cmake/AsioOverride.cmake's changes (short reads, recycling per size)" ON)
+# match the installed text exactly (it was written for Boost 1.81's Asio); each edited file also gets a
+# marker macro (DPLB_ASIO_OVERRIDE_<FILE>). If any edit does not match, nothing is applied: configuring
+# warns, naming the file, and dplb builds on Asio as installed (one more recv() per read, and mallocs per
+# request under concurrency), which is correct, only slower. When applied, dplb_asio and its users compile
+# with DPLB_ASIO_OVERRIDE=1, and include/dplb/support/asio_override_check.hpp (with
+# src/support/asio_beast_impl.cpp for the .ipp) stops the build unless every marker is defined: the
+# patched copies, not Boost's, are the headers compiled. tests/cmake/asio_override_test.cmake runs
+# dplb_asio_override_write() on a copy of Asio with one line changed (it must warn and write nothing) and on
+# the installed Asio (it must apply, and the check must pass with the copies and fail without them).
+# The functions below keep these policies wherever they are called from, script mode included (where
+# CMP0012 would otherwise be OLD: while(TRUE) is false there, and no edit would ever match).
+cmake_policy(VERSION 3.25)
 
-function(dplb_asio_override_edit content_var file old new expected_count)
+option(DPLB_ASIO_OVERRIDE
+  "Build on Asio with cmake/AsioOverride.cmake's changes (short reads, recycling per size) when the installed Asio matches them"
+  ON)
+
+# The files the override edits, under boost/asio/detail/.
+set(DPLB_ASIO_OVERRIDE_FILES
+  reactive_socket_recv_op.hpp epoll_reactor.hpp impl/epoll_reactor.ipp thread_info_base.hpp)
+
+# Replaces `old` by `new` in the variable named `content_var`, if `old` occurs exactly `expected_count`
+# times: the edit is only safe on the exact text it was written for. Otherwise leaves it and sets the
+# variable named `mismatch_var` to what did not match; does nothing once that is set.
+function(dplb_asio_override_edit content_var mismatch_var file old new expected_count)
+  if(NOT "${${mismatch_var}}" STREQUAL "")
+    return()
+  endif()
   set(text "${${content_var}}")
-  # Count the occurrences of `old`: the edit is only safe on the exact text it was written for.
   set(count 0)
   set(rest "${text}")
+  string(LENGTH "${old}" old_length)
   while(TRUE)
     string(FIND "${rest}" "${old}" at)
     if(at EQUAL -1)
       break()
     endif()
     math(EXPR count "${count} + 1")
-    string(LENGTH "${old}" old_length)
     math(EXPR next "${at} + ${old_length}")
     string(SUBSTRING "${rest}" ${next} -1 rest)
   endwhile()
   if(NOT count EQUAL expected_count)
-    message(FATAL_ERROR
-      "dplb's Asio override (cmake/AsioOverride.cmake) does not match ${file} (found ${count} of ${expected_count} places "
-      "to edit): this Boost is not the 1.81 that scripts/setup.sh installs. Configure with "
-      "-DDPLB_ASIO_OVERRIDE=OFF to build on Asio as installed.")
+    string(REGEX MATCH "^[^\n]*" first_line "${old}")
+    string(STRIP "${first_line}" first_line)
+    set(${mismatch_var} "${file} (found ${count} of ${expected_count} places for the edit of \"${first_line}\")"
+        PARENT_SCOPE)
+    return()
   endif()
   string(REPLACE "${old}" "${new}" text "${text}")
   set(${content_var} "${text}" PARENT_SCOPE)
 endfunction()
 
-# Writes the patched copies under `out_dir` and adds that directory to `target`'s public include path,
-# before Boost's.
-function(dplb_asio_override target out_dir)
-  get_target_property(boost_includes Boost::headers INTERFACE_INCLUDE_DIRECTORIES)
-  set(asio "")
-  foreach(dir IN LISTS boost_includes)
-    if(EXISTS "${dir}/boost/asio/detail/impl/epoll_reactor.ipp")
-      set(asio "${dir}/boost/asio/detail")
-      break()
+# Defines the file's marker macro right after its include guard's #define.
+function(dplb_asio_override_mark content_var mismatch_var file guard marker)
+  dplb_asio_override_edit(${content_var} ${mismatch_var} "${file}"
+    "#define ${guard}\n"
+    "#define ${guard}\n#define ${marker} 1 // dplb, cmake/AsioOverride.cmake\n"
+    1)
+  set(${content_var} "${${content_var}}" PARENT_SCOPE)
+  set(${mismatch_var} "${${mismatch_var}}" PARENT_SCOPE)
+endfunction()
+
+# Edits Boost's Asio under `include_dir` (the directory holding boost/asio/) into copies under
+# `out_dir`/boost/asio/detail and sets `applied_var` to TRUE; or, if any edit does not match the installed
+# text, warns (naming the file), removes any copies an earlier run left in `out_dir` and sets it to FALSE.
+# Runs in script mode too (cmake -P), for tests/cmake/asio_override_test.cmake.
+function(dplb_asio_override_write include_dir out_dir applied_var)
+  set(asio "${include_dir}/boost/asio/detail")
+  set(mismatch "")
+  foreach(name IN LISTS DPLB_ASIO_OVERRIDE_FILES)
+    if(NOT mismatch AND NOT EXISTS "${asio}/${name}")
+      set(mismatch "${asio}/${name} (no such file)")
     endif()
   endforeach()
-  if(NOT asio)
-    message(FATAL_ERROR "Asio's epoll reactor was not found under ${boost_includes}; "
-      "configure with -DDPLB_ASIO_OVERRIDE=OFF")
+  if(mismatch)
+    set(recv_op "")
+    set(reactor_hpp "")
+    set(reactor_ipp "")
+    set(thread_info "")
+  else()
+    file(READ "${asio}/reactive_socket_recv_op.hpp" recv_op)
+    file(READ "${asio}/epoll_reactor.hpp" reactor_hpp)
+    file(READ "${asio}/impl/epoll_reactor.ipp" reactor_ipp)
+    file(READ "${asio}/thread_info_base.hpp" thread_info)
   endif()
 
   set(marker "// dplb, cmake/AsioOverride.cmake")
 
-  file(READ "${asio}/reactive_socket_recv_op.hpp" recv_op)
-  dplb_asio_override_edit(recv_op reactive_socket_recv_op.hpp
+  dplb_asio_override_edit(recv_op mismatch "${asio}/reactive_socket_recv_op.hpp"
 "        if (o->bytes_transferred_ == 0)
           result = done_and_exhausted;"
 "        if (o->bytes_transferred_ == 0
@@ -95,8 +135,7 @@ function(dplb_asio_override target out_dir)
           result = done_and_exhausted; ${marker}: a short read emptied the queue"
     1)
 
-  file(READ "${asio}/epoll_reactor.hpp" reactor_hpp)
-  dplb_asio_override_edit(reactor_hpp epoll_reactor.hpp
+  dplb_asio_override_edit(reactor_hpp mismatch "${asio}/epoll_reactor.hpp"
 "    bool try_speculative_[max_ops];
     bool shutdown_;"
 "    bool try_speculative_[max_ops];
@@ -104,30 +143,29 @@ function(dplb_asio_override target out_dir)
     bool peer_shut_down_; ${marker}: EPOLLRDHUP seen, reads never wait for an edge"
     1)
 
-  file(READ "${asio}/impl/epoll_reactor.ipp" reactor_ipp)
-  dplb_asio_override_edit(reactor_ipp epoll_reactor.ipp
+  dplb_asio_override_edit(reactor_ipp mismatch "${asio}/impl/epoll_reactor.ipp"
 "  ev.events = EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLPRI | EPOLLET;"
 "  ev.events = EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLPRI | EPOLLET | EPOLLRDHUP; ${marker}"
     2)
-  dplb_asio_override_edit(reactor_ipp epoll_reactor.ipp
+  dplb_asio_override_edit(reactor_ipp mismatch "${asio}/impl/epoll_reactor.ipp"
 "    descriptor_data->shutdown_ = false;"
 "    descriptor_data->shutdown_ = false;
     descriptor_data->peer_shut_down_ = false; ${marker}"
     2)
-  dplb_asio_override_edit(reactor_ipp epoll_reactor.ipp
+  dplb_asio_override_edit(reactor_ipp mismatch "${asio}/impl/epoll_reactor.ipp"
 "            if (descriptor_data->registered_events_ != 0)
               descriptor_data->try_speculative_[op_type] = false;"
 "            if (descriptor_data->registered_events_ != 0)
               if (op_type != read_op || !descriptor_data->peer_shut_down_) ${marker}
                 descriptor_data->try_speculative_[op_type] = false;"
     1)
-  dplb_asio_override_edit(reactor_ipp epoll_reactor.ipp
+  dplb_asio_override_edit(reactor_ipp mismatch "${asio}/impl/epoll_reactor.ipp"
 "  static const int flag[max_ops] = { EPOLLIN, EPOLLOUT, EPOLLPRI };"
 "  if (events & EPOLLRDHUP) ${marker}
     peer_shut_down_ = true;
   static const int flag[max_ops] = { EPOLLIN, EPOLLOUT, EPOLLPRI };"
     1)
-  dplb_asio_override_edit(reactor_ipp epoll_reactor.ipp
+  dplb_asio_override_edit(reactor_ipp mismatch "${asio}/impl/epoll_reactor.ipp"
 "          if (status == reactor_op::done_and_exhausted)
           {
             try_speculative_[j] = false;
@@ -141,8 +179,7 @@ function(dplb_asio_override target out_dir)
           }"
     1)
 
-  file(READ "${asio}/thread_info_base.hpp" thread_info)
-  dplb_asio_override_edit(thread_info thread_info_base.hpp
+  dplb_asio_override_edit(thread_info mismatch "${asio}/thread_info_base.hpp"
 "    for (int i = 0; i < max_mem_index; ++i)
       reusable_memory_[i] = 0;
   }"
@@ -155,7 +192,7 @@ function(dplb_asio_override target out_dir)
     }
   }"
     1)
-  dplb_asio_override_edit(thread_info thread_info_base.hpp
+  dplb_asio_override_edit(thread_info mismatch "${asio}/thread_info_base.hpp"
 "      if (reusable_memory_[i])
         aligned_delete(reusable_memory_[i]);
     }
@@ -173,7 +210,7 @@ function(dplb_asio_override target out_dir)
     }
   }"
     1)
-  dplb_asio_override_edit(thread_info thread_info_base.hpp
+  dplb_asio_override_edit(thread_info mismatch "${asio}/thread_info_base.hpp"
 "    std::size_t chunks = (size + chunk_size - 1) / chunk_size;
 
     if (this_thread)
@@ -196,7 +233,7 @@ function(dplb_asio_override target out_dir)
     if (this_thread)
     {"
     1)
-  dplb_asio_override_edit(thread_info thread_info_base.hpp
+  dplb_asio_override_edit(thread_info mismatch "${asio}/thread_info_base.hpp"
 "    if (size <= chunk_size * UCHAR_MAX)
     {
       if (this_thread)
@@ -217,7 +254,7 @@ function(dplb_asio_override target out_dir)
       if (this_thread)
       {"
     1)
-  dplb_asio_override_edit(thread_info thread_info_base.hpp
+  dplb_asio_override_edit(thread_info mismatch "${asio}/thread_info_base.hpp"
 "  void* reusable_memory_[max_mem_index];
 "
 "  void* reusable_memory_[max_mem_index];
@@ -227,13 +264,37 @@ function(dplb_asio_override target out_dir)
   unsigned short free_block_counts_[UCHAR_MAX + 1];
 "
     1)
-  dplb_asio_override_edit(thread_info thread_info_base.hpp
+  dplb_asio_override_edit(thread_info mismatch "${asio}/thread_info_base.hpp"
 "#include <cstddef>
 "
 "#include <cstddef>
 #include <cstring> ${marker}
 "
     1)
+
+  # Each copy defines its marker (include/dplb/support/asio_override_check.hpp checks them).
+  foreach(args
+      "recv_op;reactive_socket_recv_op.hpp;REACTIVE_SOCKET_RECV_OP_HPP"
+      "reactor_hpp;epoll_reactor.hpp;EPOLL_REACTOR_HPP"
+      "reactor_ipp;impl/epoll_reactor.ipp;IMPL_EPOLL_REACTOR_IPP"
+      "thread_info;thread_info_base.hpp;THREAD_INFO_BASE_HPP")
+    list(GET args 0 var)
+    list(GET args 1 name)
+    list(GET args 2 guard)
+    dplb_asio_override_mark(${var} mismatch "${asio}/${name}"
+      BOOST_ASIO_DETAIL_${guard} DPLB_ASIO_OVERRIDE_${guard})
+  endforeach()
+
+  if(mismatch)
+    message(WARNING
+      "dplb's Asio override (cmake/AsioOverride.cmake) does not match ${mismatch}: it was written for the Asio "
+      "of Boost 1.81. dplb builds on Asio as installed, which is correct but slower: one more recv() per read "
+      "(a short read does not end the socket's data) and mallocs per request under concurrency (no free list "
+      "per size for handler and coroutine-frame memory). -DDPLB_ASIO_OVERRIDE=OFF says so and silences this.")
+    file(REMOVE_RECURSE "${out_dir}/boost")
+    set(${applied_var} FALSE PARENT_SCOPE)
+    return()
+  endif()
 
   # Written only when changed, so that a re-configure does not rebuild everything. (A build directory made
   # before a file was added to this list has objects whose recorded dependency is Boost's copy: build it
@@ -250,10 +311,42 @@ function(dplb_asio_override target out_dir)
     if(NOT old_content STREQUAL "${${var}}")
       file(WRITE "${path}" "${${var}}")
     endif()
-    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${asio}/${name}")
   endforeach()
-  # SYSTEM: Boost's code, not ours, so the project's warnings (and -Werror) do not apply; still searched
-  # before /usr/include, where Boost is.
-  target_include_directories(${target} SYSTEM BEFORE PUBLIC "${out_dir}")
-  target_compile_definitions(${target} PUBLIC DPLB_ASIO_OVERRIDE=1)
+  set(${applied_var} TRUE PARENT_SCOPE)
+endfunction()
+
+# The directory of Boost::headers that holds Asio, in the variable named `var` (empty if none does).
+function(dplb_asio_include_dir var)
+  get_target_property(boost_includes Boost::headers INTERFACE_INCLUDE_DIRECTORIES)
+  set(${var} "" PARENT_SCOPE)
+  foreach(dir IN LISTS boost_includes)
+    if(EXISTS "${dir}/boost/asio/detail/impl/epoll_reactor.ipp")
+      set(${var} "${dir}" PARENT_SCOPE)
+      break()
+    endif()
+  endforeach()
+endfunction()
+
+# Applies the override to `target` when it matches the installed Asio: the patched copies go under
+# `out_dir`, which is put on `target`'s public include path before Boost's, with DPLB_ASIO_OVERRIDE=1.
+function(dplb_asio_override target out_dir)
+  dplb_asio_include_dir(include_dir)
+  set(applied FALSE)
+  if(include_dir)
+    dplb_asio_override_write("${include_dir}" "${out_dir}" applied)
+    # A Boost upgrade re-runs the configuration, which checks the edits again.
+    foreach(name IN LISTS DPLB_ASIO_OVERRIDE_FILES)
+      set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${include_dir}/boost/asio/detail/${name}")
+    endforeach()
+  else()
+    message(WARNING "dplb's Asio override: Asio's epoll reactor was not found under Boost's include directories; "
+      "dplb builds on Asio as installed (-DDPLB_ASIO_OVERRIDE=OFF silences this).")
+  endif()
+  if(applied)
+    message(STATUS "dplb's Asio override (cmake/AsioOverride.cmake): applied")
+    # SYSTEM: Boost's code, not ours, so the project's warnings (and -Werror) do not apply; still searched
+    # before /usr/include, where Boost is.
+    target_include_directories(${target} SYSTEM BEFORE PUBLIC "${out_dir}")
+    target_compile_definitions(${target} PUBLIC DPLB_ASIO_OVERRIDE=1)
+  endif()
 endfunction()
