@@ -1,7 +1,6 @@
 #include "dplb/admin/admin_listener.hpp"
 
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
@@ -12,6 +11,7 @@
 #include <string>
 
 #include "dplb/http/error_response.hpp"
+#include "dplb/support/supervisor.hpp"
 
 namespace dplb::admin {
 
@@ -107,6 +107,7 @@ io::task<void> accept_loop(const admin_api& api, io::acceptor& acceptor, listene
   // Only this loop's executor touches the count (one thread), so it needs no atomic.
   auto open = std::make_shared<std::size_t>(0);
   while (acceptor.is_open()) {
+    support::fault_point(support::task::admin_accept);
     auto [ec, socket] = co_await acceptor.async_accept(io::as_result);
     if (ec == asio::error::operation_aborted || !acceptor.is_open()) break;
     if (ec) {
@@ -120,7 +121,8 @@ io::task<void> accept_loop(const admin_api& api, io::acceptor& acceptor, listene
       continue;  // the socket closes as it goes out of scope
     }
     ++*open;
-    asio::co_spawn(executor, serve_connection(api, std::move(socket), limits, open), asio::detached);
+    asio::co_spawn(executor, serve_connection(api, std::move(socket), limits, open),
+                   support::logged_on_failure("an admin API connection"));
   }
 }
 

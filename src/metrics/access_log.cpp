@@ -11,6 +11,8 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "dplb/support/supervisor.hpp"
+
 namespace dplb::metrics {
 
 namespace {
@@ -123,9 +125,12 @@ std::string format_access_line(const access_entry& e, std::chrono::steady_clock:
   return out;
 }
 
-access_log::access_log(const std::string& path) : path_(path) {
+access_log::access_log(const std::string& path, support::supervisor& supervisor) : path_(path) {
   fd_ = path == "-" ? STDOUT_FILENO : open_file();
-  writer_ = std::thread([this] { write_loop(); });
+  writer_ = std::thread([this, &supervisor] {
+    supervisor.run_thread(support::task::access_log, [this] { write_loop(); },
+                          [this](std::chrono::milliseconds delay) { return pause_unless_stopping(delay); });
+  });
 }
 
 access_log::~access_log() {
@@ -173,6 +178,7 @@ void access_log::write_loop() {
   std::unique_lock lock(pending_mutex_);
   for (;;) {
     wake_.wait_for(lock, write_period, [&] { return stopping_; });
+    support::fault_point(support::task::access_log);  // before the lines are taken: none is lost
     const bool last = stopping_;
     batch.clear();
     batch.swap(pending_);  // the workers go on appending to an empty buffer at once
@@ -181,6 +187,13 @@ void access_log::write_loop() {
     lock.lock();
     if (last && pending_.empty()) return;
   }
+}
+
+// Between a failed run of the writing thread and the next. When the log is stopping, the thread ends at
+// once: the lines still pending then are lost, as they would be with a failing disk.
+bool access_log::pause_unless_stopping(std::chrono::milliseconds delay) {
+  std::unique_lock lock(pending_mutex_);
+  return !wake_.wait_for(lock, delay, [&] { return stopping_; });
 }
 
 void access_log::write_out(std::string_view bytes) {

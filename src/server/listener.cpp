@@ -2,7 +2,6 @@
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -10,6 +9,7 @@
 
 #include "dplb/http/error_response.hpp"
 #include "dplb/server/session.hpp"
+#include "dplb/support/supervisor.hpp"
 
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
@@ -52,6 +52,7 @@ io::task<void> refuse_connection(worker_state& worker, io::socket socket) {
 io::task<void> accept_loop(worker_state& worker, io::acceptor& acceptor) {
   auto executor = co_await asio::this_coro::executor;
   while (acceptor.is_open()) {
+    support::fault_point(support::task::accept);
     auto [ec, socket] = co_await acceptor.async_accept(io::as_result);
     if (ec == asio::error::operation_aborted || !acceptor.is_open()) break;
     if (ec) {
@@ -64,10 +65,10 @@ io::task<void> accept_loop(worker_state& worker, io::acceptor& acceptor) {
     auto& shared = worker.shared;
     if (shared.client_connections.fetch_add(1, std::memory_order_relaxed) >= shared.settings.max_client_connections) {
       shared.client_connections.fetch_sub(1, std::memory_order_relaxed);
-      asio::co_spawn(executor, refuse_connection(worker, std::move(socket)), asio::detached);
+      asio::co_spawn(executor, refuse_connection(worker, std::move(socket)), support::logged_on_failure("a refused client connection"));
       continue;
     }
-    asio::co_spawn(executor, run_session(worker, std::move(socket)), asio::detached);
+    asio::co_spawn(executor, run_session(worker, std::move(socket)), support::logged_on_failure("a client session"));
   }
 }
 

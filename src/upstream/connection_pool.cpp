@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <utility>
 
+#include "dplb/support/supervisor.hpp"
 
 namespace dplb::upstream {
 
@@ -60,9 +61,6 @@ io::task<connect_result> connection_pool::connect(std::size_t backend) {
   // write_now); asynchronous operations are unaffected.
   c->stream.socket().non_blocking(true, ec);
   c->stream.expires_never();
-  // Room for the 16 KiB the session reads at once (a response head, a burst of SSE events), allocated
-  // once for the life of the connection.
-  c->buffer.reserve(16 * 1024);
   co_return connect_result{std::move(c), {}};
 }
 
@@ -71,6 +69,7 @@ void connection_pool::give_back(std::size_t backend, connection_ptr connection) 
   auto& idle = idle_list(backend);
   if (idle.size() >= limits_.max_idle_per_rank * topology_.backends()[backend].dp) return;  // closes it: the pool stays bounded
   connection->stream.expires_never();
+  io::release_if_empty(connection->buffer);  // its next read takes a block again
   connection->idle_since = std::chrono::steady_clock::now();
   connection->reused = true;
   idle.push_back(std::move(connection));
@@ -96,6 +95,7 @@ io::task<void> connection_pool::sweep_loop() {
     sweep_timer_.expires_after(period);
     auto [ec] = co_await sweep_timer_.async_wait(io::as_result);
     if (ec || stopped_) break;
+    support::fault_point(support::task::pool_sweep);
     const auto now = std::chrono::steady_clock::now();
     for (std::size_t backend = 0; backend < idle_.size(); ++backend) drop_expired(backend, now);
   }

@@ -19,6 +19,10 @@
 #include <string_view>
 #include <thread>
 
+namespace dplb::support {
+class supervisor;
+}
+
 namespace dplb::metrics {
 
 // What one request's line says. Empty strings and empty optionals are written as null.
@@ -43,9 +47,10 @@ std::string format_access_line(const access_entry& entry, std::chrono::steady_cl
 
 class access_log {
  public:
-  // Opens PATH for appending ("-": standard output) and starts the writing thread. Throws std::runtime_error
-  // when the file cannot be opened.
-  explicit access_log(const std::string& path);
+  // Opens PATH for appending ("-": standard output) and starts the writing thread, supervised (task
+  // access_log: after an exception it writes again, the lines it had taken then lost). Throws
+  // std::runtime_error when the file cannot be opened.
+  access_log(const std::string& path, support::supervisor& supervisor);
   ~access_log();  // writes out every line handed over, then stops the thread
   access_log(const access_log&) = delete;
   access_log& operator=(const access_log&) = delete;
@@ -62,6 +67,7 @@ class access_log {
  private:
   int open_file() const;
   void write_loop();
+  bool pause_unless_stopping(std::chrono::milliseconds delay);  // false: stopping
   void write_out(std::string_view bytes);
 
   const std::string path_;

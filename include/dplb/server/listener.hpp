@@ -14,7 +14,8 @@ namespace dplb::server {
 // address cannot be bound (start-up only).
 io::acceptor open_acceptor(const io::executor& executor, const boost::asio::ip::tcp::endpoint& endpoint);
 
-// Accepts until the acceptor is closed, spawning one session per connection.
+// Accepts until the acceptor is closed, spawning one session per connection. Run under supervision
+// (support::task::accept): a restart takes up where it stopped, with the same acceptor.
 io::task<void> accept_loop(worker_state& worker, io::acceptor& acceptor);
 
 }  // namespace dplb::server

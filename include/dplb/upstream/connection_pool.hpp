@@ -5,11 +5,11 @@
 // either idle in the pool or owned by exactly one request; a request that cannot finish its response
 // cleanly never gives its connection back.
 
-#include <boost/beast/core/flat_buffer.hpp>
 #include <chrono>
 #include <memory>
 #include <vector>
 
+#include "dplb/support/io_buffers.hpp"
 #include "dplb/support/io_types.hpp"
 #include "dplb/upstream/backend.hpp"
 
@@ -21,7 +21,7 @@ struct upstream_connection {
   upstream_connection& operator=(const upstream_connection&) = delete;
 
   io::tcp_stream stream;
-  boost::beast::flat_buffer buffer;  // bytes read from the engine beyond the last parsed message
+  io::read_buffer buffer;  // bytes read from the engine beyond the last parsed message; no memory while empty in the pool
   std::chrono::steady_clock::time_point idle_since{};
   bool reused = false;  // true once it carried a response: the engine may have closed it since
 };
@@ -52,7 +52,7 @@ class connection_pool {
   io::task<connect_result> connect(std::size_t backend);
 
   // Returns a connection whose last response ended cleanly, that the engine keeps alive, and whose read
-  // buffer is empty. Bytes the engine sends while it waits here answer no request, and an engine that
+  // buffer is empty (its memory goes back to the thread's blocks while the connection waits here). Bytes the engine sends while it waits here answer no request, and an engine that
   // closes it would make the next request race the close: take_idle checks for either, and closes it.
   void give_back(std::size_t backend, connection_ptr connection);
 
