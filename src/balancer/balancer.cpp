@@ -111,9 +111,18 @@ bool balancer::has_room_locked(std::size_t rank) const noexcept {
   return cap == 0 || ranks_[rank].inflight.load(std::memory_order_relaxed) < cap;
 }
 
+bool balancer::cluster_has_room_locked(std::size_t cluster) const noexcept {
+  for (std::size_t r = 0; r < detail_.size(); ++r) {
+    if (ranks_[r].cluster == cluster && ranks_[r].flags.load(std::memory_order_relaxed) == 0 && has_room_locked(r)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // The policy's view of every host just before a pick. Slow start scales the weight of a rank that came
 // back a moment ago: from a tenth of it (so that it gets some traffic at once) to all of it, linearly.
-void balancer::refresh_view_locked(const pick_context& request) {
+void balancer::refresh_view_locked(const pick_context& request, bool room_matters) {
   const bool ramping = ramping_ > 0;
   // The clock is read only when something depends on it: a ramp, or engine stats to judge fresh.
   const auto now = ramping || stats_seen_ ? clock::now() : clock::time_point{};
@@ -126,7 +135,8 @@ void balancer::refresh_view_locked(const pick_context& request) {
     v.prompt_inflight = r.prompt_cost.load(std::memory_order_relaxed);
     v.flags = r.flags.load(std::memory_order_relaxed);
     v.weight = r.weight.load(std::memory_order_relaxed);
-    v.usable = v.flags == 0 && r.cluster == request.cluster && !(request.avoid && i < request.avoid->size() && (*request.avoid)[i]) && has_room_locked(i);
+    v.usable = v.flags == 0 && r.cluster == request.cluster &&
+               !(request.avoid && i < request.avoid->size() && (*request.avoid)[i]) && (!room_matters || has_room_locked(i));
     if (ramping && d.ramp_until != clock::time_point{}) {
       if (now >= d.ramp_until) {
         d.ramp_until = {};
@@ -152,6 +162,26 @@ std::optional<std::size_t> balancer::place_session_locked(std::string_view key) 
         .fetch_add(1, std::memory_order_relaxed);
   }
   return placed->rank;
+}
+
+// Where a waiter belongs, judged as if no rank were full: its session's own rank on the ring (not the next
+// one, which it reaches only when its own is over the load bound), else what its policy prefers. nullopt:
+// any slot of its cluster suits it, and so it does once its placement_wait is over (nobody starves).
+std::optional<std::size_t> balancer::preferred_locked(const pick_context& request, clock::time_point since,
+                                                      clock::time_point now) {
+  if (now - since >= limits_.placement_wait || request.cluster >= policies_.size()) return std::nullopt;
+  refresh_view_locked(request, false);
+  std::optional<std::size_t> place;
+  if (affinity_ && !request.session_key.empty()) {
+    // As in the pick, a session key leaves the policy out.
+    const load_bound bound(view_, affinity_bound_);
+    const auto placed = affinity_->place(request.session_key, view_, [&](const host_view& h) { return bound.allows(h); });
+    if (placed && !placed->moved) place = placed->rank;
+  } else {
+    place = policies_[request.cluster]->preferred(request, view_);
+  }
+  if (place && (*place >= view_.size() || !view_[*place].usable)) place.reset();
+  return place;
 }
 
 std::optional<std::size_t> balancer::pick_locked(const pick_context& request, request_cost cost) {
@@ -228,7 +258,7 @@ engine_status balancer::engine_stats_of(std::size_t rank) const {
 std::size_t balancer::queued_locked() const noexcept {
   std::size_t n = 0;
   for (const auto& q : queues_) n += q.size();
-  for (const auto& d : detail_) n += d.pinned.size();
+  for (const auto& d : detail_) n += d.pinned.size() + d.preferring.size();
   return n;
 }
 
@@ -237,26 +267,53 @@ void balancer::count_waiting_locked() noexcept { waiting_.store(queued_locked(),
 rank_lease balancer::acquire_or_wait(const pick_context& request, request_cost cost,
                                      std::function<void(rank_lease)> deliver, std::uint64_t& waiter_id, bool& queued) {
   cost = at_least_one_token(cost);
-  std::lock_guard lock(pick_mutex_);
   queued = false;
-  const auto pinned = request.pinned_rank;
-  if (pinned ? *pinned >= detail_.size() : request.cluster >= queues_.size()) return {};
-  auto& line = pinned ? detail_[*pinned].pinned : queues_[request.cluster];
-  if (line.empty()) {
-    if (const auto chosen = pick_locked(request, cost)) return rank_lease(this, *chosen, cost);
+  std::vector<delivery> ready;  // declared first: any lease left in it is released after the unlock
+  rank_lease lease;
+  {
+    std::lock_guard lock(pick_mutex_);
+    const auto pinned = request.pinned_rank;
+    if (pinned ? *pinned >= detail_.size() : request.cluster >= queues_.size()) return {};
+    // A waiter whose placement_wait ran out since the last event may now take a slot that suits it: it
+    // goes before this request.
+    if (queueing()) serve_waiters_locked(ready);
+    const auto now = clock::now();
+    std::deque<waiter>* line = nullptr;
+    bool now_or_queue = true;  // it may take a slot at once, if its line is empty (no jumping the queue)
+    if (pinned) {
+      line = &detail_[*pinned].pinned;
+    } else if (const auto place = queueing() ? preferred_locked(request, now, now) : std::nullopt;
+               place && !has_room_locked(*place)) {
+      line = &detail_[*place].preferring;  // its rank is full: it holds out for that rank's next slot
+      now_or_queue = false;
+    } else {
+      line = &queues_[request.cluster];
+    }
+    if (now_or_queue && line->empty()) {
+      if (const auto chosen = pick_locked(request, cost)) lease = rank_lease(this, *chosen, cost);
+    }
+    // A rank that may take it once it has room.
+    const bool any = pinned ? usable(*pinned) : any_usable(request.cluster);
+    if (!lease && queueing() && !closed_ && any && waiting_.load(std::memory_order_relaxed) < limits_.max_waiting) {
+      waiter_id = next_waiter_id_++;
+      waiter w{waiter_id, request, cost, now, std::move(deliver)};
+      w.request.avoid = nullptr;
+      line->push_back(std::move(w));  // the newest: the back of any line
+      count_waiting_locked();
+      queued = true;
+    } else if (!lease && !now_or_queue && queues_[request.cluster].empty()) {
+      // It would have held out for its full rank, but cannot wait (the queue is full, or closing): a slot
+      // elsewhere beats a refusal, as it would for a request with no place.
+      if (const auto chosen = pick_locked(request, cost)) lease = rank_lease(this, *chosen, cost);
+    }
   }
-  // A rank that may take it once it has room.
-  const bool any = pinned ? usable(*pinned) : any_usable(request.cluster);
-  if (!queueing() || closed_ || !any || waiting_.load(std::memory_order_relaxed) >= limits_.max_waiting) return {};
-  waiter_id = next_waiter_id_++;
-  line.push_back(waiter{waiter_id, cost, request.cluster, std::move(deliver)});
-  count_waiting_locked();
-  queued = true;
-  return {};
+  balancer::deliver(ready);  // (the parameter `deliver` hides the member)
+  return lease;
 }
 
 bool balancer::cancel_wait(std::uint64_t waiter_id) {
-  std::lock_guard lock(pick_mutex_);
+  std::vector<delivery> ready;  // declared first: any lease left in it is released after the unlock
+  std::unique_lock lock(pick_mutex_);
   const auto erase_from = [&](std::deque<waiter>& line) {
     auto it = std::find_if(line.begin(), line.end(), [&](const waiter& w) { return w.id == waiter_id; });
     if (it == line.end()) return false;
@@ -265,9 +322,25 @@ bool balancer::cancel_wait(std::uint64_t waiter_id) {
   };
   bool found = false;
   for (auto& q : queues_) found = found || erase_from(q);
-  for (auto& d : detail_) found = found || erase_from(d.pinned);
-  if (found) count_waiting_locked();
+  for (auto& d : detail_) found = found || erase_from(d.pinned) || erase_from(d.preferring);
+  if (found) {
+    count_waiting_locked();
+    // The waiter that left may have been a line's head holding out for its full rank: the one behind it
+    // may suit a slot free elsewhere now.
+    if (queueing()) serve_waiters_locked(ready);
+  }
+  lock.unlock();
+  deliver(ready);
   return found;
+}
+
+void balancer::reconsider() {
+  std::vector<delivery> ready;
+  {
+    std::lock_guard lock(pick_mutex_);
+    if (queueing()) serve_waiters_locked(ready);
+  }
+  deliver(ready);
 }
 
 void balancer::close() {
@@ -279,53 +352,84 @@ void balancer::close() {
     q.clear();
   }
   for (auto& d : detail_) {
-    for (auto& w : d.pinned) dropped.push_back(std::move(w));
-    d.pinned.clear();
+    for (auto* line : {&d.pinned, &d.preferring}) {
+      for (auto& w : *line) dropped.push_back(std::move(w));
+      line->clear();
+    }
   }
   waiting_.store(0, std::memory_order_relaxed);
 }
 
-// Serves waiters oldest first. The oldest waiter is the head of a cluster's queue or the head of a rank's
-// pinned queue; a pinned head can be served only when its rank has room, a cluster's head when the policy
-// finds one of the cluster's ranks with room. A head that finds none cannot hold back the waiters of other
-// clusters, nor a pinned waiter of a rank with room (that rank is then only free for its pinned waiters,
-// since the pick found no room for the cluster's head... except for the avoided ranks, which a waiter never
-// has).
+void balancer::insert_by_age(std::deque<waiter>& line, waiter w) {
+  const auto at = std::upper_bound(line.begin(), line.end(), w.id, [](std::uint64_t id, const waiter& x) { return id < x.id; });
+  line.insert(at, std::move(w));
+}
+
+// Serves waiters oldest first (the discipline is in balancer.hpp, above queue_limits). There are three
+// kinds of lines, each oldest first: a cluster's shared line, a rank's pinned line and a rank's line of
+// waiters whose place it is (`preferring`). Each round takes the line whose head waited longest among
+// those not yet known to be stuck, and the head then:
+//  - pinned: takes its rank's slot if the rank is usable and has room, else its line is stuck;
+//  - otherwise: if no rank of its cluster has room, its line is stuck (and so is the cluster, for this
+//    call: serving only fills ranks). Else its place is judged afresh (the load and the prefix index
+//    moved since it queued, and its placement_wait may be over): a place on a full rank sends it to that
+//    rank's line, where it waits (if it already is there, that line is stuck); a place with room, or no
+//    place, re-runs the whole pick for it, which takes a slot with room.
+// A stuck line stays stuck for the rest of the call, since the rounds only take slots. The rounds end:
+// each one serves a waiter, marks a line stuck or moves a waiter to the line of its place, and a moved
+// waiter is judged on the same state at its new line's head (nothing changed but the moves), where it
+// stays. Only heads are judged: in a rank's line every waiter has the same place, and the head waited
+// longest, so its placement_wait ends first. (One that tied two ranks on its prefix can wait behind a
+// head that matched only the full one; the placement_wait bounds that.)
 void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
-  blocked_.assign(queues_.size(), 0);  // capacity kept: no allocation per release
+  if (waiting_.load(std::memory_order_relaxed) == 0) return;  // exact under the lock
+  const std::size_t clusters = queues_.size();
+  const std::size_t ranks = detail_.size();
+  blocked_.assign(clusters + 2 * ranks, 0);  // capacity kept: no allocation per release
+  cluster_full_.assign(clusters, 0);
+  const auto now = clock::now();
   for (;;) {
-    std::optional<std::size_t> pinned_rank;  // the rank whose pinned head is the oldest servable one
-    for (std::size_t r = 0; r < detail_.size(); ++r) {
-      const auto& line = detail_[r].pinned;
-      if (line.empty() || ranks_[r].flags.load(std::memory_order_relaxed) != 0 || !has_room_locked(r)) continue;
-      if (!pinned_rank || line.front().id < detail_[*pinned_rank].pinned.front().id) pinned_rank = r;
-    }
-    std::optional<std::size_t> cluster;  // the cluster whose head is the oldest not known to be blocked
-    for (std::size_t c = 0; c < queues_.size(); ++c) {
-      if (queues_[c].empty() || blocked_[c]) continue;
-      if (!cluster || queues_[c].front().id < queues_[*cluster].front().id) cluster = c;
-    }
-    if (cluster && (!pinned_rank || queues_[*cluster].front().id < detail_[*pinned_rank].pinned.front().id)) {
-      auto& line = queues_[*cluster];
-      pick_context request;
-      request.cluster = *cluster;
-      const auto cost = line.front().cost;
-      if (const auto chosen = pick_locked(request, cost)) {
-        ready.push_back(delivery{std::move(line.front().deliver), rank_lease(this, *chosen, cost)});
-        line.pop_front();
-      } else {
-        blocked_[*cluster] = 1;
+    std::deque<waiter>* line = nullptr;
+    std::size_t slot = 0;  // the line's flag in blocked_: shared lines, then pinned, then preferring
+    const auto consider = [&](std::deque<waiter>& candidate, std::size_t flag) {
+      if (candidate.empty() || blocked_[flag]) return;
+      if (!line || candidate.front().id < line->front().id) {
+        line = &candidate;
+        slot = flag;
       }
-      continue;
+    };
+    for (std::size_t c = 0; c < clusters; ++c) consider(queues_[c], c);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      consider(detail_[r].pinned, clusters + r);
+      consider(detail_[r].preferring, clusters + ranks + r);
     }
-    if (!pinned_rank) break;
-    auto& line = detail_[*pinned_rank].pinned;
-    pick_context pinned;
-    pinned.pinned_rank = *pinned_rank;
-    const auto cost = line.front().cost;
-    pick_locked(pinned, cost);  // has room and is usable: checked above
-    ready.push_back(delivery{std::move(line.front().deliver), rank_lease(this, *pinned_rank, cost)});
-    line.pop_front();
+    if (!line) break;
+    auto& head = line->front();
+    if (!head.request.pinned_rank) {
+      const std::size_t cluster = head.request.cluster;
+      if (cluster_full_[cluster] || !cluster_has_room_locked(cluster)) {
+        cluster_full_[cluster] = 1;
+        blocked_[slot] = 1;
+        continue;
+      }
+      if (const auto place = preferred_locked(head.request, head.since, now); place && !has_room_locked(*place)) {
+        auto& own = detail_[*place].preferring;
+        if (line == &own) {
+          blocked_[slot] = 1;
+        } else {
+          insert_by_age(own, std::move(head));
+          line->pop_front();
+        }
+        continue;
+      }
+    }
+    // A pinned head's pick checks its rank; any other's takes a rank with room (there is one).
+    if (const auto chosen = pick_locked(head.request, head.cost)) {
+      ready.push_back(delivery{std::move(head.deliver), rank_lease(this, *chosen, head.cost)});
+      line->pop_front();
+    } else {
+      blocked_[slot] = 1;
+    }
   }
   count_waiting_locked();
 }
@@ -352,14 +456,17 @@ void balancer::release_cost(std::size_t rank, request_cost cost) noexcept {
 }
 
 // No freed slot may leave a waiter behind. A waiter is enqueued under pick_mutex_ after its pick, in
-// the same critical section, found no rank with room; so with queueing on, every step that can give a
-// waiter room (a release, a rank becoming usable) changes the state and serves the queue in one
-// critical section under that same mutex. The mutex orders the two: if the enqueue comes first, the
-// freeing step finds the waiter and serves it; if the freeing step comes first, the enqueuer's pick sees
-// the room and takes it instead of queueing. Hence the invariant, at every unlock: the shared queue is
-// empty or no rank has room, and each rank's pinned queue is empty or that rank has no room. (Checking a
-// waiter count outside the lock after a relaxed decrement, as a cheaper release would, misses the
-// enqueuer that has picked but not yet published itself.)
+// the same critical section, found no rank with room that suits it; so with queueing on, every step that
+// can give a waiter room (a release, a rank becoming usable or unusable, ranks added, a request arriving)
+// changes the state and serves the queue in one critical section under that same mutex. The mutex
+// orders the two: if the enqueue comes first, the freeing step finds the waiter and serves it; if the
+// freeing step comes first, the enqueuer's pick sees the room and takes it instead of queueing. Hence
+// the invariant, at every unlock: a cluster's shared line is empty or none of its ranks has room; each
+// rank's pinned line is empty or that rank has no room; each rank's line of waiters whose place it is
+// is empty, or that rank has no room and its head still holds out for it (within the load bound and its
+// placement_wait, as judged at that step; see serve_waiters_locked). (Checking a waiter count outside
+// the lock after a relaxed decrement, as a cheaper release would, misses the enqueuer that has picked but
+// not yet published itself.)
 // Without queueing nothing ever waits, and unless the policy hears releases a release stays lock-free.
 void balancer::release(std::size_t rank, request_cost cost) noexcept {
   auto& r = ranks_[rank];
@@ -398,7 +505,8 @@ void balancer::set_flag(std::size_t rank, host_flag flag, bool on) {
       if (d.ramp_until == clock::time_point{}) ++ramping_;
       d.ramp_until = clock::now() + timing_.slow_start;
     }
-    if (after == 0 && queueing()) serve_waiters_locked(ready);
+    // Back: waiters may fit on it. Out: those whose place it was now take any slot of their cluster.
+    if (queueing()) serve_waiters_locked(ready);
     if (flag == host_flag::removed && on) turn_away_stranded_locked(rank, ready);
   }
   deliver(ready);
@@ -406,7 +514,8 @@ void balancer::set_flag(std::size_t rank, host_flag flag, bool on) {
 
 // A removed rank never comes back on its own (health, ejection and drains do): its pinned waiters, and the
 // queue of a cluster left with no rank at all, would wait for nothing until their queue timeout. Each gets
-// an empty lease now: refused at once.
+// an empty lease now: refused at once. Those whose place it was join their cluster's line: they take any
+// of its slots.
 void balancer::turn_away_stranded_locked(std::size_t rank, std::vector<delivery>& ready) {
   const auto turn_away = [&](std::deque<waiter>& line) {
     for (auto& w : line) ready.push_back(delivery{std::move(w.deliver), rank_lease{}});
@@ -414,6 +523,8 @@ void balancer::turn_away_stranded_locked(std::size_t rank, std::vector<delivery>
   };
   turn_away(detail_[rank].pinned);
   const std::size_t cluster = ranks_[rank].cluster;
+  for (auto& w : detail_[rank].preferring) insert_by_age(queues_[cluster], std::move(w));
+  detail_[rank].preferring.clear();
   const bool cluster_left = std::ranges::any_of(ranks_in_use(), [cluster](const rank_state& r) {
     return r.cluster == cluster && (r.flags.load(std::memory_order_relaxed) & host_flag::removed) == 0;
   });

@@ -49,6 +49,23 @@ std::optional<std::size_t> prefix_aware::choose(const pick_context& request, std
   return chosen;
 }
 
+std::optional<std::size_t> prefix_aware::preferred(const pick_context& request, std::span<const host_view> hosts) {
+  if (request.prefix_chain.empty()) return std::nullopt;
+  index_.match(request.prefix_chain, hosts.size(), matched_);
+  const load_bound bound(hosts, options_.load_bound);
+  const auto enough = static_cast<std::uint32_t>(std::max<std::size_t>(options_.min_match_blocks, 1));
+  std::optional<std::size_t> best;
+  for (std::size_t r = 0; r < hosts.size(); ++r) {
+    const auto& h = hosts[r];
+    if (!bound.allows(h) || matched_[r] < enough) continue;
+    if (!best || matched_[r] > matched_[*best] ||
+        (matched_[r] == matched_[*best] && h.inflight / h.weight < hosts[*best].inflight / hosts[*best].weight)) {
+      best = r;
+    }
+  }
+  return best;
+}
+
 void prefix_aware::on_state_change(std::size_t rank, std::uint8_t flags) {
   // A removed rank's engine may be gone or restarted: what dplb remembers of it is no evidence of its cache
   // any more (if the admin adds the same backend back, its ranks start with an empty index).

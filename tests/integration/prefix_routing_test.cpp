@@ -16,19 +16,13 @@
 #include "await.hpp"
 #include "http_client.hpp"
 #include "processes.hpp"
+#include "text.hpp"
 
 using namespace dplb::test;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 
 namespace {
-
-// A long text of its own for each group: 2,000 bytes, about 500 tokens (7 of dplb's 256-byte blocks).
-std::string group_prefix(int group) {
-  std::string text;
-  for (int i = 0; text.size() < 2000; ++i) text += "g" + std::to_string(group) + "w" + std::to_string(i) + " ";
-  return text;
-}
 
 bhttp::request<bhttp::string_body> completion(const std::string& prompt, int max_tokens, bool stream,
                                               const std::string& session = "") {

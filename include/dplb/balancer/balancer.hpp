@@ -64,12 +64,28 @@ class rank_lease {
 };
 
 // Optional queueing in dplb (--max-inflight-per-rank): a rank at its limit takes no new request; when
-// every usable rank is full, requests wait in a FIFO queue and each freed slot goes to the oldest waiter,
-// so imbalance never hides in an engine's own queue. A request pinned to a rank waits in that rank's own
-// queue; the oldest waiter that a freed slot can serve gets it.
+// no rank with room suits a request, it waits in dplb's queue, so imbalance never hides in an engine's
+// own queue. The queue discipline (balancer::serve_waiters_locked):
+//  - A waiter is a whole request: it keeps its routing context (prefix chain, session key, pin, tokens,
+//    cluster), and a freed slot re-runs the whole pick for it (affinity ring, then its cluster's policy).
+//  - A request pinned to a rank waits in that rank's own line.
+//  - A request with a place (its session's rank on the affinity ring, or the rank holding its prefix:
+//    policy::preferred, judged as if no rank were full and within the load bound) whose rank is full
+//    waits in that rank's line for its next slot, while a later request that fits a slot freed elsewhere
+//    takes it (HAProxy's pendconns queue per server for this reason).
+//  - Every other request waits in its cluster's line, and takes the first slot freed in the cluster.
+//  - A freed slot goes to the oldest waiter that it suits, over all lines; so where placement does not
+//    matter (least-inflight, round-robin, a prompt matching nothing) the queue is plain FIFO.
+//  - Nobody starves: a place over the load bound, on a rank that became unusable, or waited for longer
+//    than `placement_wait` (seen at the next release, arrival or state change, or when the waiting
+//    request calls reconsider() at the end of its placement_wait), no longer counts: the waiter then
+//    takes any slot of its cluster.
 struct queue_limits {
   std::uint32_t max_inflight_per_rank = 0;  // 0: no limit, no queueing
-  std::size_t max_waiting = 1024;           // beyond: refused at once (pinned and not, together)
+  std::size_t max_waiting = 1024;           // beyond: refused at once (every line together)
+  // How long a waiter holds out for its own rank while others have room (the application: half of
+  // --queue-timeout-ms). 0: never, the first slot of its cluster is as good.
+  std::chrono::milliseconds placement_wait{15'000};
 };
 
 struct host_timing {
@@ -98,13 +114,15 @@ struct engine_status {
 
 // A request waiting for a slot. `deliver` is called with the lease from whichever thread freed the slot
 // (or with an empty lease when the waiter can never be served: its rank, or every rank of its cluster, was
-// removed),
-// after the balancer's lock is released (so it may drop the lease, or call into the balancer); it
+// removed), after the balancer's lock is released (so it may drop the lease, or call into the balancer); it
 // should only hand the lease over (e.g. post it to the waiter's executor), since it delays that thread.
+// `request` is kept with its views (chain, session key): their owner keeps them alive until the lease is
+// delivered or cancel_wait() returned (a waiting session is suspended, so its storage stays put).
 struct waiter {
-  std::uint64_t id = 0;
+  std::uint64_t id = 0;  // rising: a smaller id waited longer
+  pick_context request;  // `avoid` is always null: a retry never waits
   request_cost cost;
-  std::size_t cluster = 0;
+  std::chrono::steady_clock::time_point since{};
   std::function<void(rank_lease)> deliver;
 };
 
@@ -167,11 +185,18 @@ class balancer {
   // Queueing (only with max_inflight_per_rank > 0).
   bool queueing() const noexcept { return limits_.max_inflight_per_rank > 0; }
   // Takes a slot at once (returned), or enqueues `deliver` (empty lease, queued = true), or refuses
-  // when the queue is full or no rank is usable (empty lease, queued = false).
+  // when the queue is full or no rank is usable (empty lease, queued = false). A request whose place is
+  // on a full rank waits for it even while other ranks have room (see queue_limits). The storage that
+  // `request` views must outlive the wait (see waiter).
   rank_lease acquire_or_wait(const pick_context& request, request_cost cost, std::function<void(rank_lease)> deliver,
                              std::uint64_t& waiter_id, bool& queued);
   // Removes a waiter that gave up; false when it was already served (its lease is on the way).
   bool cancel_wait(std::uint64_t waiter_id);
+  // Serves the queue again without any other event: a waiter whose placement_wait ran out while nothing
+  // was released or arrived then takes a slot free elsewhere. A waiting request calls it once its own
+  // placement_wait is over, so that no waiter outlasts it for want of an event.
+  void reconsider();
+  std::chrono::milliseconds placement_wait() const noexcept { return limits_.placement_wait; }
   std::size_t waiting() const noexcept { return waiting_.load(std::memory_order_relaxed); }
   // For shutdown, once the threads that serve the waiters have stopped: drops every waiter without
   // delivering to it (destroying its `deliver`) and queues none from then on, so that no release after
@@ -185,13 +210,18 @@ class balancer {
   std::optional<std::size_t> place_session_locked(std::string_view key);
   std::optional<std::size_t> pick_locked(const pick_context& request, request_cost cost);
   bool has_room_locked(std::size_t rank) const noexcept;
-  void refresh_view_locked(const pick_context& request);
+  bool cluster_has_room_locked(std::size_t cluster) const noexcept;
+  // room_matters: false for policy::preferred's view, where a full rank is usable.
+  void refresh_view_locked(const pick_context& request, bool room_matters = true);
+  std::optional<std::size_t> preferred_locked(const pick_context& request, std::chrono::steady_clock::time_point since,
+                                              std::chrono::steady_clock::time_point now);
   // A waiter's slot, assigned under the lock, handed over after it.
   struct delivery {
     std::function<void(rank_lease)> deliver;
     rank_lease lease;
   };
   void serve_waiters_locked(std::vector<delivery>& ready);
+  static void insert_by_age(std::deque<waiter>& line, waiter w);
   void turn_away_stranded_locked(std::size_t rank, std::vector<delivery>& ready);
   static void deliver(std::vector<delivery>& ready) noexcept;
   std::size_t queued_locked() const noexcept;
@@ -218,6 +248,7 @@ class balancer {
     std::uint32_t inflight_at_read = 0;
     clock::time_point ramp_until{};  // slow start ends; epoch: not ramping
     std::deque<waiter> pinned;       // waiters for this rank only
+    std::deque<waiter> preferring;   // waiters whose place is this rank (oldest first); guarded as above
   };
   policy& policy_for_rank(std::size_t rank) { return *policies_[ranks_[rank].cluster]; }
 
@@ -229,7 +260,8 @@ class balancer {
   queue_limits limits_;
   host_timing timing_;
   std::vector<std::deque<waiter>> queues_;  // per cluster: waiters for any of its ranks; guarded by pick_mutex_
-  std::vector<char> blocked_;  // scratch for serve_waiters_locked(); guarded by pick_mutex_
+  std::vector<char> blocked_;       // scratch for serve_waiters_locked(), a flag per line; guarded by pick_mutex_
+  std::vector<char> cluster_full_;  // scratch for serve_waiters_locked(); guarded by pick_mutex_
   bool hears_releases_ = false;  // some cluster's policy hears releases (fixed at construction)
   std::atomic<std::size_t> waiting_{0};    // waiters, pinned or not, for metrics; never decides anything
   std::uint64_t next_waiter_id_ = 1;       // guarded by pick_mutex_

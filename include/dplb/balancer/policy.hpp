@@ -48,6 +48,7 @@ struct host_view {
   double weight = 1;                // configured weight, scaled down while the rank ramps up (slow start)
   std::uint8_t flags = 0;           // host_flag bits
   bool usable = true;               // no flag, not avoided by this pick, below --max-inflight-per-rank
+                                    // (policy::preferred: regardless of that limit)
   engine_view engine;
 };
 
@@ -74,6 +75,16 @@ class policy {
   // `hosts` is indexed by rank and holds the state just before this pick; a host that is not usable
   // must never be chosen.
   virtual std::optional<std::size_t> choose(const pick_context& request, std::span<const host_view> hosts) = 0;
+
+  // Where the request belongs, whatever the load: the host choose() would pick for what it knows of the
+  // request (its prefix, say) if no host were full, or nullopt when placement does not matter to this
+  // policy (any host with room is as good) or its place is over its load bound. The balancer asks it of a
+  // queued request (--max-inflight-per-rank): a request with a place waits for that host's next slot
+  // instead of taking whichever host frees first. `hosts` is as for choose(), except that a usable host
+  // may be full. Must not change what choose() does next (no rotation step, no index update, no counts).
+  virtual std::optional<std::size_t> preferred(const pick_context& /*request*/, std::span<const host_view> /*hosts*/) {
+    return std::nullopt;
+  }
 
   // The name used on the command line and in logs, e.g. "round-robin".
   virtual std::string_view name() const noexcept = 0;

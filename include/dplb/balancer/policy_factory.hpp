@@ -1,17 +1,12 @@
 #pragma once
-#include <array>
 #include <memory>
 #include <string_view>
 
 #include "dplb/balancer/policy.hpp"
+#include "dplb/balancer/policy_names.hpp"
 #include "dplb/balancer/prefix_aware.hpp"
 
 namespace dplb::balancer {
-
-// Every policy name dplb accepts, in the order --help lists them: dplb's policies first, then the two
-// baselines kept for benchmarks (see docs/benchmarks.md).
-inline constexpr std::array<std::string_view, 7> policy_names{"round-robin", "least-inflight", "least-load",
-                                                             "least-tokens", "prefix-aware", "random", "engine-stats"};
 
 struct policy_options {
   double kv_weight = 6.0;  // least-load's weight of KV-cache pressure (--kv-pressure-weight)

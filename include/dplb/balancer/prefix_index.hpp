@@ -79,6 +79,8 @@ class prefix_index {
   std::size_t capacity() const { return capacity_; }
 
  private:
+  // Node ids are 32-bit, this last one meaning none: the configuration keeps ranks x blocks per rank
+  // below it (--prefix-index-blocks' range).
   static constexpr std::uint32_t none = UINT32_MAX;
   struct node {
     prefix_hash hash = 0;

@@ -9,7 +9,7 @@
 #include <span>
 
 #include "dplb/balancer/policy.hpp"
-#include "dplb/metrics/atomic_histogram.hpp"
+#include "dplb/support/atomic_histogram.hpp"
 
 namespace dplb::balancer {
 
@@ -25,7 +25,7 @@ struct routing_stats {
   std::atomic<std::uint64_t> affinity_taken{0};
   std::atomic<std::uint64_t> affinity_overridden{0};
   // The longest matched prefix of each prefix-aware pick, in estimated tokens (0 when none matched).
-  metrics::atomic_histogram matched_tokens;
+  support::atomic_histogram matched_tokens;
   // Per rank, the prefix blocks the index holds for it.
   std::unique_ptr<std::atomic<std::uint64_t>[]> index_blocks;
   const std::size_t capacity;
