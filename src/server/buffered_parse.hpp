@@ -14,6 +14,7 @@
 #include <cstddef>
 
 #include "dplb/http/header_sanitizer.hpp"
+#include "dplb/support/io_buffers.hpp"
 #include "dplb/support/io_types.hpp"
 
 namespace dplb::server {
@@ -37,7 +38,7 @@ class head_reader {
  public:
   static constexpr auto need_more = boost::beast::http::error::need_more;
 
-  head_reader(boost::beast::flat_buffer& buffer, std::size_t limit) noexcept : buffer_(buffer), limit_(limit) {}
+  head_reader(io::read_buffer& buffer, std::size_t limit) noexcept : buffer_(buffer), limit_(limit) {}
 
   boost::system::error_code scan() noexcept {
     namespace bhttp = boost::beast::http;
@@ -47,8 +48,8 @@ class head_reader {
     return need_more;
   }
 
-  // Where the next read goes.
-  boost::beast::flat_buffer::mutable_buffers_type space() { return buffer_.prepare(16 * 1024); }
+  // Where the next read goes: a large block (io_buffers.hpp) when the buffer is empty.
+  io::read_buffer::mutable_buffers_type space() { return buffer_.prepare(io::large_block_size); }
 
   // Takes a read's result and scans again.
   boost::system::error_code read(const boost::system::error_code& ec, std::size_t n) {
@@ -60,7 +61,7 @@ class head_reader {
   }
 
  private:
-  boost::beast::flat_buffer& buffer_;
+  io::read_buffer& buffer_;
   std::size_t limit_;
   http::head_scan scan_;  // what is known of the bytes already searched
 };
@@ -70,7 +71,7 @@ class head_reader {
 // parser's error (need_buffer: the body's sink is full).
 template <bool is_request, class Done>
 boost::system::error_code parse_buffered(boost::beast::http::basic_parser<is_request>& parser,
-                                         boost::beast::flat_buffer& buffer, Done done) {
+                                         io::read_buffer& buffer, Done done) {
   static const boost::system::error_code need_more = boost::beast::http::error::need_more;
   boost::system::error_code ec;
   while (!done()) {

@@ -24,6 +24,7 @@
 #include "dplb/http/header_sanitizer.hpp"
 #include "dplb/http/wire_format.hpp"
 #include "dplb/metrics/usage_scanner.hpp"
+#include "dplb/support/io_buffers.hpp"
 #include "buffered_parse.hpp"
 #include "write_now.hpp"
 #include "request_accounting.hpp"
@@ -57,9 +58,6 @@ class response_relay {
   // Compared with in every pass of the relay loop: made once, not from the enumeration each time.
   static inline const boost::system::error_code need_more = boost::beast::http::error::need_more;
   static inline const boost::system::error_code need_buffer = boost::beast::http::error::need_buffer;
-  // The most read from the engine at once: a burst of SSE events in one read. The connection's buffer
-  // grows to it once, on the first read of a stream.
-  static constexpr std::size_t upstream_read_size = 16 * 1024;
 
  public:
   enum class result {
@@ -68,11 +66,11 @@ class response_relay {
     client_failed,   // the client stopped reading or went away
   };
 
-  // `framing`: the session's buffer for the head and chunk framing; `buffer`: its relay buffer.
+  // `framing`: the session's buffer for the head and chunk framing.
   response_relay(io::socket& client, socket_deadline& client_deadline, upstream_exchange& exchange,
-                 const config::settings& settings, std::string& framing, std::span<char> buffer)
+                 const config::settings& settings, std::string& framing)
       : client_(client), client_deadline_(client_deadline), exchange_(exchange), settings_(settings),
-        framing_(framing), buffer_(buffer) {}
+        framing_(framing) {}
 
   // Writes the client's head from the engine's. Returns whether the client connection stays open after
   // this response.
@@ -175,35 +173,46 @@ class response_relay {
       }
       if (client_failed_) co_return result::client_failed;
     }
+    bool last_read_filled = false;
     while (!parser.is_done()) {
-      parser.set_sink(buffer_);
+      const auto sink = sink_.get();
+      parser.set_sink(sink);
       // Bytes already read from the engine (a small response arrives whole with its head) are parsed
       // without I/O; the engine is read only when they are used up, or are a fragment (a chunk header
       // cut short) that cannot be parsed alone.
       auto ec = parse_buffered(parser, connection.buffer, [&] { return parser.is_done(); });
-      if (ec == need_more && parser.sink_left() == buffer_.size()) {
-        // Nothing to relay until the engine sends more: read, then parse again.
+      if (ec == need_more && parser.sink_left() == sink.size()) {
+        // Nothing to relay until the engine sends more: read, then parse again. The wait holds no large
+        // block (a stream spends nearly all its life here, between two tokens): the relay's is given
+        // back, and the engine is read into a small one unless more than that is known to be coming.
+        sink_.release();
+        const std::size_t read_size = engine_read_size(parser, last_read_filled);
+        auto& buffer = connection.buffer;
+        if (buffer.size() == 0 && buffer.capacity() != read_size) buffer.shrink_to_fit();  // swapped for one of that size
         auto& upstream_deadline = exchange_.deadline();
         upstream_deadline.expires_after(settings_.upstream_read_timeout);
-        auto [read_ec, n] = co_await connection.stream.socket().async_read_some(
-            connection.buffer.prepare(upstream_read_size), io::as_result);
+        auto [read_ec, n] =
+            co_await connection.stream.socket().async_read_some(buffer.prepare(read_size), io::as_result);
         upstream_deadline.expires_never();
-        connection.buffer.commit(n);
+        buffer.commit(n);
+        last_read_filled = n == read_size;
         if (!read_ec) continue;
         if (read_ec != boost::asio::error::eof) co_return result::engine_failed;
         parser.put_eof(ec);  // ends a body delimited by the close, and is an error for any other
         if (ec) co_return result::engine_failed;
       }
       if (ec && ec != need_buffer && ec != need_more) co_return result::engine_failed;
-      const std::size_t got = buffer_.size() - parser.sink_left();
-      if (count_usage) usage.feed({buffer_.data(), got});
+      // (After a close that ended the body, the sink was given back for the read: nothing came.)
+      const std::size_t got = sink_.held() ? sink.size() - parser.sink_left() : 0;
+      const char* data = sink_.held() ? sink.data() : nullptr;
+      if (count_usage) usage.feed({data, got});
       if (got > 0) accounting.body_arrived();
       if (parser.is_done()) accounting.engine_finished(usage);
       if (got == 0 && !parser.is_done()) continue;  // a chunk header without data yet
       // A read that completes the body is always sent with `last`, even when it delivered no data, so the
       // client never misses the body's end.
       body_bytes_ += got;
-      if (send_now({buffer_.data(), got}, parser.is_done())) {
+      if (send_now({data, got}, parser.is_done())) {
         auto [write_ec, n] = co_await write_rest();
         rest_written(write_ec);
       }
@@ -221,6 +230,15 @@ class response_relay {
  private:
   enum class progress { nothing_sent, head_sent, body_ended };
 
+  // How much to read from the engine next. A small block holds most SSE events and small responses: a
+  // stream waiting for its next token then holds 4 KiB, not 16. A large one when more is known to be
+  // waiting: the last read filled what it asked for (a burst), or the Content-Length says so.
+  static std::size_t engine_read_size(const upstream_exchange::response_parser& parser, bool last_read_filled) {
+    if (last_read_filled) return io::large_block_size;
+    const auto remaining = parser.content_length_remaining();
+    return remaining && *remaining > io::small_block_size ? io::large_block_size : io::small_block_size;
+  }
+
   // An x-dplb-rank the engine sent itself: the client must see dplb's, and only dplb's.
   static bool is_rank_field(const http::field_view& field) noexcept {
     return field.name == boost::beast::http::field::unknown && boost::beast::iequals(field.name_string, "x-dplb-rank");
@@ -231,7 +249,7 @@ class response_relay {
   upstream_exchange& exchange_;
   const config::settings& settings_;
   std::string& framing_;
-  std::span<char> buffer_;
+  io::buffer_block sink_{io::large_block_size};  // the body bytes of one read, de-chunked; held only to send them
   std::array<boost::asio::const_buffer, 3> pieces_;
   std::optional<boost::beast::buffers_suffix<std::array<boost::asio::const_buffer, 3>>> rest_;
   std::uint64_t body_bytes_ = 0;

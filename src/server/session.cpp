@@ -23,6 +23,7 @@
 #include "dplb/http/message_head.hpp"
 #include "dplb/server/admission.hpp"
 #include "dplb/server/request_facts.hpp"
+#include "dplb/support/io_buffers.hpp"
 #include "request_accounting.hpp"
 #include "response_relay.hpp"
 #include "upstream_exchange.hpp"
@@ -39,12 +40,16 @@ namespace {
 
 using io::as_result;
 
-// One relay read's worth of body. 16 KiB holds many SSE events (each a few hundred bytes) so that a
-// burst that arrived together leaves in one write, while 10,000 streaming sessions cost 160 MiB at most.
-constexpr std::size_t relay_buffer_size = 16 * 1024;
+// A request body up to this size leaves its storage to the connection's next request; a larger one is
+// freed once the engine has answered (it is needed only to retry elsewhere until then), so that neither
+// a stream nor a connection that sent one long prompt keeps it for the rest of its life.
+constexpr std::size_t kept_body_capacity = 4 * 1024;
 
-// A request body up to this size leaves its storage to the connection's next request.
-constexpr std::size_t kept_body_capacity = 1024 * 1024;
+// A connection that has waited this long for its next request gives back everything its last request
+// left it: the read buffer, the body, the heads. Its wait goes on without a buffer, as a one-byte MSG_PEEK
+// receive (nginx frees a keep-alive connection's buffers in the same way). A client that sends its next
+// request sooner keeps them: a busy connection reuses its buffers and allocates nothing.
+constexpr auto idle_release_delay = std::chrono::milliseconds(100);
 
 
 class session {
@@ -108,10 +113,20 @@ class session {
     worker_.idle_clients.enter(client_, idle_slot_);
     head_reader reader(buffer_, settings_.max_header_bytes);
     auto head_ec = reader.scan();  // a pipelined request may be here already
+    if (head_ec == head_reader::need_more) {
+      client_deadline_.wake_at(clock_type::now() + idle_release_delay, &session::release_when_idle, this);
+    }
     while (head_ec == head_reader::need_more) {
       auto [read_ec, n] = co_await client_.socket().async_read_some(reader.space(), as_result);
+      if (std::exchange(releasing_, false) && read_ec == asio::error::operation_aborted &&
+          !shared_.draining.load(std::memory_order_relaxed)) {
+        // The read was cancelled to give the buffers back (release_when_idle): wait without them.
+        if (auto wait_ec = co_await wait_while_idle()) head_ec = reader.read(wait_ec, 0);
+        continue;
+      }
       head_ec = reader.read(read_ec, n);
     }
+    client_deadline_.cancel_wake();
     head_ec = timed(head_ec);
     worker_.idle_clients.leave(idle_slot_);
     if (head_ec == bhttp::error::bad_field) {
@@ -130,6 +145,8 @@ class session {
     client_version_ = head.version;
     const auto method = head.method;
     const auto decision = admit(head);
+    // Decided while the target's view into the buffer is valid: the buffer is given back once the body is in.
+    const bool models_list = shared_.models.by_model() && is_models_list(method, decision.target());
     if (decision.refused()) co_return co_await reject(decision.refusal_status, decision.refusal_message, false);
     if (decision.route == request_route::proxy &&
         !prepare_upstream_request(head, decision.target(), client_address_, upstream_head_)) {
@@ -143,6 +160,10 @@ class session {
     auto body_ec = parse_buffered(parser, buffer_, [&] { return parser.is_done(); });
     if (body_ec == bhttp::error::need_more) body_ec = co_await read_rest_of_body(parser);
     if (body_ec) co_return co_await refuse_unreadable_request(body_ec, true);
+    // The request is in: its read buffer goes back (unless a pipelined request's bytes are in it) rather
+    // than stay with the connection while the response streams, perhaps for minutes.
+    io::release_if_empty(buffer_);
+    body_bytes_.set(request_body_.capacity());
 
     const bool keep_alive = parser.keep_alive() && !shared_.draining.load(std::memory_order_relaxed);
     switch (decision.route) {
@@ -159,9 +180,7 @@ class session {
     if (decision.pinned_rank_conflict) {
       co_return co_await reject(400, "request has X-data-parallel-rank headers that disagree; send one", keep_alive);
     }
-    if (shared_.models.by_model() && is_models_list(method, decision.target())) {
-      co_return co_await serve_models_list(method, keep_alive);
-    }
+    if (models_list) co_return co_await serve_models_list(method, keep_alive);
     co_return co_await proxy(method, keep_alive, decision.pinned_rank);
   }
 
@@ -194,7 +213,40 @@ class session {
   // sent a big prompt must not pin that much memory for the life of its connection.
   void reuse_request_body() {
     request_body_.clear();
-    if (request_body_.capacity() > kept_body_capacity) request_body_.shrink_to_fit();
+    release_large_body();
+  }
+  void release_large_body() {
+    if (request_body_.capacity() > kept_body_capacity) std::string().swap(request_body_);
+    body_bytes_.set(request_body_.capacity());
+  }
+
+  // Called by the deadline sweeper once the connection has waited idle_release_delay for a request head:
+  // cancels the read, unless part of a head is in the buffer, so that the session gives its memory back.
+  static void release_when_idle(void* self) {
+    auto& s = *static_cast<session*>(self);
+    if (s.buffer_.size() != 0) return;  // a head arriving slowly: it keeps its buffer
+    s.releasing_ = true;
+    boost::system::error_code ignored;
+    s.client_.socket().cancel(ignored);  // completes through the event loop, never inline
+  }
+
+  // An idle connection's wait for its next request, holding no buffer: what the last request left is
+  // freed, and the first byte of the next is awaited with a one-byte MSG_PEEK receive (nothing consumed).
+  // Returns the receive's error (end of file: the client closed), or none once a byte is there to read.
+  io::task<boost::system::error_code> wait_while_idle() {
+    io::release_if_empty(buffer_);
+    std::string().swap(request_body_);
+    body_bytes_.set(0);
+    std::string().swap(client_framing_);
+    std::string().swap(session_key_);
+    upstream_head_ = {};
+    request_head_ = {};
+    response_head_ = {};
+    prefix_chain_ = {};
+    if (!access_open_) access_ = {};
+    auto [ec, n] = co_await client_.socket().async_receive(asio::buffer(&idle_probe_, 1),
+                                                           io::socket::message_peek, as_result);
+    co_return ec;
   }
 
   io::task<bool> refuse_unreadable_request(const boost::system::error_code& ec, bool got_some) {
@@ -291,8 +343,10 @@ class session {
     slot_refusal refusal = slot_refusal::none;
   };
 
-  // A slot on a rank with --max-inflight-per-rank: at once, or after a FIFO wait in dplb's queue, bounded
-  // by --queue-timeout-ms.
+  // A slot on a rank with --max-inflight-per-rank: at once, or after a wait in dplb's queue (its discipline
+  // is in balancer.hpp), bounded by --queue-timeout-ms. The waiter keeps `request` with its views of this
+  // session's prefix_chain_ and session_key_: they stay put while the session is suspended here, and the
+  // balancer reads them only until it delivers a lease or cancel_wait() returns.
   io::task<slot_result> wait_for_slot(const balancer::pick_context& request, balancer::request_cost cost) {
     struct wait_state {
       explicit wait_state(const io::executor& ex) : timer(ex) {}
@@ -326,7 +380,11 @@ class session {
       co_return slot_result{{}, usable ? slot_refusal::queue_full : slot_refusal::no_usable_rank};
     }
     const auto waiting_since = clock_type::now();
-    state->timer.expires_after(settings_.queue_timeout);
+    // A waiter holding out for its own full rank stops holding out after the balancer's placement_wait;
+    // no other event may come by then (no release, no arrival), so it wakes itself once to be served anew.
+    const auto placement = shared_.balancer.placement_wait();
+    bool reconsidered = !(placement.count() > 0 && placement < settings_.queue_timeout);
+    state->timer.expires_after(reconsidered ? settings_.queue_timeout : placement);
     // A client that leaves while queued must give its place up at once: otherwise it holds up everyone
     // behind it and, once served, its request still reaches an engine. The watch is watch_client's
     // one-byte MSG_PEEK (see there); bytes arriving are a pipelined request, not a departure.
@@ -337,7 +395,13 @@ class session {
                                      state->client_gone = true;
                                      state->timer.cancel();
                                    });
-    co_await state->timer.async_wait(as_result);
+    for (;;) {
+      auto [wait_ec] = co_await state->timer.async_wait(as_result);
+      if (wait_ec || reconsidered || state->lease || state->client_gone || state->turned_away) break;
+      reconsidered = true;
+      state->timer.expires_at(waiting_since + settings_.queue_timeout);
+      shared_.balancer.reconsider();  // may deliver to this waiter: the hand-over is posted, then cancels the timer
+    }
     state->waking = true;
     boost::system::error_code ignored;
     client_.socket().cancel(ignored);  // ends the watch; nothing else is pending on the client socket
@@ -484,7 +548,8 @@ class session {
 
     const std::size_t rank = accounting.rank();
     accounting.answered(exchange.response_head().status);
-    response_relay relay(client_.socket(), client_deadline_, exchange, settings_, client_framing_, relay_buffer());
+    release_large_body();  // the engine has answered: nothing will be retried
+    response_relay relay(client_.socket(), client_deadline_, exchange, settings_, client_framing_);
     // A drain that began while the engine worked closes the connection after this response: say so.
     const bool keep_client = relay.prepare_head(rank, head_request, client_version,
                                                 client_keep_alive && !shared_.draining.load(std::memory_order_relaxed));
@@ -588,16 +653,11 @@ class session {
     shared_.access_log->write(metrics::format_access_line(access_, clock_type::now()));
   }
 
-  std::span<char> relay_buffer() {
-    if (!relay_buffer_) relay_buffer_ = std::make_unique<char[]>(relay_buffer_size);
-    return {relay_buffer_.get(), relay_buffer_size};
-  }
-
   worker_state& worker_;
   shared_state& shared_;
   const config::settings& settings_;
   io::tcp_stream client_;  // its own timer is never armed: client_deadline_ keeps the deadlines
-  beast::flat_buffer buffer_;
+  io::read_buffer buffer_;  // holds a block only while a request is read (io_buffers.hpp)
   socket_deadline client_deadline_;    // guards the client's socket
   socket_deadline upstream_deadline_;  // guards the engine connection the request in progress uses
   std::string client_address_;
@@ -605,16 +665,18 @@ class session {
   metrics::access_entry access_;  // the request being served, while access_open_
   bool access_open_ = false;
   unsigned client_version_ = 11;  // of the request being served: how its responses say keep-alive
-  std::unique_ptr<char[]> relay_buffer_;
   std::shared_ptr<client_watch> watch_;  // of the request being proxied, made once per connection
   bool watch_started_ = false;
   std::size_t idle_slot_ = idle_client_set::not_member;  // in worker_.idle_clients while waiting for a head
+  bool releasing_ = false;  // release_when_idle cancelled the head read
+  char idle_probe_ = 0;     // where the idle wait's MSG_PEEK copies a byte (never read)
   // Reused by every request of the connection, so that the steady state allocates nothing:
   http::request_head request_head_;    // views into buffer_
   std::string session_key_;            // --affinity-header's value in the request being served
   std::vector<std::uint64_t> prefix_chain_;  // its prompt's prefix blocks (prefix-aware), for the pick
   const bool wants_prefix_chain_ = config::any_cluster_uses(settings_, "prefix-aware");
   std::string request_body_;           // de-chunked
+  io::tracked_bytes body_bytes_;       // its capacity, for the memory trimmer
   upstream_head upstream_head_;        // the engine's request head, written from request_head_
   http::response_head response_head_;  // views into the engine connection's buffer
   std::string client_framing_;         // the client's response head and chunk framing

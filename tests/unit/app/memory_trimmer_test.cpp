@@ -21,3 +21,18 @@ TEST_CASE("small surges are not worth a trim", "[app]") {
   CHECK_FALSE(t.observe(memory_trimmer::min_peak));
   CHECK(t.observe(0));
 }
+
+TEST_CASE("memory is trimmed once idle connections have given a surge's buffers back", "[app]") {
+  // Connections stay open (idle keep-alive) while their buffers go back to malloc.
+  memory_trimmer t;
+  constexpr std::size_t mib = 1024 * 1024;
+  for (int i = 0; i < 10; ++i) CHECK_FALSE(t.observe(300, 40 * mib));  // steady: no trim
+  CHECK_FALSE(t.observe(300, 21 * mib));                                // not yet half
+  CHECK(t.observe(300, 20 * mib));                                      // half the peak: trim
+  CHECK_FALSE(t.observe(300, 12 * mib));                                // once per fall by half
+  CHECK(t.observe(300, 10 * mib));
+
+  memory_trimmer small;
+  CHECK_FALSE(small.observe(300, memory_trimmer::min_buffer_peak - 1));
+  CHECK_FALSE(small.observe(300, 0));  // a fall from below the smallest peak worth a trim
+}
