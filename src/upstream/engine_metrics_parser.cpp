@@ -167,17 +167,6 @@ void max_into(std::optional<double>& into, double value) {
 
 }  // namespace
 
-std::optional<balancer::engine_load> parse_engine_load(std::string_view text) {
-  double waiting = 0, running = 0;
-  bool seen = false;
-  for_each_sample(text, [&](const sample& s) {
-    if (s.name == waiting_name) waiting += s.value, seen = true;
-    else if (s.name == running_name) running += s.value, seen = true;
-  });
-  if (!seen) return std::nullopt;
-  return balancer::engine_load{to_count(waiting), to_count(running)};
-}
-
 std::vector<engine_sample> parse_engine_samples(std::string_view text) {
   engine_tallies tallies;
   for_each_sample(text, [&](const sample& s) {

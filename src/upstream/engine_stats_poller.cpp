@@ -2,17 +2,18 @@
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <spdlog/spdlog.h>
 
 #include "dplb/balancer/balancer.hpp"
+#include "dplb/support/supervisor.hpp"
 #include "dplb/upstream/http_fetch.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 
 namespace dplb::upstream {
@@ -23,8 +24,8 @@ engine_stats_poller::engine_stats_poller(const topology& topology, balancer::bal
                                          std::chrono::milliseconds interval, std::chrono::milliseconds timeout)
     : topology_(topology), balancer_(balancer), interval_(interval), timeout_(timeout), warned_(topology.capacity()) {}
 
-void engine_stats_poller::start(const asio::any_io_executor& executor) {
-  asio::co_spawn(executor, poll_loop(), asio::detached);
+void engine_stats_poller::start(const asio::any_io_executor& executor, support::supervisor& supervisor) {
+  support::supervise(supervisor, support::task::engine_stats, executor, [this] { return poll_loop(); });
 }
 
 // Which series belong to which rank: a plain backend's page is its one engine, whatever its engine label
@@ -62,8 +63,9 @@ bool engine_stats_poller::readings_from_page(const backend& target, std::string_
 }
 
 asio::awaitable<void> engine_stats_poller::read_backend(const backend& target,
-                                                        std::vector<balancer::engine_reading>& round,
-                                                        std::size_t& pending, asio::steady_timer& all_done) {
+                                                        std::vector<balancer::engine_reading>& round) {
+  // In a reader, not in the loop: the test then shows a reader's exception failing its round, not hanging it.
+  support::fault_point(support::task::engine_stats);
   // The engine counts its requests at some moment between this read leaving and its answer arriving. The
   // most of dplb's own it can have counted then is what dplb had in flight when the read left plus every
   // pick since: anything it reports beyond that is load dplb did not send (engine_view::inflight_at_read).
@@ -94,7 +96,6 @@ asio::awaitable<void> engine_stats_poller::read_backend(const backend& target,
     spdlog::warn("engine stats: no vllm:num_requests_waiting/running from {}; its ranks are balanced on dplb's "
                  "own counts until it answers again", target.url);
   }
-  if (--pending == 0) all_done.cancel();
 }
 
 asio::awaitable<void> engine_stats_poller::poll_loop() {
@@ -113,14 +114,23 @@ asio::awaitable<void> engine_stats_poller::poll_loop() {
     // others' numbers by no more than it takes. The readers run on this thread and this frame outlives
     // them: it waits for the last one.
     std::size_t pending = 1;  // this loop's own count, dropped once every reader is spawned
+    std::exception_ptr reader_error;
     all_done.expires_at(std::chrono::steady_clock::time_point::max());
+    // A reader is counted done by its completion, whichever way it ended: one that threw must not leave
+    // this loop waiting for it forever.
+    const auto reader_done = [&](std::exception_ptr error) {
+      if (error && !reader_error) reader_error = error;
+      if (--pending == 0) all_done.cancel();
+    };
     for (const auto& target : backends) {
       if ((balancer_.flags(target.first_rank) & balancer::host_flag::removed) != 0) continue;
       ++pending;
-      asio::co_spawn(executor, read_backend(target, round, pending, all_done), asio::detached);
+      asio::co_spawn(executor, read_backend(target, round), reader_done);
     }
     --pending;
     while (pending > 0) co_await all_done.async_wait(asio::as_tuple(asio::use_awaitable));
+    // Thrown here, once no reader refers to this frame any more, for the supervisor to log and restart.
+    if (reader_error) std::rethrow_exception(reader_error);
     if (stopped_.load(std::memory_order_relaxed)) co_return;
     balancer_.publish_engine_stats(round);
     timer.expires_at(started + interval_);

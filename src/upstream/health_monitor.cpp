@@ -2,16 +2,17 @@
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <random>
 
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/metrics/proxy_metrics.hpp"
+#include "dplb/support/supervisor.hpp"
 #include "dplb/upstream/http_fetch.hpp"
 
 namespace dplb::upstream {
@@ -104,19 +105,20 @@ bool health_monitor::ejected(std::size_t rank) const {
   return ranks_[rank].ejected();
 }
 
-void health_monitor::start(const asio::any_io_executor& executor) {
+void health_monitor::start(const asio::any_io_executor& executor, support::supervisor& supervisor) {
+  supervisor_ = &supervisor;
   for (std::size_t r = 0; r < ranks_.size(); ++r) {
     std::lock_guard lock(mutex_);
     apply(r);
   }
-  if (settings_.interval.count() > 0) asio::co_spawn(executor, probe_loop(), asio::detached);
-  asio::co_spawn(executor, tick_loop(), asio::detached);
+  // A restart is safe: the loops keep nothing across iterations but their timers, and every lock is a guard.
+  if (settings_.interval.count() > 0) {
+    support::supervise(supervisor, support::task::health, executor, [this] { return probe_loop(); });
+  }
+  support::supervise(supervisor, support::task::health, executor, [this] { return tick_loop(); });
 }
 
-void health_monitor::stop() {
-  std::lock_guard lock(mutex_);
-  stopped_ = true;
-}
+void health_monitor::stop() { stopped_.store(true); }
 
 asio::awaitable<void> health_monitor::tick_loop() {
   // Ejections end on time (to 50 ms) even when active checks are off or slow.
@@ -139,33 +141,60 @@ asio::awaitable<void> health_monitor::tick_loop() {
 }
 
 asio::awaitable<void> health_monitor::probe_loop() {
+  // Backends come at run time too (admin API, SIGHUP): each gets its timer within 50 ms of being added.
+  // The topology is append-only and a removed backend keeps its entry, so its loop goes on, probing only
+  // while the backend is in service: added again, it is checked at once.
   auto executor = co_await asio::this_coro::executor;
   asio::steady_timer timer(executor);
   for (;;) {
+    const auto backends = topology_.backends();
+    for (; probe_loops_ < backends.size(); ++probe_loops_) {
+      // Each backend's loop is supervised on its own: a failure restarts that backend's timer alone.
+      support::supervise(*supervisor_, support::task::health, executor,
+                         [this, &target = backends[probe_loops_]] { return backend_probe_loop(target); });
+    }
+    timer.expires_after(std::chrono::milliseconds(50));
+    auto [ec] = co_await timer.async_wait(as_result);
+    if (ec || stopped_.load()) co_return;
+  }
+}
+
+asio::awaitable<void> health_monitor::backend_probe_loop(const backend& target) {
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  // Up to a tenth of the interval: enough to spread the probes of many backends (and of several dplb
+  // replicas started together) apart, little enough to keep a probe at least once an interval.
+  std::minstd_rand random(std::random_device{}());
+  const auto max_jitter = settings_.interval / 10;
+  std::uniform_int_distribution<std::chrono::milliseconds::rep> jitter(0, max_jitter.count());
+  auto next = std::chrono::steady_clock::now() + std::chrono::milliseconds(jitter(random));
+  for (;;) {
+    timer.expires_at(next);
+    auto [ec] = co_await timer.async_wait(as_result);
+    if (ec || stopped_.load()) co_return;
+    support::fault_point(support::task::health);
     const auto started = std::chrono::steady_clock::now();
-    // Probed one after the other: each is bounded by the probe timeout, and a slow backend must not hold
-    // the others' verdicts back by more than that.
-    // The backends as they are at the start of the round; one added meanwhile is probed from the next.
-    for (const auto& target : topology_.backends()) {
-      if (removed(target.first_rank)) continue;
+    if (!removed(target.first_rank)) {
       const bool ok = co_await probe(target);
       std::lock_guard lock(mutex_);
       if (stopped_) co_return;
-      for (std::size_t r = target.first_rank; r < target.first_rank + target.dp && r < ranks_.size(); ++r) {
-        auto& h = ranks_[r];
-        const bool was_healthy = h.healthy();
-        ok ? h.probe_succeeded() : h.probe_failed();
-        if (h.healthy() != was_healthy) {
-          if (h.healthy()) spdlog::info("rank {} ({}) is healthy again", r, topology_.hosts()[r].name);
-          else spdlog::warn("rank {} ({}) is down: {} consecutive failed health checks", r, topology_.hosts()[r].name,
-                            settings_.policy.unhealthy_threshold);
-        }
-        apply(r);
-      }
+      record_probe(target, ok);
     }
-    timer.expires_at(started + settings_.interval);
-    auto [ec] = co_await timer.async_wait(as_result);
-    if (ec) co_return;
+    // A probe that took longer than this (up to the timeout) is followed by the next at once.
+    next = started + settings_.interval - std::chrono::milliseconds(jitter(random));
+  }
+}
+
+void health_monitor::record_probe(const backend& target, bool ok) {
+  for (std::size_t r = target.first_rank; r < target.first_rank + target.dp && r < ranks_.size(); ++r) {
+    auto& h = ranks_[r];
+    const bool was_healthy = h.healthy();
+    ok ? h.probe_succeeded() : h.probe_failed();
+    if (h.healthy() != was_healthy) {
+      if (h.healthy()) spdlog::info("rank {} ({}) is healthy again", r, topology_.hosts()[r].name);
+      else spdlog::warn("rank {} ({}) is down: {} consecutive failed health checks", r, topology_.hosts()[r].name,
+                        settings_.policy.unhealthy_threshold);
+    }
+    apply(r);
   }
 }
 

@@ -58,7 +58,7 @@ TEST_CASE("dplb exports each rank's engine stats, a #dp=N server's engines each 
   for (int r = 0; r < 4; ++r) {
     INFO("rank " << r);
     CHECK(engine_metric(m, "dplb_engine_stats_age_seconds", r) >= 0);
-    CHECK(engine_metric(m, "dplb_engine_stats_age_seconds", r) < 2);
+    CHECK(engine_metric(m, "dplb_engine_stats_age_seconds", r) < 2 * timing_slack());
   }
 }
 

@@ -1,11 +1,11 @@
 #pragma once
-// Readers of a vLLM /metrics page (Prometheus text format 0.0.4), pure functions of the page's text.
+// The reader of a vLLM /metrics page (Prometheus text format 0.0.4), a pure function of the page's text.
 //
 // The lines they take: `name value [timestamp]` or `name{label="value",...} value [timestamp]`, blanks
 // (spaces, tabs) between the parts, LF or CRLF line ends; comments (`# HELP`, `# TYPE`) and blank lines
 // are skipped. A name matches exactly: vllm:num_requests_running_total is not vllm:num_requests_running.
 // A value is a decimal or exponent float (`3.0`, `1e3`, `+2`); NaN, +Inf, -Inf, negatives, and a value
-// with anything but blanks and a timestamp after it are ignored. Neither reader throws, both run in time
+// with anything but blanks and a timestamp after it are ignored. The reader never throws, and runs in time
 // linear in the page.
 
 #include <cstdint>
@@ -16,11 +16,6 @@
 #include "dplb/balancer/policy.hpp"
 
 namespace dplb::upstream {
-
-// The waiting and running counts in a vLLM /metrics page, each summed over all its series (one per
-// engine label and model). nullopt when the page has neither gauge, e.g. an engine run with
-// --disable-log-stats.
-std::optional<balancer::engine_load> parse_engine_load(std::string_view prometheus_text);
 
 // The largest engine label parse_engine_samples() takes: vLLM numbers engines by their global DP rank, and
 // a bound keeps a hostile page from making it allocate per label value.
@@ -46,8 +41,8 @@ struct engine_sample {
 // usable series.
 std::vector<engine_sample> parse_engine_samples(std::string_view prometheus_text);
 
-// One engine's sample as the balancer takes it: counts rounded (and capped, as parse_engine_load caps
-// them), the KV-cache usage 0 when the page had none.
+// One engine's sample as the balancer takes it: counts rounded to whole requests (and capped at
+// 4e9), the KV-cache usage 0 when the page had none.
 balancer::engine_load load_of(const engine_sample& sample);
 
 }  // namespace dplb::upstream

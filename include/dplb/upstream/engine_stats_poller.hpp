@@ -4,8 +4,9 @@
 // publishes to its clients. A `#dp=N` backend's page holds its N engines' series. Started only when the
 // interval is not 0 (by default: only for a policy that balances on engine stats).
 //
-// Threading contract: the poll loop and its readers run on one executor, given to start(); stop() may be
-// called from any thread.
+// Threading contract: the poll loop and its readers run on one executor, given to start() (dplb gives it
+// the side-channel thread, so a page's parse never runs on a request worker); stop() may be called from any
+// thread.
 
 #include <atomic>
 #include <boost/asio/any_io_executor.hpp>
@@ -16,7 +17,11 @@
 
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/upstream/backend.hpp"
-#include "dplb/upstream/engine_metrics_parser.hpp"  // parse_engine_load
+#include "dplb/upstream/engine_metrics_parser.hpp"
+
+namespace dplb::support {
+class supervisor;
+}
 
 namespace dplb::upstream {
 
@@ -25,14 +30,14 @@ class engine_stats_poller {
   engine_stats_poller(const topology& topology, balancer::balancer& balancer, std::chrono::milliseconds interval,
                       std::chrono::milliseconds timeout);
 
-  void start(const boost::asio::any_io_executor& executor);
+  // Starts the poll loop on the executor, supervised (task engine_stats).
+  void start(const boost::asio::any_io_executor& executor, support::supervisor& supervisor);
   void stop() noexcept { stopped_.store(true, std::memory_order_relaxed); }
 
  private:
   boost::asio::awaitable<void> poll_loop();
-  // Reads one backend's page into its ranks' slots of `round`; then counts itself done.
-  boost::asio::awaitable<void> read_backend(const backend& target, std::vector<balancer::engine_reading>& round,
-                                            std::size_t& pending, boost::asio::steady_timer& all_done);
+  // Reads one backend's page into its ranks' slots of `round`.
+  boost::asio::awaitable<void> read_backend(const backend& target, std::vector<balancer::engine_reading>& round);
   // Fills the readings of the backend's ranks from its /metrics page; false when the page had no numbers.
   bool readings_from_page(const backend& target, std::string_view page, std::vector<balancer::engine_reading>& round) const;
 

@@ -5,54 +5,6 @@
 
 #include "dplb/upstream/engine_metrics_parser.hpp"
 
-using dplb::upstream::parse_engine_load;
-
-TEST_CASE("engine load is read from vLLM's gauges, summed over their series", "[engine-stats]") {
-  const auto load = parse_engine_load(
-      "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
-      "# TYPE vllm:num_requests_running gauge\n"
-      "vllm:num_requests_running{engine=\"0\",model_name=\"M\"} 3.0\n"
-      "vllm:num_requests_running{engine=\"1\",model_name=\"M\"} 2.0\n"
-      "vllm:num_requests_waiting{engine=\"0\",model_name=\"M\"} 7.0\n"
-      "vllm:num_requests_waiting_by_reason{engine=\"0\",reason=\"capacity\"} 100.0\n"  // a longer name: not ours
-      "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"M\"} 0.5\n");
-  REQUIRE(load);
-  CHECK(load->running == 5);
-  CHECK(load->waiting == 7);
-}
-
-TEST_CASE("engine load parsing copes with odd label values, no labels and CRLF-free edge cases", "[engine-stats]") {
-  const auto load = parse_engine_load(
-      "vllm:num_requests_waiting{model_name=\"a} b\\\" c\"} 2\n"
-      "vllm:num_requests_running 4e0");  // no labels, no final newline, exponent form
-  REQUIRE(load);
-  CHECK(load->waiting == 2);
-  CHECK(load->running == 4);
-}
-
-TEST_CASE("a page without the gauges, or with unusable values, gives no load", "[engine-stats]") {
-  CHECK_FALSE(parse_engine_load(""));
-  CHECK_FALSE(parse_engine_load("vllm:prompt_tokens_total{engine=\"0\"} 12\n"));
-  CHECK_FALSE(parse_engine_load("vllm:num_requests_waiting{engine=\"0\"} NaN\n"));
-  CHECK_FALSE(parse_engine_load("vllm:num_requests_waiting{engine=\"0\"} -1\n"));
-  CHECK_FALSE(parse_engine_load("vllm:num_requests_waiting{engine=\"0\" 3\n"));  // unterminated labels
-  CHECK_FALSE(parse_engine_load("# vllm:num_requests_waiting 3\n"));
-}
-
-TEST_CASE("engine load: CRLF line ends, timestamps, tabs and a leading '+' are read, a value with a tail is not",
-          "[engine-stats]") {
-  const auto load = parse_engine_load(
-      "vllm:num_requests_waiting{engine=\"0\"} 2.0 1700000000000\r\n"
-      "vllm:num_requests_running\t+3\r\n"
-      "vllm:num_requests_running{engine=\"1\"} 5abc\r\n");
-  REQUIRE(load);
-  CHECK(load->waiting == 2);
-  CHECK(load->running == 3);
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// parse_engine_samples
-
 using dplb::upstream::engine_sample;
 using dplb::upstream::parse_engine_samples;
 
@@ -64,6 +16,52 @@ engine_sample sample_of(std::uint32_t engine, double running, double waiting, st
 }
 
 }  // namespace
+
+// The line reader under parse_engine_samples: names, labels, values and line ends.
+
+TEST_CASE("engine samples: vLLM's gauges are taken by their exact names", "[engine-samples]") {
+  const auto samples = parse_engine_samples(
+      "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+      "# TYPE vllm:num_requests_running gauge\n"
+      "vllm:num_requests_running{engine=\"0\",model_name=\"M\"} 3.0\n"
+      "vllm:num_requests_running{engine=\"1\",model_name=\"M\"} 2.0\n"
+      "vllm:num_requests_waiting{engine=\"0\",model_name=\"M\"} 7.0\n"
+      "vllm:num_requests_waiting_by_reason{engine=\"0\",reason=\"capacity\"} 100.0\n"  // a longer name: not ours
+      "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"M\"} 0.5\n");
+  REQUIRE(samples.size() == 2);
+  CHECK(samples[0] == sample_of(0, 3, 7, 0.5));
+  CHECK(samples[1] == sample_of(1, 2, 0, std::nullopt));
+}
+
+TEST_CASE("engine samples: odd label values, no labels and no final newline are read", "[engine-samples]") {
+  const auto samples = parse_engine_samples(
+      "vllm:num_requests_waiting{model_name=\"a} b\\\" c\"} 2\n"
+      "vllm:num_requests_running 4e0");  // no labels, no final newline, exponent form
+  REQUIRE(samples.size() == 1);
+  CHECK(samples[0] == sample_of(0, 4, 2, std::nullopt));
+}
+
+TEST_CASE("engine samples: a page without the gauges, or with unusable values, gives none", "[engine-samples]") {
+  CHECK(parse_engine_samples("").empty());
+  CHECK(parse_engine_samples("vllm:prompt_tokens_total{engine=\"0\"} 12\n").empty());
+  CHECK(parse_engine_samples("vllm:num_requests_waiting{engine=\"0\"} NaN\n").empty());
+  CHECK(parse_engine_samples("vllm:num_requests_waiting{engine=\"0\"} -1\n").empty());
+  CHECK(parse_engine_samples("vllm:num_requests_waiting{engine=\"0\" 3\n").empty());  // unterminated labels
+  CHECK(parse_engine_samples("# vllm:num_requests_waiting 3\n").empty());
+}
+
+TEST_CASE("engine samples: CRLF line ends, timestamps, tabs and a leading '+' are read, a value with a tail is not",
+          "[engine-samples]") {
+  const auto samples = parse_engine_samples(
+      "vllm:num_requests_waiting{engine=\"0\"} 2.0 1700000000000\r\n"
+      "vllm:num_requests_running\t+3\r\n"
+      "vllm:num_requests_running{engine=\"1\"} 5abc\r\n");
+  REQUIRE(samples.size() == 1);
+  CHECK(samples[0] == sample_of(0, 3, 2, std::nullopt));
+}
+
+// What it gathers: per engine, sums and maxima.
+
 
 TEST_CASE("engine samples: one page with internal DP gives one entry per engine, sorted", "[engine-samples]") {
   const auto samples = parse_engine_samples(

@@ -19,6 +19,7 @@
 
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/balancer/policy_factory.hpp"
+#include "dplb/support/supervisor.hpp"
 #include "dplb/upstream/backend.hpp"
 #include "dplb/upstream/engine_stats_poller.hpp"
 
@@ -101,7 +102,8 @@ TEST_CASE("requests dplb sends while an engine-stats read is on the wire are not
 
   upstream::engine_stats_poller poller(topology, b, 1h, 5s);  // one round in this test
   for (auto& e : engines) asio::co_spawn(io, e->serve_one_read(), asio::detached);
-  poller.start(io.get_executor());
+  support::supervisor supervisor;
+  poller.start(io.get_executor(), supervisor);
   REQUIRE(run_until(io, [&] { return engines[0]->read_arrived && engines[1]->read_arrived; }));
 
   std::vector<balancer::rank_lease> burst;
