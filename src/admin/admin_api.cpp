@@ -197,22 +197,10 @@ std::optional<std::string> basic_password(std::string_view authorization) {
   return credentials->substr(colon + 1);
 }
 
-bool same_token(std::string_view given, std::string_view token) noexcept {
-  if (token.empty()) return false;
-  // Every byte of `given` is compared (against the token, cycled), and the length difference folds into
-  // the same result: no early exit anywhere.
-  unsigned diff = given.size() == token.size() ? 0u : 1u;
-  for (std::size_t i = 0; i < given.size(); ++i) {
-    diff |= static_cast<unsigned char>(given[i]) ^ static_cast<unsigned char>(token[i % token.size()]);
-  }
-  // Keep the compiler from turning the loop into an early-exit comparison.
-  return *static_cast<volatile unsigned*>(&diff) == 0;
-}
-
 admin_api::admin_api(const upstream::topology& topology, upstream::backend_registry& registry,
-                     balancer::balancer& balancer, metrics::proxy_metrics& metrics, std::string token,
+                     balancer::balancer& balancer, metrics::proxy_metrics& metrics, std::string_view token,
                      std::size_t default_cluster)
-    : topology_(topology), registry_(registry), balancer_(balancer), metrics_(metrics), token_(std::move(token)),
+    : topology_(topology), registry_(registry), balancer_(balancer), metrics_(metrics), token_(token),
       default_cluster_(default_cluster) {}
 
 const std::vector<admin_api::route>& admin_api::routes() {
@@ -232,10 +220,10 @@ const std::vector<admin_api::route>& admin_api::routes() {
 
 admin_api::credential admin_api::authenticate(std::string_view authorization) const {
   if (const auto given = bearer_token(authorization)) {
-    return same_token(*given, token_) ? credential::bearer : credential::none;
+    return token_.matches(*given) ? credential::bearer : credential::none;
   }
   if (const auto password = basic_password(authorization)) {
-    return same_token(*password, token_) ? credential::basic : credential::none;
+    return token_.matches(*password) ? credential::basic : credential::none;
   }
   return credential::none;
 }

@@ -7,6 +7,7 @@
 #include <prometheus/text_serializer.h>
 
 #include "dplb/balancer/balancer.hpp"
+#include "dplb/support/supervisor.hpp"
 
 #include <algorithm>
 #include <stdexcept>
@@ -33,7 +34,7 @@ prometheus::MetricFamily scraped_family(std::string name, std::string help, prom
 }
 
 prometheus::ClientMetric histogram_sample(std::vector<prometheus::ClientMetric::Label> labels,
-                                          const atomic_histogram& h) {
+                                          const support::atomic_histogram& h) {
   prometheus::ClientMetric m;
   m.label = std::move(labels);
   m.histogram = h.snapshot();
@@ -175,8 +176,8 @@ void proxy_metrics::add_rank(const std::string& url, const std::string& cluster)
       &f.inflight.Add({{"rank", label}, {"url", url}}),
       &f.tokens_inflight.Add({{"rank", label}}),
       &f.healthy.Add({{"rank", label}}),
-      std::make_unique<atomic_histogram>(latency_buckets()),
-      std::make_unique<atomic_histogram>(latency_buckets()),
+      std::make_unique<support::atomic_histogram>(latency_buckets()),
+      std::make_unique<support::atomic_histogram>(latency_buckets()),
       &f.prompt.Add({{"rank", label}}),
       &f.completion.Add({{"rank", label}}),
       &f.connects.Add({{"rank", label}}),
@@ -327,6 +328,18 @@ std::string proxy_metrics::render() {
     m.counter.value = static_cast<double>(access_log_->dropped());
     dropped.metric.push_back(std::move(m));
     families.push_back(std::move(dropped));
+  }
+  if (supervisor_ != nullptr) {
+    auto errors = scraped_family("dplb_internal_errors_total",
+                                 "Exceptions that ended a background task's run (which then restarted), by task",
+                                 prometheus::MetricType::Counter);
+    for (std::size_t t = 0; t < support::task_names.size(); ++t) {
+      prometheus::ClientMetric m;
+      m.label = {{"task", std::string(support::task_names[t])}};
+      m.counter.value = static_cast<double>(supervisor_->errors(static_cast<support::task>(t)));
+      errors.metric.push_back(std::move(m));
+    }
+    families.push_back(std::move(errors));
   }
   return prometheus::TextSerializer().Serialize(families);
 }

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <map>
@@ -351,6 +353,65 @@ TEST_CASE("SIGHUP makes the backends match the config file, and a broken file ch
   REQUIRE(::kill(proxy.process().pid(), SIGHUP) == 0);
   REQUIRE(proxy.process().wait_for_line(std::regex("SIGHUP: backends not \\(fully\\) reloaded"), 10s).has_value());
   CHECK(spread(proxy.port(), 8) == std::map<std::string, int>{{"1", 6}, {"2", 2}});
+}
+
+TEST_CASE("SIGHUP reads the admin token's file again, and a file gone keeps the running token", "[admin][reload]") {
+  temp_file file("first-token-3c1d\n");
+  REQUIRE(::chmod(file.path().c_str(), 0600) == 0);
+  mock_engine engine(1);
+  dplb_proxy proxy(engine.urls(), {"--admin-listen", "127.0.0.1:0", "--admin-token-file", file.path()});
+  const auto status_with = [&](const std::string& secret) {
+    return admin_call(proxy.admin_port(), bhttp::verb::get, "/ranks", {}, "Bearer " + secret).status;
+  };
+  REQUIRE(status_with("first-token-3c1d") == 200);
+
+  file.write("second-token-9e2b\n");
+  REQUIRE(::kill(proxy.process().pid(), SIGHUP) == 0);
+  REQUIRE(proxy.process().wait_for_line(std::regex("SIGHUP: admin token read again from"), 10s).has_value());
+  CHECK(status_with("first-token-3c1d") == 401);
+  CHECK(status_with("second-token-9e2b") == 200);
+
+  // The file gone, then a directory in its place: each SIGHUP says why, and the running token stays.
+  REQUIRE(::unlink(file.path().c_str()) == 0);
+  REQUIRE(::kill(proxy.process().pid(), SIGHUP) == 0);
+  CHECK(proxy.process()
+            .wait_for_line(std::regex("SIGHUP: backends not \\(fully\\) reloaded and the admin token kept: cannot "
+                                      "read admin token file '.*': No such file or directory"),
+                           10s)
+            .has_value());
+  CHECK(status_with("second-token-9e2b") == 200);
+  REQUIRE(::mkdir(file.path().c_str(), 0700) == 0);
+  REQUIRE(::kill(proxy.process().pid(), SIGHUP) == 0);
+  CHECK(proxy.process()
+            .wait_for_line(std::regex("SIGHUP: .*admin token kept: cannot read admin token file '.*': it is a directory"),
+                           10s)
+            .has_value());
+  CHECK(status_with("second-token-9e2b") == 200);
+  CHECK(status_with("first-token-3c1d") == 401);
+  ::rmdir(file.path().c_str());
+  // No token reaches a log line, and a file only its owner reads gets no warning.
+  CHECK(proxy.process().output().find("-token-") == std::string::npos);
+  CHECK(proxy.process().output().find("has mode") == std::string::npos);
+}
+
+TEST_CASE("an admin token file its group or others may read is warned of at start and on SIGHUP", "[admin][reload]") {
+  token_file file;
+  REQUIRE(::chmod(file.path().c_str(), 0644) == 0);
+  mock_engine engine(1);
+  dplb_proxy proxy(engine.urls(), with_admin(file, {}));
+  const std::regex warning("warn.*admin token file '.*' has mode 0644: .*chmod 600 it");
+  CHECK(proxy.process().wait_for_line(warning, 10s).has_value());
+  // It is a warning, not a refusal: the API serves.
+  CHECK(admin_call(proxy.admin_port(), bhttp::verb::get, "/ranks").status == 200);
+  REQUIRE(::kill(proxy.process().pid(), SIGHUP) == 0);
+  CHECK(proxy.process().wait_for_line(warning, 10s).has_value());
+  REQUIRE(::chmod(file.path().c_str(), 0600) == 0);
+  REQUIRE(::kill(proxy.process().pid(), SIGHUP) == 0);
+  REQUIRE(proxy.process().wait_for_line(std::regex("SIGHUP: backends reloaded"), 10s).has_value());
+  const auto output = proxy.process().output();
+  std::size_t warnings = 0;
+  for (auto at = output.find("has mode"); at != std::string::npos; at = output.find("has mode", at + 1)) ++warnings;
+  CHECK(warnings == 2);  // at start and on the first SIGHUP, not once the file is its owner's alone
 }
 
 TEST_CASE("backends added and removed while requests flow lose no request and leak no count", "[admin][runtime]") {

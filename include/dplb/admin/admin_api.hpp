@@ -8,7 +8,8 @@
 // (status_page.hpp) are served at their paths.
 //
 // Threading contract: handle() runs on the backend registry's thread (the main thread's loop); the
-// balancer and the metrics it changes are thread-safe, and the API keeps no state of its own.
+// balancer and the metrics it changes are thread-safe, and the API keeps no state of its own but the token's
+// digest, which SIGHUP replaces (set_token) on that same thread.
 
 #include <chrono>
 #include <cstddef>
@@ -18,6 +19,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "dplb/admin/token_digest.hpp"
 
 namespace dplb::balancer {
 class balancer;
@@ -67,9 +70,12 @@ class admin_api {
   // `token` must not be empty (settings refuse an admin listener without one).
   // A backend added without a "cluster" joins `default_cluster`.
   admin_api(const upstream::topology& topology, upstream::backend_registry& registry, balancer::balancer& balancer,
-            metrics::proxy_metrics& metrics, std::string token, std::size_t default_cluster = 0);
+            metrics::proxy_metrics& metrics, std::string_view token, std::size_t default_cluster = 0);
 
   response handle(const request& req) const;
+
+  // Replaces the token (SIGHUP read its file again); on the same thread as handle(). Not empty.
+  void set_token(std::string_view token) { token_ = token_digest(token); }
 
  private:
   enum class credential { none, bearer, basic };
@@ -105,14 +111,10 @@ class admin_api {
   upstream::backend_registry& registry_;
   balancer::balancer& balancer_;
   metrics::proxy_metrics& metrics_;
-  std::string token_;
+  token_digest token_;  // the token's digest: the token itself is not kept
   std::size_t default_cluster_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();  // for uptime_seconds
 };
-
-// Whether `given` equals `token`, in a time that depends only on given's length (never on where the first
-// difference is), so that response timing does not leak the token a byte at a time.
-bool same_token(std::string_view given, std::string_view token) noexcept;
 
 // The password of `Authorization: Basic <base64(user:password)>` (RFC 7617; the scheme in any case), or
 // nullopt when the header is not that.

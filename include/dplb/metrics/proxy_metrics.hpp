@@ -25,11 +25,15 @@
 #include <prometheus/metric_family.h>
 #include <prometheus/registry.h>
 
-#include "dplb/metrics/atomic_histogram.hpp"
+#include "dplb/support/atomic_histogram.hpp"
 
 namespace dplb::balancer {
 class balancer;
 struct routing_stats;
+}
+
+namespace dplb::support {
+class supervisor;
 }
 
 namespace dplb::metrics {
@@ -90,6 +94,9 @@ class proxy_metrics {
   void observe_routing(const balancer::routing_stats& stats, bool prefix, bool affinity);
   // The access log's dropped lines (dplb_access_log_dropped_total), shown from now on. Before serving.
   void observe_access_log(const access_log& log) { access_log_ = &log; }
+  // The background tasks' failures (dplb_internal_errors_total{task}), every task's series from now on, 0
+  // until it fails. Before serving.
+  void observe_internal_errors(const support::supervisor& supervisor) { supervisor_ = &supervisor; }
 
   // The Prometheus text exposition of every metric, with gauges refreshed from the balancer.
   std::string render();
@@ -109,8 +116,8 @@ class proxy_metrics {
     prometheus::Gauge* inflight;
     prometheus::Gauge* tokens_inflight;
     prometheus::Gauge* healthy;
-    std::unique_ptr<atomic_histogram> duration;  // each on its own allocation: no line shared between ranks
-    std::unique_ptr<atomic_histogram> ttfb;
+    std::unique_ptr<support::atomic_histogram> duration;  // each on its own allocation: no line shared between ranks
+    std::unique_ptr<support::atomic_histogram> ttfb;
     prometheus::Counter* prompt_tokens;
     prometheus::Counter* completion_tokens;
     prometheus::Counter* connects;
@@ -139,6 +146,7 @@ class proxy_metrics {
 
   const balancer::routing_stats* routing_ = nullptr;
   const access_log* access_log_ = nullptr;
+  const support::supervisor* supervisor_ = nullptr;
   bool routing_prefix_ = false;
   bool routing_affinity_ = false;
 
@@ -156,7 +164,7 @@ class proxy_metrics {
   prometheus::Family<prometheus::Gauge>& engine_waiting_;
   prometheus::Family<prometheus::Gauge>& engine_kv_cache_usage_;
   prometheus::Family<prometheus::Gauge>& engine_stats_age_;
-  atomic_histogram queue_wait_;
+  support::atomic_histogram queue_wait_;
   std::array<std::atomic<prometheus::Counter*>, 600> rejected_by_status_{};  // lazily filled
   // The per-rank families, for add_rank.
   struct rank_families {

@@ -172,9 +172,15 @@ function showProblem(message) {
   document.body.classList.toggle('stale', message !== null && lastSuccess > 0);
 }
 
+// GET /ranks on this page's origin, which carries no credentials: a page opened with credentials in its
+// address (user:TOKEN@host:port) keeps them in its base URL, and fetch() refuses a URL with credentials
+// (Chromium: "Request cannot be constructed from a URL that includes credentials"), a relative one too.
+// The browser authenticates the request with the Basic credentials it cached when it loaded the page.
+const RANKS_URL = new URL('/ranks', location.origin);
+
 async function poll() {
   try {
-    const response = await fetch('/ranks', { cache: 'no-store', credentials: 'same-origin',
+    const response = await fetch(RANKS_URL, { cache: 'no-store', credentials: 'same-origin',
       headers: { Accept: 'application/json' }, signal: AbortSignal.timeout(TIMEOUT_MS) });
     if (response.status === 401) throw new Error('dplb refused the credentials (reload the page to sign in again)');
     if (!response.ok) throw new Error(`GET /ranks answered ${response.status}`);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -361,6 +362,23 @@ TEST_CASE("numeric options accept their range and refuse the rest, naming option
                  : duration                               ? " (ms), or a duration such as 250ms or 1.5s"
                  : r.flag == "upstream-max-idle-per-rank" ? " (connections)"
                                                           : " (bytes)"));
+    }
+  }
+}
+
+TEST_CASE("option --prefix-index-blocks stops where 4096 ranks' blocks would outgrow the index's 32-bit ids",
+          "[config]") {
+  // Every rank's blocks have an id of their own, and one id means none: 4096 x N must stay below 2^32.
+  CHECK(std::uint64_t{4096} * 1048575 < std::uint64_t{1} << 32);
+  CHECK(std::uint64_t{4096} * 1048576 == std::uint64_t{1} << 32);
+  CHECK(run({"--prefix-index-blocks", "1048575", one_backend}).prefix_index_blocks == 1048575);
+  for (const std::string value : {"1048576", "16777216"}) {
+    for (const auto& args : {std::vector<std::string>{"--prefix-index-blocks", value, one_backend},
+                             std::vector<std::string>{"--check-config", "--prefix-index-blocks", value, one_backend}}) {
+      CHECK(error_of(args) == "invalid --prefix-index-blocks '" + value +
+                                  "': expected a whole number from 1 to 1048575 (blocks): the prefix index numbers "
+                                  "its blocks with 32-bit ids, and this many blocks for each of up to 4096 ranks "
+                                  "must fit in them");
     }
   }
 }

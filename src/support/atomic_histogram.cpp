@@ -1,9 +1,9 @@
-#include "dplb/metrics/atomic_histogram.hpp"
+#include "dplb/support/atomic_histogram.hpp"
 
 #include <algorithm>
 #include <limits>
 
-namespace dplb::metrics {
+namespace dplb::support {
 
 atomic_histogram::atomic_histogram(std::vector<double> bounds)
     : bounds_(std::move(bounds)), counts_(std::make_unique<std::atomic<std::uint64_t>[]>(bounds_.size() + 1)) {
@@ -33,4 +33,4 @@ prometheus::ClientMetric::Histogram atomic_histogram::snapshot() const {
   return out;
 }
 
-}  // namespace dplb::metrics
+}  // namespace dplb::support

@@ -5,11 +5,11 @@
 #include <thread>
 #include <vector>
 
-#include "dplb/metrics/atomic_histogram.hpp"
+#include "dplb/support/atomic_histogram.hpp"
 
-using dplb::metrics::atomic_histogram;
+using dplb::support::atomic_histogram;
 
-TEST_CASE("atomic_histogram counts as prometheus-cpp's Histogram does", "[metrics]") {
+TEST_CASE("atomic_histogram counts as prometheus-cpp's Histogram does", "[support]") {
   const std::vector<double> bounds{0.001, 0.01, 0.1, 1, 10};
   atomic_histogram ours(bounds);
   prometheus::Histogram theirs(bounds);
@@ -29,7 +29,7 @@ TEST_CASE("atomic_histogram counts as prometheus-cpp's Histogram does", "[metric
   CHECK(a.sample_sum == Approx(b.sample_sum));
 }
 
-TEST_CASE("atomic_histogram loses no observation across threads", "[metrics]") {
+TEST_CASE("atomic_histogram loses no observation across threads", "[support]") {
   atomic_histogram h({1, 2, 3});
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {

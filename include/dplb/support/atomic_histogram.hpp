@@ -13,7 +13,7 @@
 
 #include <prometheus/client_metric.h>
 
-namespace dplb::metrics {
+namespace dplb::support {
 
 class atomic_histogram {
  public:
@@ -31,4 +31,4 @@ class atomic_histogram {
   std::atomic<double> sum_{0.0};
 };
 
-}  // namespace dplb::metrics
+}  // namespace dplb::support

@@ -1,0 +1,306 @@
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <optional>
+#include <set>
+
+#include "dplb/balancer/policy_names.hpp"
+#include "sources.hpp"
+#include "text_file.hpp"
+#include "value_parsers.hpp"
+
+namespace dplb::config::detail {
+namespace {
+
+using balancer::policy_names;
+
+// The keys of one cluster's object.
+constexpr std::array<std::string_view, 5> cluster_keys{"name", "models", "backends", "policy", "default"};
+
+// nlohmann keeps the last of two equal keys; a repeated key is as likely a mistake as an unknown one, in the
+// file's own object and in the objects inside it (a cluster's two "models" would drop the first silently).
+// Fed every event of the parse; `message` holds the error for the first repeat, "" while there is none.
+struct repeated_key_finder {
+  std::vector<std::set<std::string>> open_objects;  // the keys read so far of each object being parsed
+  std::string top_key;                              // the file's key whose value is being parsed
+  std::string message;
+
+  bool note(json::parse_event_t event, const json& parsed, const std::string& path) {
+    if (event == json::parse_event_t::object_start) open_objects.emplace_back();
+    if (event == json::parse_event_t::object_end) open_objects.pop_back();
+    if (event != json::parse_event_t::key || !message.empty()) return true;
+    const std::string key = parsed.get<std::string>();
+    if (open_objects.size() == 1) top_key = key;
+    if (open_objects.back().insert(key).second) return true;
+    message = "key '" + key + "' appears twice in " +
+              (open_objects.size() == 1 ? "" : "an object under '" + top_key + "' in ") + "config file '" + path + "'";
+    return true;
+  }
+};
+
+json parse_config_json(const std::string& text, const std::string& path) {
+  repeated_key_finder repeats;
+  const json::parser_callback_t note_keys = [&](int, json::parse_event_t event, json& parsed) {
+    return repeats.note(event, parsed, path);
+  };
+  json doc;
+  try {
+    doc = json::parse(text, note_keys);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    // Drop nlohmann's "[json.exception.parse_error.101] " tag: it means nothing to a user.
+    if (const auto tag_end = what.find("] "); what.starts_with("[json.") && tag_end != std::string::npos) {
+      what.erase(0, tag_end + 2);
+    }
+    throw config_error("invalid JSON in config file '" + path + "': " + what);
+  }
+  if (!doc.is_object()) {
+    throw config_error("config file '" + path + "' must hold a JSON object, e.g. {\"backends\": [\"http://127.0.0.1:8100\"]}");
+  }
+  if (!repeats.message.empty()) throw config_error(repeats.message);
+  return doc;
+}
+
+// `what` names the object in the message: "config file '/etc/dplb.json'", "cluster 'llama' in config file ...".
+template <typename Keys>
+void refuse_unknown_keys(const json& object, const Keys& known, const std::string& what) {
+  for (const auto& item : object.items()) {
+    if (std::find(known.begin(), known.end(), item.key()) != known.end()) continue;
+    std::string msg = "unknown key '" + item.key() + "' in " + what;
+    if (auto near = closest(item.key(), known)) {
+      msg += " (did you mean '" + *near + "'?)";
+    } else {
+      msg += "; known keys: " + join(known, ", ", ", ");
+    }
+    throw config_error(msg);
+  }
+}
+
+// A backend list in the file: an array of URL strings or one comma-separated string; nullopt for another type.
+std::optional<std::vector<std::string>> url_texts_from_json(const json& node) {
+  if (node.is_string()) return std::vector<std::string>{node.get<std::string>()};
+  if (!node.is_array()) return std::nullopt;
+  std::vector<std::string> texts;
+  for (const auto& item : node) {
+    if (!item.is_string()) return std::nullopt;
+    texts.push_back(item.get<std::string>());
+  }
+  return texts;
+}
+
+// --- model groups: the file's "clusters" ---
+
+// A cluster's name labels metrics and log lines, so it keeps to characters every exporter and log parser
+// takes as they are.
+bool valid_cluster_name(std::string_view name) {
+  return !name.empty() && name.size() <= max_cluster_name_length &&
+         std::all_of(name.begin(), name.end(), [](unsigned char c) {
+           return std::isalnum(c) || c == '.' || c == '_' || c == '-';
+         });
+}
+
+// One cluster object of the file, with what its error messages call it: "cluster 'llama' in config file
+// 'P'" when it has a name, else its place, "clusters[1] in config file 'P'".
+struct cluster_source {
+  const json& object;
+  std::size_t index;
+  std::string path;  // of the config file
+  std::string place;
+  std::string label;
+
+  config_error wrong_type(std::string_view key, std::string_view wanted, const json& value) const {
+    return config_error("\"" + std::string(key) + "\" of " + label + " must be " + std::string(wanted) + ", not " +
+                        value.type_name());
+  }
+};
+
+cluster_source cluster_at(const json& clusters, std::size_t index, const std::string& path) {
+  const json& object = clusters[index];
+  const std::string place = "clusters[" + std::to_string(index) + "] in config file '" + path + "'";
+  if (!object.is_object()) {
+    throw config_error(place + " must be an object, e.g. {\"name\": \"llama\", \"models\": [...], " +
+                       "\"backends\": [...]}, not " + std::string(object.type_name()));
+  }
+  const auto name = object.find("name");
+  const bool named = name != object.end() && name->is_string() && !name->get<std::string>().empty();
+  std::string label = named ? "cluster '" + name->get<std::string>() + "' in config file '" + path + "'" : place;
+  return {object, index, path, place, std::move(label)};
+}
+
+std::string cluster_name_of(const cluster_source& c) {
+  const auto name = c.object.find("name");
+  if (name == c.object.end()) {
+    throw config_error(c.label + " has no \"name\"; give each cluster a name of letters, digits, '.', '_' or '-'");
+  }
+  if (!name->is_string()) throw c.wrong_type("name", "a string", *name);
+  const std::string text = name->get<std::string>();
+  if (!valid_cluster_name(text)) {
+    throw config_error("invalid \"name\" '" + text + "' of " + c.place + ": use 1 to " +
+                       std::to_string(max_cluster_name_length) +
+                       " letters, digits, '.', '_' or '-' (it labels the cluster's metrics)");
+  }
+  return text;
+}
+
+// The requests' "model" values the cluster serves, compared exactly as vLLM compares served model names.
+std::vector<std::string> cluster_models_of(const cluster_source& c) {
+  const auto models = c.object.find("models");
+  if (models == c.object.end()) {
+    throw config_error(c.label + " has no \"models\"; list the model names it serves (the requests' \"model\")");
+  }
+  if (!models->is_array()) throw c.wrong_type("models", "an array of model names", *models);
+  if (models->empty()) {
+    throw config_error("\"models\" of " + c.label + " is empty; list the model names it serves");
+  }
+  std::vector<std::string> names;
+  for (const json& model : *models) {
+    if (!model.is_string()) throw c.wrong_type("models", "an array of model names (strings)", model);
+    std::string name = model.get<std::string>();
+    if (name.empty()) throw config_error("\"models\" of " + c.label + " holds an empty model name; remove it");
+    if (std::find(names.begin(), names.end(), name) != names.end()) {
+      throw config_error("model '" + name + "' is listed twice in " + c.label + "; list it once");
+    }
+    names.push_back(std::move(name));
+  }
+  return names;
+}
+
+// The cluster's backends, appended to `ranks` (global rank order) and checked as --backend checks a list.
+void add_cluster_backends(const cluster_source& c, const std::string& name, rank_list& ranks) {
+  const auto backends = c.object.find("backends");
+  if (backends == c.object.end()) {
+    throw config_error(c.label + " has no \"backends\"; list the URLs of the engines that serve its models");
+  }
+  const auto texts = url_texts_from_json(*backends);
+  if (!texts) {
+    // Name the type of what is wrong: the list itself, or the first entry that is not a string.
+    const auto not_text = [](const json& entry) { return !entry.is_string(); };
+    const bool list = backends->is_array();
+    throw c.wrong_type("backends", "an array of URL strings",
+                       list ? *std::find_if(backends->begin(), backends->end(), not_text) : *backends);
+  }
+  if (texts->empty()) {
+    throw config_error("\"backends\" of " + c.label + " is empty; list the URLs of the engines that serve its models");
+  }
+  ranks.add(raw_value{*texts, " (from \"backends\" of " + c.label + ")"}, c.index, name);
+}
+
+// The cluster's own policy, validated as --policy is; the top-level policy when it sets none.
+std::string cluster_policy_of(const cluster_source& c, const std::string& default_policy) {
+  const auto policy = c.object.find("policy");
+  if (policy == c.object.end()) return default_policy;
+  if (!policy->is_string()) throw c.wrong_type("policy", "a string", *policy);
+  const auto choice = canonical_choice(policy_names, policy->get<std::string>());
+  if (!choice) {
+    throw config_error("invalid \"policy\" '" + policy->get<std::string>() + "' of " + c.label + ": expected " +
+                       join(policy_names, ", ", " or "));
+  }
+  return std::string(*choice);
+}
+
+bool marked_default(const cluster_source& c) {
+  const auto mark = c.object.find("default");
+  if (mark == c.object.end()) return false;
+  if (!mark->is_boolean()) throw c.wrong_type("default", "true or false", *mark);
+  return mark->get<bool>();
+}
+
+// A model served by two clusters would leave the cluster of its requests to a guess.
+void refuse_shared_models(const std::vector<cluster_spec>& clusters, const std::string& path) {
+  std::map<std::string_view, std::string_view> cluster_of_model;
+  for (const cluster_spec& c : clusters) {
+    for (const std::string& model : c.models) {
+      const auto [it, fresh] = cluster_of_model.emplace(model, c.name);
+      if (!fresh) {
+        throw config_error("model '" + model + "' is listed by cluster '" + std::string(it->second) +
+                           "' and by cluster '" + c.name + "' in config file '" + path +
+                           "'; a model belongs to one cluster");
+      }
+    }
+  }
+}
+
+void refuse_shared_name(const std::vector<cluster_spec>& clusters, const std::string& name, const std::string& path) {
+  const auto named_so = [&](const cluster_spec& c) { return c.name == name; };
+  const auto same = std::find_if(clusters.begin(), clusters.end(), named_so);
+  if (same == clusters.end()) return;
+  throw config_error("two clusters are named '" + name + "' in config file '" + path + "' (clusters[" +
+                     std::to_string(same - clusters.begin()) + "] and clusters[" + std::to_string(clusters.size()) +
+                     "]); give each its own name");
+}
+
+// One cluster of the file, checked alone and against the clusters before it; its backends go to `ranks`.
+cluster_spec read_cluster(const cluster_source& source, const settings& s, rank_list& ranks) {
+  refuse_unknown_keys(source.object, cluster_keys, source.label);
+  std::string name = cluster_name_of(source);
+  refuse_shared_name(s.clusters, name, source.path);
+  std::vector<std::string> models = cluster_models_of(source);
+  add_cluster_backends(source, name, ranks);
+  std::string policy = cluster_policy_of(source, s.policy);
+  return {.name = std::move(name), .models = std::move(models), .policy = std::move(policy)};
+}
+
+}  // namespace
+
+json read_config_file(const std::string& path) {
+  const json doc = parse_config_json(detail::read_text_file(path, "config file"), path);
+  std::vector<std::string_view> keys;
+  for (const auto& o : options()) {
+    if (!o.key.empty()) keys.push_back(o.key);
+  }
+  keys.push_back(clusters_key);
+  refuse_unknown_keys(doc, keys, "config file '" + path + "'");
+  // Which of the two lists the file meant would be a guess; like an unknown key, refused even when a
+  // higher-precedence source replaces both.
+  if (doc.contains(clusters_key) && doc.contains(backend_option().key)) {
+    throw config_error("config file '" + path + "' has both \"clusters\" and \"backends\"; move the backends into a "
+                       "cluster's \"backends\" (or drop \"clusters\")");
+  }
+  return doc;
+}
+
+std::vector<std::string> texts_from_json(const option_spec& o, const json& node, const std::string& path) {
+  const auto wrong_type = [&](std::string_view wanted) {
+    return config_error("key '" + std::string(o.key) + "' in config file '" + path + "' must be " +
+                        std::string(wanted) + ", not " + node.type_name());
+  };
+  switch (o.kind) {
+    case value_kind::number:
+    case value_kind::decimal:
+      // A fraction or a negative number is dumped and then refused with the range, like any bad number.
+      if (!node.is_number()) throw wrong_type("a number");
+      return {node.dump()};
+    case value_kind::url_list:
+      if (auto texts = url_texts_from_json(node)) return *texts;
+      throw wrong_type("an array of URL strings");
+    default:
+      // A number where text is parsed as one (kv_pressure_weight) may be written as a JSON number.
+      if (!node.is_string()) throw wrong_type("a string");
+      return {node.get<std::string>()};
+  }
+}
+
+void read_clusters(settings& s, const json& clusters, const std::string& path) {
+  const std::string key = "key 'clusters' in config file '" + path + "'";
+  if (!clusters.is_array()) {
+    throw config_error(key + " must be an array of cluster objects, not " + std::string(clusters.type_name()));
+  }
+  if (clusters.empty()) throw config_error(key + " is empty; define at least one cluster (or remove the key)");
+  rank_list ranks;
+  std::optional<std::size_t> default_index;
+  for (std::size_t i = 0; i < clusters.size(); ++i) {
+    const cluster_source source = cluster_at(clusters, i, path);
+    s.clusters.push_back(read_cluster(source, s, ranks));
+    if (!marked_default(source)) continue;
+    if (default_index) {
+      throw config_error("clusters '" + s.clusters[*default_index].name + "' and '" + s.clusters[i].name +
+                         "' in config file '" + path + "' are both \"default\": true; mark one");
+    }
+    default_index = i;
+  }
+  refuse_shared_models(s.clusters, path);
+  s.backends = std::move(ranks).take();
+  s.default_cluster = default_index.value_or(0);
+}
+
+}  // namespace dplb::config::detail

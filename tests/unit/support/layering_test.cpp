@@ -1,0 +1,69 @@
+// Arrows point down: the layers include only what is below them (docs/architecture.md). A policy (the
+// balancer) includes no metrics header, its shared building blocks live in support/; the configuration
+// includes no policy: it needs only the list of their names (balancer/policy_names.hpp), which includes
+// nothing of dplb.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The repository root, from this file's path (ccache may make __FILE__ relative to the build directory,
+// the parent of the tests/ directory holding the test binary).
+fs::path source_root() {
+  fs::path here = __FILE__;
+  if (here.is_relative()) here = fs::canonical("/proc/self/exe").parent_path().parent_path() / here;
+  return here.lexically_normal().parent_path().parent_path().parent_path().parent_path();
+}
+
+// Every "dplb/..." header included by the files under the given folders of the repository.
+std::vector<std::string> dplb_includes(const std::vector<std::string>& folders) {
+  static const std::regex include(R"(^\s*#\s*include\s*"(dplb/[^"]+)\")");
+  std::vector<std::string> out;
+  for (const auto& folder : folders) {
+    const auto dir = source_root() / folder;
+    REQUIRE(fs::is_directory(dir));
+    for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+      if (!entry.is_regular_file()) continue;
+      std::ifstream in(entry.path());
+      for (std::string line; std::getline(in, line);) {
+        std::smatch m;
+        if (std::regex_search(line, m, include)) out.push_back(entry.path().filename().string() + " -> " + m[1].str());
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("no policy includes a metrics header", "[layering]") {
+  const auto includes = dplb_includes({"src/balancer", "include/dplb/balancer"});
+  REQUIRE_FALSE(includes.empty());
+  for (const auto& i : includes) {
+    INFO(i);
+    CHECK(i.find("-> dplb/metrics/") == std::string::npos);
+    CHECK(i.find("-> dplb/server/") == std::string::npos);
+    CHECK(i.find("-> dplb/app/") == std::string::npos);
+  }
+}
+
+TEST_CASE("the configuration includes no policy, only the policies' names", "[layering]") {
+  const auto includes = dplb_includes({"src/config", "include/dplb/config"});
+  REQUIRE_FALSE(includes.empty());
+  for (const auto& i : includes) {
+    INFO(i);
+    const bool balancer = i.find("-> dplb/balancer/") != std::string::npos;
+    CHECK((!balancer || i.ends_with("-> dplb/balancer/policy_names.hpp")));
+  }
+  for (const auto& i : dplb_includes({"include/dplb/balancer"})) {
+    INFO(i);
+    CHECK(i.find("policy_names.hpp ->") == std::string::npos);  // a leaf: it includes nothing of dplb
+  }
+}
