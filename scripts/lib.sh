@@ -31,3 +31,13 @@ finish_workdir() {  # dir status keep
     echo "$(basename "$0" .sh): logs kept in $1" >&2
   fi
 }
+
+# A script's steps, each announced before it runs and timed after: step_begin "what it does", then the
+# step's commands, then step_end (prints the seconds since step_begin).
+step_begin() {
+  echo "==> $1"
+  step_started=${EPOCHREALTIME/[^0-9]/.}  # bash writes the locale's decimal separator
+}
+step_end() {
+  LC_ALL=C awk -v from="$step_started" -v to="${EPOCHREALTIME/[^0-9]/.}" 'BEGIN { printf "    (%.1f s)\n", to - from }'
+}

@@ -1,21 +1,37 @@
 #!/usr/bin/env bash
-# Installs everything dplb needs to build and test: Debian 12 packages, and the npm packages of the
-# ecosystem tests (tests/ecosystem: the OpenAI SDK, a Chromium driver, Kubernetes schemas) from the npm
-# registry, pinned by tests/ecosystem/package-lock.json. Idempotent; run as root. Set DPLB_SETUP_BENCH=1 to also install the benchmark peers, DPLB_SETUP_FUZZ=1
+# Installs what dplb needs, in two sets. `scripts/setup.sh demo` installs only what building dplb, the mock
+# engine and the bench client and running the demo need (scripts/demo.sh). `scripts/setup.sh` (no
+# argument) installs everything building and testing need on top: Catch2, the real clients of the
+# ecosystem tests (Debian packages) and their npm packages (tests/ecosystem: the OpenAI SDK, a Chromium
+# driver, Kubernetes schemas) from the npm registry, pinned by tests/ecosystem/package-lock.json.
+# Idempotent; run as root. Set DPLB_SETUP_BENCH=1 to also install the benchmark peers, DPLB_SETUP_FUZZ=1
 # the fuzzing toolchain (scripts/fuzz.sh), DPLB_SETUP_PROFILE=1 the profilers of bench/profile.sh.
 set -euo pipefail
 
+set_name=${1:-all}
+if [[ $set_name != demo && $set_name != all ]]; then
+  echo "usage: scripts/setup.sh [demo|all]   (demo: only what scripts/demo.sh needs; all, the default: everything)" >&2
+  exit 2
+fi
+
+# Building dplb and its tools (the demo needs nothing else: it talks to them with curl).
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libboost1.81-dev libboost-program-options1.81-dev libboost-url1.81-dev
-  nlohmann-json3-dev libspdlog-dev libfmt-dev prometheus-cpp-dev catch2
-  curl python3
-  # The real clients of the ecosystem tests: Prometheus and promtool, headless Chromium for the status
-  # page, docker-compose to validate deploy/compose.yaml, Node.js and npm for the SDK and the schemas.
-  prometheus chromium docker-compose python3-yaml
+  nlohmann-json3-dev libspdlog-dev libfmt-dev prometheus-cpp-dev
+  libssl-dev  # libcrypto: the admin token's SHA-256 and constant-time comparison
+  curl
 )
-# The machine's own Node.js (with its npm) serves; Debian's otherwise.
-command -v npm >/dev/null || packages+=(nodejs npm)
+if [[ $set_name == all ]]; then
+  packages+=(
+    catch2 python3
+    # The real clients of the ecosystem tests: Prometheus and promtool, headless Chromium for the status
+    # page, docker-compose to validate deploy/compose.yaml, Node.js and npm for the SDK and the schemas.
+    prometheus chromium docker-compose python3-yaml
+  )
+  # The machine's own Node.js (with its npm) serves; Debian's otherwise.
+  command -v npm >/dev/null || packages+=(nodejs npm)
+fi
 if [[ "${DPLB_SETUP_BENCH:-0}" == 1 ]]; then
   packages+=(haproxy nginx-light wrk gnuplot-nox)
 fi
@@ -42,6 +58,7 @@ if ((${#missing[@]})); then
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+[[ $set_name == all ]] || exit 0
 # The ecosystem tests' npm packages, installed again only when the lock file changed.
 ecosystem=$(cd "$(dirname "$0")/../tests/ecosystem" && pwd)
 stamp=$ecosystem/node_modules/.dplb-lock-sha256

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what is missing (Debian packages), builds, and runs every test with CTest.
+# Installs what is missing (scripts/setup.sh: the Debian packages of the build, of the tests and of their real
+# clients, and the npm packages), builds everything, and runs every test with CTest.
 # Usage: scripts/test.sh [BUILD_DIR]   (DPLB_SANITIZE=address,undefined scripts/test.sh build-asan)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,15 +1,16 @@
 #include "dplb/app/application.hpp"
 
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <cstdlib>
 #include <malloc.h>
 #include <optional>
+#include <string_view>
+#include <stdexcept>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
@@ -19,9 +20,12 @@
 #include "dplb/app/memory_trimmer.hpp"
 #include "dplb/app/version.hpp"
 #include "dplb/balancer/policy_factory.hpp"
+#include "dplb/config/admin_token.hpp"
 #include "dplb/upstream/backend_registry.hpp"
 #include "dplb/upstream/engine_stats_poller.hpp"
 #include "dplb/server/listener.hpp"
+#include "dplb/support/supervisor.hpp"
+#include "dplb/support/io_buffers.hpp"
 
 namespace dplb::app {
 
@@ -100,6 +104,38 @@ struct worker {
   std::thread thread;
 };
 
+// Runs an event loop until it stops. An exception escaping a handler must not take every other connection
+// or task of the loop down with it: it is logged and the loop goes on (what it came from is gone with its
+// handler; the long-lived tasks are supervised on their own).
+void run_event_loop(asio::io_context& io, std::string_view where) {
+  for (;;) {
+    try {
+      io.run();
+      return;
+    } catch (const std::exception& e) {
+      spdlog::error("unexpected exception in {}: {}", where, e.what());
+    }
+  }
+}
+
+// dplb's side channels to the engines, the health checks and the engine-stats reads, run on a thread and
+// event loop of their own: a probe that waits out its timeout, or the parse of a 16 MiB /metrics page,
+// never holds up a request worker's loop (with --threads 1, the only one). What they touch besides their
+// own sockets and timers (balancer, metrics, health monitor) is thread-safe by contract.
+struct side_channel_thread {
+  asio::io_context io{1};
+  std::thread thread;
+
+  void start() {
+    thread = std::thread([this] { run_event_loop(io, "the health-check and engine-stats thread"); });
+  }
+  void stop() {
+    io.stop();
+    if (thread.joinable()) thread.join();
+  }
+  ~side_channel_thread() { stop(); }
+};
+
 // Whether some cluster's policy balances on engine stats (then they are read by default).
 bool uses_engine_stats(const config::settings& s) {
   return std::ranges::any_of(s.clusters, [](const config::cluster_spec& c) {
@@ -159,6 +195,25 @@ std::chrono::milliseconds stats_max_age(const config::settings& s) {
   return 3 * config::engine_stats_interval(s, uses_engine_stats(s)) + s.health_check_timeout;
 }
 
+// The test hook DPLB_TEST_THROW_ONCE (docs/operations.md): each task it names throws once, to show that it is
+// logged, counted and restarted. Read once, before any task starts.
+void arm_test_faults() {
+  const char* names = std::getenv("DPLB_TEST_THROW_ONCE");
+  if (names == nullptr || *names == '\0') return;
+  try {
+    support::arm_faults(names);
+  } catch (const std::invalid_argument& e) {
+    throw config::config_error(std::string("DPLB_TEST_THROW_ONCE: ") + e.what());
+  }
+  spdlog::warn("test hook DPLB_TEST_THROW_ONCE={}: each of these tasks throws once; not for production", names);
+}
+
+// The admin token's file should be its owner's alone: say so at start and on each SIGHUP, but serve.
+void warn_if_token_file_exposed(const config::settings& s) {
+  if (!s.admin_token_file) return;
+  if (const auto why = config::admin_token_file_exposure(*s.admin_token_file); !why.empty()) spdlog::warn("{}", why);
+}
+
 std::unique_ptr<upstream::topology> configured_topology(const std::vector<config::backend_spec>& specs) {
   auto topology = std::make_unique<upstream::topology>();
   upstream::add_configured(*topology, specs);
@@ -175,7 +230,8 @@ struct application::impl {
         topology(*topology_storage),
         routing(topology.capacity()),
         balancer(rank_clusters(topology), cluster_policies(settings, &routing),
-                 balancer::queue_limits{settings.max_inflight_per_rank, settings.max_queued_requests},
+                 balancer::queue_limits{settings.max_inflight_per_rank, settings.max_queued_requests,
+                                       settings.queue_timeout / 2},
                  balancer::host_timing{settings.slow_start, stats_max_age(settings)}, topology.capacity()),
         metrics({}, balancer, settings.policy, topology.capacity()),
         health(topology, balancer, metrics,
@@ -193,9 +249,11 @@ struct application::impl {
         shared{settings, topology, balancer, metrics, health, models},
         signals(signal_io, SIGINT, SIGTERM),
         reload_signal(signal_io, SIGHUP) {
+    arm_test_faults();
+    metrics.observe_internal_errors(supervisor);
     if (!settings.access_log.empty()) {
       try {
-        access_log = std::make_unique<metrics::access_log>(settings.access_log);
+        access_log = std::make_unique<metrics::access_log>(settings.access_log, supervisor);
       } catch (const std::runtime_error& e) {
         throw config::config_error(std::string(e.what()) + " (--access-log)");
       }
@@ -229,6 +287,8 @@ struct application::impl {
 
   config::settings settings;
   application::backend_source reload_backends;
+  // Restarts the background tasks that fail; outlives them all (the access log's thread, every event loop).
+  support::supervisor supervisor;
   std::unique_ptr<upstream::topology> topology_storage;  // not movable: its counts are atomics
   upstream::topology& topology;
   balancer::routing_stats routing;  // prefix and affinity decisions, read by the metrics
@@ -237,6 +297,7 @@ struct application::impl {
   upstream::health_monitor health;
   std::chrono::milliseconds stats_interval;  // 0: the engines' /metrics are never read
   upstream::engine_stats_poller stats;
+  side_channel_thread side_channels;  // runs health and stats: stopped before them
   upstream::backend_registry registry;  // the main thread's: admin API, SIGHUP, retirements
   server::model_routes models;
   std::unique_ptr<metrics::access_log> access_log;  // outlives the workers that write to it
@@ -273,13 +334,24 @@ void application::schedule_housekeeping() {
   s.housekeeping.expires_after(std::chrono::seconds(1));
   s.housekeeping.async_wait([this, &s](const boost::system::error_code& ec) {
     if (ec) return;
-    if (s.trimmer.observe(s.shared.client_connections.load(std::memory_order_relaxed))) {
-      // On the main thread, off every worker's event loop.
-      const auto started = std::chrono::steady_clock::now();
-      malloc_trim(0);
-      spdlog::debug("returned freed memory to the system after a connection surge ({} us)",
-                    std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started)
-                        .count());
+    if (s.trimmer.observe(s.shared.client_connections.load(std::memory_order_relaxed), io::buffer_bytes())) {
+      // Each worker first gives back the handler and frame memory Asio keeps for it (scattered blocks that
+      // would keep pages from going back); the last one hands the trim to the main thread, off every
+      // worker's event loop.
+      auto pending = std::make_shared<std::atomic<std::size_t>>(s.workers.size());
+      for (auto& w : s.workers) {
+        asio::post(w->io, [&s, pending] {
+          io::release_recycled_memory();
+          if (pending->fetch_sub(1) != 1) return;
+          asio::post(s.signal_io, [] {
+            const auto started = std::chrono::steady_clock::now();
+            malloc_trim(0);
+            spdlog::debug("returned freed memory to the system after a surge ({} us)",
+                          std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started)
+                              .count());
+          });
+        });
+      }
     }
     schedule_housekeeping();
   });
@@ -311,12 +383,31 @@ void application::await_reload_signal() {
         spdlog::error("SIGHUP: cannot reopen the access log {}: {}", s.settings.access_log, e.what());
       }
     }
+    // Only the backends and the admin token are applied: every other setting needs a restart. A configuration
+    // that cannot be read again (a broken file, the token's file gone) changes nothing.
+    std::optional<config::settings> fresh;
     if (!s.reload_backends) {
       spdlog::warn("SIGHUP ignored: this dplb has no configuration to reload");
     } else {
-      // Only the backends: every other setting needs a restart.
       try {
-        const auto summary = s.registry.reload(backends_for_reload(s.settings, s.reload_backends()));
+        fresh = s.reload_backends();
+      } catch (const std::exception& e) {
+        spdlog::error("SIGHUP: backends not (fully) reloaded and the admin token kept: {}; fix the configuration "
+                      "and send SIGHUP again", e.what());
+      }
+    }
+    if (fresh && s.admin && !fresh->admin_token.empty()) {
+      try {  // nothing may escape the main loop: run() must reach its shutdown
+        s.admin->set_token(fresh->admin_token);
+        if (fresh->admin_token_file) spdlog::info("SIGHUP: admin token read again from {}", *fresh->admin_token_file);
+      } catch (const std::exception& e) {
+        spdlog::error("SIGHUP: the admin token kept: its digest failed: {}", e.what());
+      }
+      warn_if_token_file_exposed(*fresh);
+    }
+    if (fresh) {
+      try {
+        const auto summary = s.registry.reload(backends_for_reload(s.settings, *fresh));
         spdlog::info("SIGHUP: backends reloaded: {} added, {} removed, {} reweighted", summary.added.size(),
                      summary.removed.size(), summary.reweighted.size());
       } catch (const std::exception& e) {
@@ -384,33 +475,27 @@ int application::run() {
   }
   if (s.admin) {
     spdlog::info("admin API listening on {}", format_endpoint(s.admin_bound));
-    asio::co_spawn(s.signal_io, admin::accept_loop(*s.admin, *s.admin_acceptor), asio::detached);
+    warn_if_token_file_exposed(s.settings);
+    support::supervise(s.supervisor, support::task::admin_accept, s.signal_io.get_executor(),
+                       [&s] { return admin::accept_loop(*s.admin, *s.admin_acceptor); });
   }
   for (auto& w : s.workers) {
-    asio::co_spawn(w->io, server::accept_loop(w->state, w->acceptor), asio::detached);
-    asio::co_spawn(w->io, w->pool.sweep_loop(), asio::detached);
+    support::supervise(s.supervisor, support::task::accept, w->io.get_executor(),
+                       [&w = *w] { return server::accept_loop(w.state, w.acceptor); });
+    support::supervise(s.supervisor, support::task::pool_sweep, w->io.get_executor(),
+                       [&w = *w] { return w.pool.sweep_loop(); });
     asio::post(w->io, [&w = *w] { w.deadlines.start(); });
-    w->thread = std::thread([&io = w->io] {
-      // An exception escaping a handler must not take every other connection down with it: log it and
-      // keep serving (the connection it came from is gone with its handler).
-      for (;;) {
-        try {
-          io.run();
-          return;
-        } catch (const std::exception& e) {
-          spdlog::error("unexpected exception in a worker: {}", e.what());
-        }
-      }
-    });
+    w->thread = std::thread([&io = w->io] { run_event_loop(io, "a worker"); });
   }
-  s.health.start(s.workers.front()->io.get_executor());
+  s.health.start(s.side_channels.io.get_executor(), s.supervisor);
   if (s.stats_interval.count() > 0) {
     spdlog::info("reading every backend's /metrics each {} ms (--stats-interval)", s.stats_interval.count());
-    s.stats.start(s.workers.front()->io.get_executor());
+    s.stats.start(s.side_channels.io.get_executor(), s.supervisor);
   } else if (uses_engine_stats(s.settings)) {
     spdlog::warn("a policy that reads engine stats is configured, but --stats-interval is 0: it goes by dplb's "
                  "own counts alone");
   }
+  s.side_channels.start();
   if (s.balancer.active_policy().name() == "engine-stats") {
     spdlog::info("policy engine-stats is a baseline for benchmarks, not for serving (see docs/benchmarks.md)");
   }
@@ -427,6 +512,7 @@ int application::run() {
   drain();
   s.health.stop();
   s.stats.stop();
+  s.side_channels.stop();
   for (auto& w : s.workers) {
     asio::post(w->io, [&w = *w] {
       w.pool.stop();

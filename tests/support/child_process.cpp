@@ -1,5 +1,7 @@
 #include "child_process.hpp"
 
+#include "timing_slack.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -68,7 +70,7 @@ bool child_process::read_more(milliseconds budget) {
 }
 
 std::optional<std::smatch> child_process::wait_for_line(const std::regex& pattern, milliseconds deadline) {
-  const auto until = steady::now() + deadline;
+  const auto until = steady::now() + scaled(deadline);
   for (;;) {
     for (; scanned_ < lines_.size(); ++scanned_) {
       std::smatch m;
@@ -102,7 +104,7 @@ bool child_process::running() {
 std::optional<int> child_process::stop(int signal_number, milliseconds deadline) {
   if (!running()) return exit_status_;
   kill(pid_, signal_number);
-  const auto until = steady::now() + deadline;
+  const auto until = steady::now() + scaled(deadline);
   while (steady::now() < until) {
     // Drain output so a child blocked on a full pipe can still exit.
     read_more(milliseconds(10));

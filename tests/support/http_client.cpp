@@ -1,6 +1,7 @@
 #include "http_client.hpp"
 
 #include "text.hpp"
+#include "timing_slack.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -29,7 +30,7 @@ http_connection::http_connection(std::uint16_t port, std::chrono::milliseconds d
   boost::system::error_code result = asio::error::timed_out;
   socket_.async_connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port),
                         [&](const boost::system::error_code& ec) { result = ec; });
-  io_.run_for(deadline);
+  io_.run_for(scaled(deadline));
   if (result) throw std::runtime_error("cannot connect to 127.0.0.1:" + std::to_string(port) + ": " + result.message());
   socket_.set_option(tcp::no_delay(true));
 }
@@ -51,7 +52,7 @@ void http_connection::run_bounded(Op&& op, std::chrono::milliseconds deadline, h
     co_await op();
     done = true;
   }, asio::detached);
-  io_.run_for(deadline);
+  io_.run_for(scaled(deadline));
   if (!done) {
     close();  // cancels the operation; its completion runs below
     io_.restart();
@@ -313,7 +314,7 @@ raw_reply http_connection::read_responses(std::size_t finals, std::chrono::milli
     }
     reading = false;
   }, asio::detached);
-  io_.run_for(deadline);
+  io_.run_for(scaled(deadline));
   if (reading) {
     boost::system::error_code ignored;
     socket_.cancel(ignored);  // stop reading; the connection stays open

@@ -1,7 +1,7 @@
 #pragma once
 // A small blocking HTTP/1.1 client for integration tests, built on Beast: every call is bounded by a
-// deadline (an expired deadline fails the call, it never hangs a test), keeps the connection alive
-// across calls, and can record when each piece of a streamed body arrived.
+// deadline, scaled by the timing slack (an expired deadline fails the call, it never hangs a test), keeps
+// the connection alive across calls, and can record when each piece of a streamed body arrived.
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>

@@ -1,6 +1,7 @@
 #include "raw_engine.hpp"
 
 #include "text.hpp"
+#include "timing_slack.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -327,7 +328,7 @@ std::optional<raw_request> raw_engine::read_request(int fd, std::string& buffer,
 template <class Pred>
 bool raw_engine::await(std::chrono::milliseconds deadline, Pred pred) {
   std::unique_lock lock(mutex_);
-  return changed_.wait_for(lock, deadline, pred);
+  return changed_.wait_for(lock, scaled(deadline), pred);
 }
 
 bool raw_engine::await_requests(std::size_t count, std::chrono::milliseconds deadline) {

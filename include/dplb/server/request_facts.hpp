@@ -46,7 +46,10 @@ struct request_facts {
   // integer, clamped to UINT32_MAX; other values (fractions, negatives, strings, null) are ignored.
   std::optional<std::uint32_t> max_tokens;
   std::uint32_t choices = 1;  // "n" when an integer >= 1, clamped to max_choices: the cost multiplies by it
-  std::optional<std::int64_t> data_parallel_rank;  // vLLM's body field "data_parallel_rank", when an integer
+  // vLLM's body field "data_parallel_rank", when an integer. Read, not routed on: dplb pins on the
+  // X-data-parallel-rank header only, since a pin names a global rank and the engine would need the field
+  // rewritten to its own index, and dplb never rewrites a body (docs/configuration.md, Pinning).
+  std::optional<std::int64_t> data_parallel_rank;
   // Only when asked (prefix-aware): the prompt's blocks, chained by hash and seeded by the model
   // (balancer/prefix_index.hpp). Fed, in order: a text prompt's bytes after unescaping (each prompt of a
   // batch followed by a separator), a token id as its 4 bytes (so a block is 64 ids), and every message's
