@@ -56,7 +56,7 @@ int main() {
   for (const std::size_t ranks : {4u, 64u}) {
     // 256 groups of 6,000-token prefixes (about 375 blocks) already routed, the index at its default size.
     balancer::prefix_aware prefix({}, nullptr);
-    std::vector<balancer::host_view> hosts(ranks);
+    std::vector<balancer::rank_view> views(ranks);
     std::vector<std::vector<std::uint64_t>> chains;
     for (unsigned g = 0; g < 256; ++g) {
       balancer::prefix_chain_builder b;
@@ -64,15 +64,15 @@ int main() {
       chains.push_back(b.take());
       balancer::pick_context c;
       c.prefix_chain = chains.back();
-      (void)prefix.choose(c, hosts);
+      (void)prefix.choose(c, views);
     }
     balancer::least_inflight plain_policy;
     balancer::pick_context none;
-    const double plain = ns_per_op(20000, [&](int) { sink = sink + *plain_policy.choose(none, hosts); });
+    const double plain = ns_per_op(20000, [&](int) { sink = sink + *plain_policy.choose(none, views); });
     const double with_prefix = ns_per_op(20000, [&](int i) {
       balancer::pick_context c;
       c.prefix_chain = chains[static_cast<std::size_t>(i) % chains.size()];
-      sink = sink + *prefix.choose(c, hosts);
+      sink = sink + *prefix.choose(c, views);
     });
     std::printf("| pick among %zu ranks, a 6,000-token prefix of 256 known | %.0f | %.0f | %.1f |\n", ranks, plain,
                 with_prefix, with_prefix / plain);

@@ -41,18 +41,18 @@ response page_file(const static_asset& asset) {
   return r;
 }
 
-// The host_flag bits by name, in bit order.
-constexpr std::pair<balancer::host_flag, std::string_view> flag_names[] = {
-    {balancer::host_flag::unhealthy, "unhealthy"},
-    {balancer::host_flag::ejected, "ejected"},
-    {balancer::host_flag::draining, "draining"},
-    {balancer::host_flag::removed, "removed"},
+// The rank_flag bits by name, in bit order.
+constexpr std::pair<balancer::rank_flag, std::string_view> flag_names[] = {
+    {balancer::rank_flag::unhealthy, "unhealthy"},
+    {balancer::rank_flag::ejected, "ejected"},
+    {balancer::rank_flag::draining, "draining"},
+    {balancer::rank_flag::removed, "removed"},
 };
 
 json rank_object(const upstream::topology& topology, const upstream::backend_registry& registry,
                  const balancer::balancer& b, const metrics::proxy_metrics& metrics, std::size_t rank) {
-  const auto& host = topology.hosts()[rank];
-  const auto& backend = topology.backends()[host.backend];
+  const auto& entry = topology.ranks()[rank];
+  const auto& backend = topology.backends()[entry.backend];
   const std::uint8_t flags = b.flags(rank);
   json names = json::array();
   for (const auto& [bit, name] : flag_names) {
@@ -68,7 +68,7 @@ json rank_object(const upstream::topology& topology, const upstream::backend_reg
   const auto outcomes = metrics.outcomes(rank);
   return json{{"rank", rank},
               {"url", backend.url},
-              {"index_in_url", host.rank_in_url},
+              {"index_in_url", entry.rank_in_url},
               {"dp", backend.dp},
               {"backend_state", upstream::name_of(registry.state_of(backend.index))},
               {"cluster", registry.cluster_name(backend.cluster)},
@@ -290,9 +290,9 @@ response admin_api::list_ranks(const call&) const {
 
 void admin_api::set_draining(std::size_t rank, bool on) const {
   // Only the draining bit: the health checks own the others, so neither can undo the other's verdict.
-  balancer_.set_flag(rank, balancer::host_flag::draining, on);
+  balancer_.set_flag(rank, balancer::rank_flag::draining, on);
   metrics_.rank_draining(rank, on);
-  spdlog::info("rank {} ({}) {} by the admin API", rank, topology_.hosts()[rank].name, on ? "drained" : "undrained");
+  spdlog::info("rank {} ({}) {} by the admin API", rank, topology_.ranks()[rank].name, on ? "drained" : "undrained");
 }
 
 response admin_api::set_rank_draining(const call& c, bool on) const {
@@ -378,11 +378,11 @@ response admin_api::add_backend(const call& c) const {
   if (!body) return refusal;
   auto spec = backend_in(*body, true, refusal);
   if (!spec) return refusal;
-  // The model group it joins: by name, else the default one.
+  // The cluster it joins: by name, else the default one.
   spec->cluster = default_cluster_;
   if (const auto cluster = body->find("cluster"); cluster != body->end()) {
     const auto named = cluster->is_string() ? registry_.cluster_named(cluster->get<std::string>()) : std::nullopt;
-    if (!named) return error(400, "\"cluster\" must name a model group of the configuration; GET /backends shows them");
+    if (!named) return error(400, "\"cluster\" must name a cluster of the configuration; GET /backends shows them");
     spec->cluster = *named;
   }
   try {
@@ -426,7 +426,7 @@ response admin_api::set_rank_weight(const call& c) const {
   }
   const auto w = static_cast<std::uint32_t>(weight->get<std::uint64_t>());
   balancer_.set_weight(*rank, w);
-  spdlog::info("rank {} ({}) weight set to {} by the admin API", *rank, topology_.hosts()[*rank].name, w);
+  spdlog::info("rank {} ({}) weight set to {} by the admin API", *rank, topology_.ranks()[*rank].name, w);
   return json_response(200, rank_object(topology_, registry_, balancer_, metrics_, *rank));
 }
 

@@ -164,18 +164,18 @@ std::vector<std::string> cluster_names(const config::settings& s) {
   return out;
 }
 
-// The backends of a configuration read again (SIGHUP), numbered by the running model groups: those are fixed
-// at start-up, so a backend joins the running group of its group's name, and a new name is refused.
+// The backends of a configuration read again (SIGHUP), numbered by the running clusters: those are fixed
+// at start-up, so a backend joins the running cluster of its name, and a new name is refused.
 std::vector<config::backend_spec> backends_for_reload(const config::settings& running, const config::settings& fresh) {
   std::vector<config::backend_spec> out;
   for (auto spec : fresh.backends) {
     const auto& name = fresh.clusters.at(spec.cluster).name;
     const auto same = std::ranges::find(running.clusters, name, &config::cluster_spec::name);
     if (same == running.clusters.end()) {
-      throw config::config_error("model group '" + name + "' is new: model groups change only with a restart");
+      throw config::config_error("cluster '" + name + "' is new: clusters change only with a restart");
     }
     if (same->models != fresh.clusters[spec.cluster].models || same->policy != fresh.clusters[spec.cluster].policy) {
-      spdlog::warn("SIGHUP: model group '{}' has other models or another policy in the configuration; those change "
+      spdlog::warn("SIGHUP: cluster '{}' has other models or another policy in the configuration; those change "
                    "only with a restart (its backends are reloaded)", name);
     }
     spec.cluster = static_cast<std::size_t>(same - running.clusters.begin());
@@ -186,7 +186,7 @@ std::vector<config::backend_spec> backends_for_reload(const config::settings& ru
 
 std::vector<std::size_t> rank_clusters(const upstream::topology& topology) {
   std::vector<std::size_t> out;
-  for (const auto& h : topology.hosts()) out.push_back(h.cluster);
+  for (const auto& h : topology.ranks()) out.push_back(h.cluster);
   return out;
 }
 
@@ -232,7 +232,7 @@ struct application::impl {
         balancer(rank_clusters(topology), cluster_policies(settings, &routing),
                  balancer::queue_limits{settings.max_inflight_per_rank, settings.max_queued_requests,
                                        settings.queue_timeout / 2},
-                 balancer::host_timing{settings.slow_start, stats_max_age(settings)}, topology.capacity()),
+                 balancer::rank_timing{settings.slow_start, stats_max_age(settings)}, topology.capacity()),
         metrics({}, balancer, settings.policy, topology.capacity()),
         health(topology, balancer, metrics,
                upstream::health_check_settings{
@@ -263,7 +263,7 @@ struct application::impl {
     if (!settings.affinity_header.empty()) balancer.enable_affinity(settings.load_bound, &routing);
     metrics.observe_routing(routing, config::any_cluster_uses(settings, "prefix-aware"),
                             !settings.affinity_header.empty());
-    for (const auto& h : topology.hosts()) {
+    for (const auto& h : topology.ranks()) {
       balancer.set_weight(h.rank, h.weight);
       // As the backend registry adds a rank at run time. Before any worker runs: no scrape can miss it.
       metrics.add_rank(topology.backends()[h.backend].url, settings.clusters.at(h.cluster).name);
@@ -452,7 +452,7 @@ void application::drain() {
 int application::run() {
   auto& s = *impl_;
   std::string backend_list;
-  for (const auto& h : s.topology.hosts()) {
+  for (const auto& h : s.topology.ranks()) {
     backend_list += (backend_list.empty() ? "" : ",") + ("[" + std::to_string(h.rank) + "]" + h.name);
     if (h.weight != 1) backend_list += " weight " + std::to_string(h.weight);
   }
@@ -464,12 +464,12 @@ int application::run() {
     for (std::size_t c = 0; c < s.settings.clusters.size(); ++c) {
       const auto& cluster = s.settings.clusters[c];
       std::string ranks;
-      for (const auto& h : s.topology.hosts()) {
+      for (const auto& h : s.topology.ranks()) {
         if (h.cluster == c) ranks += (ranks.empty() ? "" : ",") + std::to_string(h.rank);
       }
       std::string models;
       for (const auto& m : cluster.models) models += (models.empty() ? "" : ",") + m;
-      spdlog::info("model group {}{}: policy={} ranks={} models={}", cluster.name,
+      spdlog::info("cluster {}{}: policy={} ranks={} models={}", cluster.name,
                    c == s.settings.default_cluster ? " (default)" : "", cluster.policy, ranks, models);
     }
   }

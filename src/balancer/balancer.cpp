@@ -40,12 +40,12 @@ std::vector<std::unique_ptr<policy>> one_policy(std::unique_ptr<policy> p) {
 }  // namespace
 
 balancer::balancer(std::size_t rank_count, std::unique_ptr<policy> chosen_policy, queue_limits limits,
-                   host_timing timing, std::size_t capacity)
+                   rank_timing timing, std::size_t capacity)
     : balancer(std::vector<std::size_t>(rank_count, 0), one_policy(std::move(chosen_policy)), limits, timing,
                capacity) {}
 
 balancer::balancer(std::span<const std::size_t> rank_clusters, std::vector<std::unique_ptr<policy>> policies,
-                   queue_limits limits, host_timing timing, std::size_t capacity)
+                   queue_limits limits, rank_timing timing, std::size_t capacity)
     : policies_(std::move(policies)),
       limits_(limits),
       timing_(timing),
@@ -120,7 +120,7 @@ bool balancer::cluster_has_room_locked(std::size_t cluster) const noexcept {
   return false;
 }
 
-// The policy's view of every host just before a pick. Slow start scales the weight of a rank that came
+// The policy's view of every rank just before a pick. Slow start scales the weight of a rank that came
 // back a moment ago: from a tenth of it (so that it gets some traffic at once) to all of it, linearly.
 void balancer::refresh_view_locked(const pick_context& request, bool room_matters) {
   const bool ramping = ramping_ > 0;
@@ -155,7 +155,7 @@ void balancer::refresh_view_locked(const pick_context& request, bool room_matter
 // The session's rank on the ring, or the next within the load bound (view_ is fresh).
 std::optional<std::size_t> balancer::place_session_locked(std::string_view key) {
   const load_bound bound(view_, affinity_bound_);
-  const auto placed = affinity_->place(key, view_, [&](const host_view& h) { return bound.allows(h); });
+  const auto placed = affinity_->place(key, view_, [&](const rank_view& h) { return bound.allows(h); });
   if (!placed) return std::nullopt;
   if (routing_stats_) {
     (placed->moved ? routing_stats_->affinity_overridden : routing_stats_->affinity_taken)
@@ -175,7 +175,7 @@ std::optional<std::size_t> balancer::preferred_locked(const pick_context& reques
   if (affinity_ && !request.session_key.empty()) {
     // As in the pick, a session key leaves the policy out.
     const load_bound bound(view_, affinity_bound_);
-    const auto placed = affinity_->place(request.session_key, view_, [&](const host_view& h) { return bound.allows(h); });
+    const auto placed = affinity_->place(request.session_key, view_, [&](const rank_view& h) { return bound.allows(h); });
     if (placed && !placed->moved) place = placed->rank;
   } else {
     place = policies_[request.cluster]->preferred(request, view_);
@@ -485,7 +485,7 @@ void balancer::release(std::size_t rank, request_cost cost) noexcept {
   deliver(ready);
 }
 
-void balancer::set_flag(std::size_t rank, host_flag flag, bool on) {
+void balancer::set_flag(std::size_t rank, rank_flag flag, bool on) {
   std::vector<delivery> ready;
   {
     std::lock_guard lock(pick_mutex_);
@@ -499,7 +499,7 @@ void balancer::set_flag(std::size_t rank, host_flag flag, bool on) {
     // Back in rotation after a failure or a removal: ramp up, its caches are cold (a drain's end starts
     // at full weight: the engine kept serving what was in flight).
     const bool readmitted =
-        after == 0 && (before & (host_flag::unhealthy | host_flag::ejected | host_flag::removed)) != 0;
+        after == 0 && (before & (rank_flag::unhealthy | rank_flag::ejected | rank_flag::removed)) != 0;
     auto& d = detail_[rank];
     if (readmitted && timing_.slow_start.count() > 0) {
       if (d.ramp_until == clock::time_point{}) ++ramping_;
@@ -507,7 +507,7 @@ void balancer::set_flag(std::size_t rank, host_flag flag, bool on) {
     }
     // Back: waiters may fit on it. Out: those whose place it was now take any slot of their cluster.
     if (queueing()) serve_waiters_locked(ready);
-    if (flag == host_flag::removed && on) turn_away_stranded_locked(rank, ready);
+    if (flag == rank_flag::removed && on) turn_away_stranded_locked(rank, ready);
   }
   deliver(ready);
 }
@@ -526,7 +526,7 @@ void balancer::turn_away_stranded_locked(std::size_t rank, std::vector<delivery>
   for (auto& w : detail_[rank].preferring) insert_by_age(queues_[cluster], std::move(w));
   detail_[rank].preferring.clear();
   const bool cluster_left = std::ranges::any_of(ranks_in_use(), [cluster](const rank_state& r) {
-    return r.cluster == cluster && (r.flags.load(std::memory_order_relaxed) & host_flag::removed) == 0;
+    return r.cluster == cluster && (r.flags.load(std::memory_order_relaxed) & rank_flag::removed) == 0;
   });
   if (!cluster_left) turn_away(queues_[cluster]);
   count_waiting_locked();

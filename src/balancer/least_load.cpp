@@ -4,19 +4,19 @@
 
 namespace dplb::balancer {
 
-double least_load::load_of(const host_view& host) const noexcept {
-  double load = host.inflight;
-  if (host.engine.fresh) {
-    const auto& e = host.engine.load;
+double least_load::load_of(const rank_view& rank) const noexcept {
+  double load = rank.inflight;
+  if (rank.engine.fresh) {
+    const auto& e = rank.engine.load;
     const double reported = static_cast<double>(e.running) + e.waiting;
-    const double unseen_by_dplb = std::max(0.0, reported - host.engine.inflight_at_read);
+    const double unseen_by_dplb = std::max(0.0, reported - rank.engine.inflight_at_read);
     load += unseen_by_dplb + kv_weight_ * e.waiting * std::max(0.0, e.kv_cache_usage - 0.5);
   }
   return load;
 }
 
-std::optional<std::size_t> least_load::choose(const pick_context&, std::span<const host_view> hosts) {
-  return lowest_score(hosts, ties_, [this](const host_view& h) { return load_of(h) / h.weight; });
+std::optional<std::size_t> least_load::choose(const pick_context&, std::span<const rank_view> ranks) {
+  return lowest_score(ranks, ties_, [this](const rank_view& h) { return load_of(h) / h.weight; });
 }
 
 }  // namespace dplb::balancer

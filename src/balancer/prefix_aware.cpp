@@ -4,39 +4,39 @@
 
 namespace dplb::balancer {
 
-std::optional<std::size_t> prefix_aware::choose(const pick_context& request, std::span<const host_view> hosts) {
-  index_.match(request.prefix_chain, hosts.size(), matched_);
-  const auto match_of = [&](const host_view& h) { return matched_[static_cast<std::size_t>(&h - hosts.data())]; };
-  const load_bound bound(hosts, options_.load_bound);
+std::optional<std::size_t> prefix_aware::choose(const pick_context& request, std::span<const rank_view> ranks) {
+  index_.match(request.prefix_chain, ranks.size(), matched_);
+  const auto match_of = [&](const rank_view& h) { return matched_[static_cast<std::size_t>(&h - ranks.data())]; };
+  const load_bound bound(ranks, options_.load_bound);
   std::uint32_t best_usable = 0;
   std::uint32_t best_allowed = 0;
-  for (const auto& h : hosts) {
+  for (const auto& h : ranks) {
     if (!h.usable) continue;
     best_usable = std::max(best_usable, match_of(h));
     if (bound.allows(h)) best_allowed = std::max(best_allowed, match_of(h));
   }
-  const auto per_weight = [](const host_view& h) { return h.inflight / h.weight; };
+  const auto per_weight = [](const rank_view& h) { return h.inflight / h.weight; };
   const auto enough = static_cast<std::uint32_t>(std::max<std::size_t>(options_.min_match_blocks, 1));
   std::optional<std::size_t> chosen;
   std::uint32_t matched = 0;
   if (best_allowed >= enough) {
     // Rule 1: where the prefix is.
-    chosen = lowest_score(hosts, ties_, per_weight,
-                          [&](const host_view& h) { return bound.allows(h) && match_of(h) == best_allowed; });
+    chosen = lowest_score(ranks, ties_, per_weight,
+                          [&](const rank_view& h) { return bound.allows(h) && match_of(h) == best_allowed; });
     matched = best_allowed;
     if (stats_) stats_->prefix_taken.fetch_add(1, std::memory_order_relaxed);
   } else {
     // Rule 2: least-inflight, its ties to the longer match.
     std::optional<double> fewest;
-    for (const auto& h : hosts) {
+    for (const auto& h : ranks) {
       if (h.usable && (!fewest || per_weight(h) < *fewest)) fewest = per_weight(h);
     }
     if (!fewest) return std::nullopt;
     std::uint32_t longest = 0;
-    for (const auto& h : hosts) {
+    for (const auto& h : ranks) {
       if (h.usable && per_weight(h) == *fewest) longest = std::max(longest, match_of(h));
     }
-    chosen = lowest_score(hosts, ties_, per_weight, [&](const host_view& h) { return match_of(h) == longest; });
+    chosen = lowest_score(ranks, ties_, per_weight, [&](const rank_view& h) { return match_of(h) == longest; });
     if (chosen) matched = matched_[*chosen];
     if (stats_) {
       (best_usable >= enough ? stats_->prefix_overridden : stats_->prefix_missed).fetch_add(1, std::memory_order_relaxed);
@@ -49,17 +49,17 @@ std::optional<std::size_t> prefix_aware::choose(const pick_context& request, std
   return chosen;
 }
 
-std::optional<std::size_t> prefix_aware::preferred(const pick_context& request, std::span<const host_view> hosts) {
+std::optional<std::size_t> prefix_aware::preferred(const pick_context& request, std::span<const rank_view> ranks) {
   if (request.prefix_chain.empty()) return std::nullopt;
-  index_.match(request.prefix_chain, hosts.size(), matched_);
-  const load_bound bound(hosts, options_.load_bound);
+  index_.match(request.prefix_chain, ranks.size(), matched_);
+  const load_bound bound(ranks, options_.load_bound);
   const auto enough = static_cast<std::uint32_t>(std::max<std::size_t>(options_.min_match_blocks, 1));
   std::optional<std::size_t> best;
-  for (std::size_t r = 0; r < hosts.size(); ++r) {
-    const auto& h = hosts[r];
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    const auto& h = ranks[r];
     if (!bound.allows(h) || matched_[r] < enough) continue;
     if (!best || matched_[r] > matched_[*best] ||
-        (matched_[r] == matched_[*best] && h.inflight / h.weight < hosts[*best].inflight / hosts[*best].weight)) {
+        (matched_[r] == matched_[*best] && h.inflight / h.weight < ranks[*best].inflight / ranks[*best].weight)) {
       best = r;
     }
   }
@@ -69,7 +69,7 @@ std::optional<std::size_t> prefix_aware::preferred(const pick_context& request, 
 void prefix_aware::on_state_change(std::size_t rank, std::uint8_t flags) {
   // A removed rank's engine may be gone or restarted: what dplb remembers of it is no evidence of its cache
   // any more (if the admin adds the same backend back, its ranks start with an empty index).
-  if ((flags & host_flag::removed) != 0) {
+  if ((flags & rank_flag::removed) != 0) {
     index_.forget(rank);
     publish_size(rank);
   }

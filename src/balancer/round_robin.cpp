@@ -2,8 +2,8 @@
 
 namespace dplb::balancer {
 
-std::optional<std::size_t> round_robin::choose(const pick_context&, std::span<const host_view> hosts) {
-  return turns_.pick(hosts, [&](std::size_t i) { return hosts[i].usable; });
+std::optional<std::size_t> round_robin::choose(const pick_context&, std::span<const rank_view> ranks) {
+  return turns_.pick(ranks, [&](std::size_t i) { return ranks[i].usable; });
 }
 
 }  // namespace dplb::balancer

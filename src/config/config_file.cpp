@@ -88,7 +88,7 @@ std::optional<std::vector<std::string>> url_texts_from_json(const json& node) {
   return texts;
 }
 
-// --- model groups: the file's "clusters" ---
+// --- clusters: the file's "clusters" (one per set of models, each with its backends and policy) ---
 
 // A cluster's name labels metrics and log lines, so it keeps to characters every exporter and log parser
 // takes as they are.

@@ -197,7 +197,7 @@ constexpr std::array option_table{
                 .env = "DPLB_CONFIG",
                 .value_name = "FILE",
                 .meaning = "JSON config file whose keys are the options' names in snake_case; unknown keys "
-                           "are an error. Only the file defines model groups, \"clusters\": [{\"name\", \"models\", "
+                           "are an error. Only the file defines clusters (several models behind one dplb), \"clusters\": [{\"name\", \"models\", "
                            "\"backends\", \"policy\", \"default\"}, ...]: a request goes to the cluster that "
                            "lists its body's \"model\", one without a model to the default cluster. A file holds "
                            "\"clusters\" or \"backends\", not both; --backend and DPLB_BACKENDS replace its "

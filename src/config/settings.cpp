@@ -120,7 +120,7 @@ std::string configuration_summary(const settings& s) {
       ++cluster_backends;
       cluster_ranks += b.dp;
     }
-    out += "  model group " + cluster.name + ": " + count(cluster_backends, "backend") + ", " +
+    out += "  cluster " + cluster.name + ": " + count(cluster_backends, "backend") + ", " +
            count(cluster_ranks, "rank") + ", policy " + cluster.policy + "\n";
   }
   out += "  " + count(s.backends.size(), "backend") + ", " + count(ranks, "rank") + " in all\n";

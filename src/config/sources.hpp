@@ -1,6 +1,6 @@
 #pragma once
 // Where option values come from, each source read on its own: the command line and the JSON config file
-// (with its model groups). The environment is a map the caller passes (process_environment()); precedence
+// (with its clusters). The environment is a map the caller passes (process_environment()); precedence
 // among the sources is settings.cpp's.
 
 #include <nlohmann/json.hpp>
@@ -25,7 +25,7 @@ using command_line_values = std::map<std::string, std::vector<std::string>, std:
 command_line_values read_command_line(int argc, const char* const* argv);
 
 // --- the config file ---
-// The one key only the config file has: a model group is a structure (models, backends, a policy) that
+// The one key only the config file has: a cluster is a structure (models, backends, a policy) that
 // neither a flag nor a variable can hold.
 constexpr std::string_view clusters_key = "clusters";
 

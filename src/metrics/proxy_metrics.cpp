@@ -151,7 +151,7 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& rank_urls, const ba
               .Register(*registry_),
           prometheus::BuildGauge()
               .Name("dplb_rank_cluster")
-              .Help("Always 1; the cluster label names the model group the rank serves")
+              .Help("Always 1; the cluster label names the cluster the rank serves")
               .Register(*registry_),
       },
       capacity_(std::max(capacity, rank_urls.size())),

@@ -302,7 +302,7 @@ class session {
            target.substr(0, target.find('?')) == "/v1/models";
   }
 
-  // With model groups no one engine knows every model: dplb answers GET /v1/models with their union.
+  // With clusters no one engine knows every model: dplb answers GET /v1/models with their union.
   io::task<bool> serve_models_list(bhttp::verb method, bool keep_alive) {
     bhttp::response<bhttp::string_body> response{bhttp::status::ok, 11};
     response.set(bhttp::field::content_type, "application/json");
@@ -366,7 +366,7 @@ class session {
     auto deliver = [state, executor](balancer::rank_lease lease) {
       asio::post(executor, [state, lease = std::move(lease)]() mutable {
         if (state->gave_up) return;  // too late: the lease is released right here
-        state->turned_away = !lease;  // its rank (or every rank of its group) was removed
+        state->turned_away = !lease;  // its rank (or every rank of its cluster) was removed
         state->lease = std::move(lease);
         state->timer.cancel();
       });
@@ -422,21 +422,21 @@ class session {
     set_upstream_framing(upstream_head_, method, request_body_.size());
     balancer::pick_context request;
     balancer::request_cost cost;
-    const auto ranks = shared_.topology.hosts().size();
+    const auto rank_count = shared_.topology.ranks().size();
     if (pinned) {
-      if (*pinned < 0 || static_cast<std::uint64_t>(*pinned) >= ranks) {
+      if (*pinned < 0 || static_cast<std::uint64_t>(*pinned) >= rank_count) {
         shared_.metrics.rejected(400);
         co_return co_await send_error(400, "X-data-parallel-rank " + std::to_string(*pinned) +
-                                               " is out of range: dplb serves ranks 0.." + std::to_string(ranks - 1),
+                                               " is out of range: dplb serves ranks 0.." + std::to_string(rank_count - 1),
                                       client_keep_alive);
       }
       request.pinned_rank = static_cast<std::size_t>(*pinned);
     }
-    // The body is read only when something depends on it: the model picks the cluster (model groups), or
+    // The body is read only when something depends on it: the model picks the cluster (clusters), or
     // the cluster's policy weighs tokens.
     const auto& models = shared_.models;
     request.cluster = models.default_cluster();
-    if (request.pinned_rank) request.cluster = shared_.topology.hosts()[*request.pinned_rank].cluster;
+    if (request.pinned_rank) request.cluster = shared_.topology.ranks()[*request.pinned_rank].cluster;
     if (models.by_model() || shared_.balancer.active_policy().needs_request_facts()) {
       auto facts = inspect_request_body(request_body_, wants_prefix_chain_);
       if (access_open_) access_.model = facts.model;
@@ -451,7 +451,7 @@ class session {
         if (request.pinned_rank && *served != request.cluster) {
           shared_.metrics.rejected(400);
           co_return co_await send_error(400, "X-data-parallel-rank " + std::to_string(*request.pinned_rank) +
-                                                 " is not a rank of the model group serving `" + facts.model + "`",
+                                                 " is not a rank of the cluster serving `" + facts.model + "`",
                                         client_keep_alive);
         }
         request.cluster = *served;
@@ -487,7 +487,7 @@ class session {
               ? "rank " + std::to_string(*request.pinned_rank) +
                     " (named by X-data-parallel-rank) is not usable now (down, ejected, drained or removed); retry later"
           : shared_.models.by_model()
-              ? "no rank of the model group serving this request is usable; check its engines and their /health"
+              ? "no rank of the cluster serving this request is usable; check its engines and their /health"
               : "no backend rank is usable; check the engines and their /health";
       co_return co_await send_error(status, why, client_keep_alive, true);
     }
@@ -531,9 +531,9 @@ class session {
       if (attempt.retry_elsewhere && retries < settings_.max_retries && !request.pinned_rank) {
         // Nothing reached the engine's application and nothing reached the client: try another rank.
         // The ranks behind the same URL share the failed server: none of them is tried either.
-        const auto hosts = shared_.topology.hosts();
-        const auto& failed = shared_.topology.backends()[hosts[accounting.rank()].backend];
-        tried.resize(hosts.size());
+        const auto ranks = shared_.topology.ranks();
+        const auto& failed = shared_.topology.backends()[ranks[accounting.rank()].backend];
+        tried.resize(ranks.size());
         std::fill_n(tried.begin() + static_cast<std::ptrdiff_t>(failed.first_rank), failed.dp, true);
         request.avoid = &tried;
         if (auto next = shared_.balancer.acquire(request, cost)) {
@@ -577,7 +577,7 @@ class session {
       // Content-Length) is the only way left to tell the client the response is incomplete.
       accounting.finish(accounting.status());
       spdlog::warn("rank {} ({}) failed mid-response; the client sees a truncated response", rank,
-                   shared_.topology.hosts()[rank].name);
+                   shared_.topology.ranks()[rank].name);
       co_return false;
     }
     exchange.give_back_if_clean(rank);
@@ -610,7 +610,7 @@ class session {
     const unsigned status = not_delivered ? 503 : ec == beast::error::timeout ? 504 : 502;
     accounting.finish(status);
     const auto rank = accounting.rank();
-    const auto where = "backend rank " + std::to_string(rank) + " (" + shared_.topology.hosts()[rank].name + ")";
+    const auto where = "backend rank " + std::to_string(rank) + " (" + shared_.topology.ranks()[rank].name + ")";
     std::string message =
         not_delivered
             ? "no backend rank could take the request; the last tried, " + where +

@@ -64,7 +64,7 @@ class upstream_exchange {
   // Sends the request (its head without the Host, and its body) to the rank and reads the final response
   // head.
   io::task<outcome> send(std::size_t rank, const upstream_head& head, std::string_view body, bool head_request) {
-    const upstream::host& target = worker_.shared.topology.hosts()[rank];
+    const upstream::rank_entry& target = worker_.shared.topology.ranks()[rank];
     using clock_type = std::chrono::steady_clock;
     const auto head_timeout = settings_.upstream_first_byte_timeout.count() > 0 ? settings_.upstream_first_byte_timeout
                                                                                 : settings_.upstream_read_timeout;
@@ -153,7 +153,7 @@ class upstream_exchange {
     if (parser_->is_done() && parser_->keep_alive() && connection_->buffer.size() == 0 &&
         connection_->stream.socket().is_open()) {
       deadline_.guard(nullptr);
-      worker_.pool.give_back(worker_.shared.topology.hosts()[rank].backend, std::move(connection_));
+      worker_.pool.give_back(worker_.shared.topology.ranks()[rank].backend, std::move(connection_));
     }
   }
 

@@ -9,10 +9,10 @@ namespace dplb::upstream {
 topology::topology(std::size_t capacity)
     : capacity_(capacity),
       backends_(std::make_unique<backend[]>(capacity)),
-      hosts_(std::make_unique<host[]>(capacity)) {}
+      ranks_(std::make_unique<rank_entry[]>(capacity)) {}
 
 const backend& topology::add(backend resolved, std::uint32_t weight, std::size_t cluster) {
-  const std::size_t first_rank = host_count_.load(std::memory_order_relaxed);
+  const std::size_t first_rank = rank_count_.load(std::memory_order_relaxed);
   const std::size_t index = backend_count_.load(std::memory_order_relaxed);
   if (resolved.dp == 0 || first_rank + resolved.dp > capacity_) {
     throw config::config_error("cannot add " + resolved.url + ": dplb serves at most " + std::to_string(capacity_) +
@@ -23,7 +23,7 @@ const backend& topology::add(backend resolved, std::uint32_t weight, std::size_t
   resolved.first_rank = first_rank;
   resolved.cluster = cluster;
   for (std::uint32_t k = 0; k < resolved.dp; ++k) {
-    host& h = hosts_[first_rank + k];
+    rank_entry& h = ranks_[first_rank + k];
     h.rank = first_rank + k;
     h.backend = index;
     h.rank_in_url = k;
@@ -37,7 +37,7 @@ const backend& topology::add(backend resolved, std::uint32_t weight, std::size_t
     }
   }
   backends_[index] = std::move(resolved);
-  host_count_.store(first_rank + backends_[index].dp, std::memory_order_release);
+  rank_count_.store(first_rank + backends_[index].dp, std::memory_order_release);
   backend_count_.store(index + 1, std::memory_order_release);
   return backends_[index];
 }

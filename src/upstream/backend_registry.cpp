@@ -42,7 +42,7 @@ const backend* backend_registry::active(std::string_view url) const {
 void backend_registry::set_state(const backend& b, backend_state state) {
   states_[b.index] = state;
   for (std::size_t r = b.first_rank; r < b.first_rank + b.dp; ++r) {
-    balancer_.set_flag(r, balancer::host_flag::removed, state != backend_state::active);
+    balancer_.set_flag(r, balancer::rank_flag::removed, state != backend_state::active);
   }
 }
 
@@ -59,7 +59,7 @@ bool same_addresses(std::vector<boost::asio::ip::tcp::endpoint> a, std::vector<b
 backend_registry::prepared_add backend_registry::prepare_add(const config::backend_spec& spec,
                                                              const std::vector<std::string>& leaving,
                                                              std::size_t& new_ranks) const {
-  if (spec.cluster >= clusters_.size()) throw backend_change_error(400, "no model group " + std::to_string(spec.cluster));
+  if (spec.cluster >= clusters_.size()) throw backend_change_error(400, "no cluster " + std::to_string(spec.cluster));
   if (const auto* served = active(spec.url); served && std::ranges::find(leaving, spec.url) == leaving.end()) {
     throw backend_change_error(409, spec.url + " is already a backend (ranks " + std::to_string(served->first_rank) +
                                         ".." + std::to_string(served->first_rank + served->dp - 1) +
@@ -72,7 +72,7 @@ backend_registry::prepared_add backend_registry::prepare_add(const config::backe
   } catch (const config::config_error& e) {
     throw backend_change_error(400, e.what());
   }
-  // A removed backend with the same URL, dp, group and addresses comes back under its ranks. Anything else
+  // A removed backend with the same URL, dp, cluster and addresses comes back under its ranks. Anything else
   // is another set of ranks: new ones (the old, if still draining out, finish on their own connections).
   for (const auto& b : topology_.backends()) {
     if (b.url == spec.url && b.dp == spec.dp && b.cluster == spec.cluster && states_[b.index] != backend_state::active &&
@@ -81,7 +81,7 @@ backend_registry::prepared_add backend_registry::prepare_add(const config::backe
     }
   }
   if (!out.revive) {
-    if (topology_.hosts().size() + new_ranks + spec.dp > topology_.capacity()) {
+    if (topology_.ranks().size() + new_ranks + spec.dp > topology_.capacity()) {
       throw backend_change_error(507, "no room for " + std::to_string(spec.dp) + " more ranks: dplb serves at most " +
                                           std::to_string(topology_.capacity()) +
                                           " over its lifetime (a removed backend keeps its ranks); restart dplb to "
@@ -116,7 +116,7 @@ const backend& backend_registry::revive(const backend& b, const config::backend_
     metrics_.restore_rank(r);
     health_.restart(r);
     balancer_.set_weight(r, spec.weight);
-    balancer_.set_flag(r, balancer::host_flag::draining, false);
+    balancer_.set_flag(r, balancer::rank_flag::draining, false);
     metrics_.rank_draining(r, false);
   }
   set_state(b, backend_state::active);
@@ -177,7 +177,7 @@ reload_summary backend_registry::reload(const std::vector<config::backend_spec>&
     adds.push_back(prepare_add(spec, summary.removed, new_ranks));
     summary.added.push_back(spec.url);
   }
-  // Removals first: a URL whose dp or group changed leaves before it comes back with its new ranks.
+  // Removals first: a URL whose dp or cluster changed leaves before it comes back with its new ranks.
   for (const auto& url : summary.removed) remove(url);
   for (auto& change : adds) apply(std::move(change));
   for (const auto& [b, weight] : weights) {

@@ -108,7 +108,7 @@ asio::awaitable<void> engine_stats_poller::poll_loop() {
     // The topology as it is now: backends added later are read from the next round on. A removed one is
     // not read; its ranks' last numbers go stale, unused.
     const auto backends = topology_.backends();
-    round.assign(topology_.hosts().size(), balancer::engine_reading{});
+    round.assign(topology_.ranks().size(), balancer::engine_reading{});
     // Every backend at once, then one publication: the policy sees every rank's numbers change together,
     // as a client of vLLM's coordinator does, and one slow engine (bounded by the timeout) delays the
     // others' numbers by no more than it takes. The readers run on this thread and this frame outlives
@@ -123,7 +123,7 @@ asio::awaitable<void> engine_stats_poller::poll_loop() {
       if (--pending == 0) all_done.cancel();
     };
     for (const auto& target : backends) {
-      if ((balancer_.flags(target.first_rank) & balancer::host_flag::removed) != 0) continue;
+      if ((balancer_.flags(target.first_rank) & balancer::rank_flag::removed) != 0) continue;
       ++pending;
       asio::co_spawn(executor, read_backend(target, round), reader_done);
     }

@@ -23,13 +23,13 @@ constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
 health_monitor::health_monitor(const topology& topology, balancer::balancer& balancer,
                                metrics::proxy_metrics& metrics, health_check_settings settings)
     : topology_(topology), balancer_(balancer), metrics_(metrics), settings_(std::move(settings)),
-      ranks_(topology.hosts().size(), rank_health(settings_.policy)),
+      ranks_(topology.ranks().size(), rank_health(settings_.policy)),
       streaks_(std::make_unique<failure_streak[]>(topology.capacity())) {}
 
 void health_monitor::add_ranks() {
   std::lock_guard lock(mutex_);
-  const auto hosts = topology_.hosts().size();
-  while (ranks_.size() < hosts) {
+  const auto ranks = topology_.ranks().size();
+  while (ranks_.size() < ranks) {
     ranks_.emplace_back(settings_.policy);
     apply(ranks_.size() - 1);
   }
@@ -44,13 +44,13 @@ void health_monitor::restart(std::size_t rank) {
 }
 
 bool health_monitor::removed(std::size_t rank) const {
-  return (balancer_.flags(rank) & balancer::host_flag::removed) != 0;
+  return (balancer_.flags(rank) & balancer::rank_flag::removed) != 0;
 }
 
 void health_monitor::apply(std::size_t rank) {
   const auto& h = ranks_[rank];
-  balancer_.set_flag(rank, balancer::host_flag::unhealthy, !h.healthy());
-  balancer_.set_flag(rank, balancer::host_flag::ejected, h.ejected());
+  balancer_.set_flag(rank, balancer::rank_flag::unhealthy, !h.healthy());
+  balancer_.set_flag(rank, balancer::rank_flag::ejected, h.ejected());
   metrics_.rank_state(rank, h.healthy(), h.ejected());
 }
 
@@ -68,14 +68,14 @@ void health_monitor::record(std::size_t rank, request_outcome outcome) {
   std::lock_guard lock(mutex_);
   bool may_eject = false;
   if (!success) {
-    // Within the rank's model group: another group's ranks cannot serve its requests. Removed ranks are no
+    // Within the rank's cluster: another cluster's ranks cannot serve its requests. Removed ranks are no
     // part of the deployment any more.
     std::size_t ejected_now = 0;
     std::size_t in_service = 0;
-    const auto hosts = topology_.hosts();
-    const std::size_t cluster = rank < hosts.size() ? hosts[rank].cluster : 0;
+    const auto ranks = topology_.ranks();
+    const std::size_t cluster = rank < ranks.size() ? ranks[rank].cluster : 0;
     for (std::size_t r = 0; r < ranks_.size(); ++r) {
-      if (removed(r) || hosts[r].cluster != cluster) continue;
+      if (removed(r) || ranks[r].cluster != cluster) continue;
       ++in_service;
       ejected_now += ranks_[r].ejected() ? 1 : 0;
     }
@@ -89,7 +89,7 @@ void health_monitor::record(std::size_t rank, request_outcome outcome) {
     const auto for_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
         *h.ejected_until() - std::chrono::steady_clock::now());
     spdlog::warn("rank {} ({}) ejected for {} ms after {} consecutive failed requests (ejection #{})", rank,
-                 topology_.hosts()[rank].name, for_ms.count(), settings_.policy.ejection_threshold, h.times_ejected());
+                 topology_.ranks()[rank].name, for_ms.count(), settings_.policy.ejection_threshold, h.times_ejected());
     metrics_.ejected(rank);
     apply(rank);
   }
@@ -133,7 +133,7 @@ asio::awaitable<void> health_monitor::tick_loop() {
       if (!ranks_[r].ejected()) continue;
       ranks_[r].tick(now);
       if (!ranks_[r].ejected()) {
-        spdlog::info("rank {} ({}) back from ejection", r, topology_.hosts()[r].name);
+        spdlog::info("rank {} ({}) back from ejection", r, topology_.ranks()[r].name);
         apply(r);
       }
     }
@@ -190,8 +190,8 @@ void health_monitor::record_probe(const backend& target, bool ok) {
     const bool was_healthy = h.healthy();
     ok ? h.probe_succeeded() : h.probe_failed();
     if (h.healthy() != was_healthy) {
-      if (h.healthy()) spdlog::info("rank {} ({}) is healthy again", r, topology_.hosts()[r].name);
-      else spdlog::warn("rank {} ({}) is down: {} consecutive failed health checks", r, topology_.hosts()[r].name,
+      if (h.healthy()) spdlog::info("rank {} ({}) is healthy again", r, topology_.ranks()[r].name);
+      else spdlog::warn("rank {} ({}) is down: {} consecutive failed health checks", r, topology_.ranks()[r].name,
                         settings_.policy.unhealthy_threshold);
     }
     apply(r);

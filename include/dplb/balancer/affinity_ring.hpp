@@ -29,9 +29,9 @@ class affinity_ring {
     std::size_t rank = 0;
     bool moved = false;  // the key's own rank (the first usable one on its walk) was over the bound
   };
-  // The rank for `key` among the usable hosts allowed by `allows(host)`; nullopt if none is usable.
+  // The rank for `key` among the usable ranks allowed by `allows(rank)`; nullopt if none is usable.
   template <class Allows>
-  std::optional<placement> place(std::string_view key, std::span<const host_view> hosts, Allows allows) const {
+  std::optional<placement> place(std::string_view key, std::span<const rank_view> ranks, Allows allows) const {
     if (points_.empty()) return std::nullopt;
     const std::uint64_t h = hash(key);
     auto at = std::lower_bound(points_.begin(), points_.end(), std::pair<std::uint64_t, std::uint32_t>{h, 0});
@@ -39,8 +39,8 @@ class affinity_ring {
     for (std::size_t step = 0; step < points_.size(); ++step, ++at) {
       if (at == points_.end()) at = points_.begin();
       const std::size_t rank = at->second;
-      if (rank >= hosts.size() || !hosts[rank].usable) continue;
-      if (allows(hosts[rank])) return placement{rank, first_usable_seen};
+      if (rank >= ranks.size() || !ranks[rank].usable) continue;
+      if (allows(ranks[rank])) return placement{rank, first_usable_seen};
       first_usable_seen = true;  // over the bound: the walk goes on
     }
     return std::nullopt;

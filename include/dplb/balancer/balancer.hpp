@@ -88,7 +88,7 @@ struct queue_limits {
   std::chrono::milliseconds placement_wait{15'000};
 };
 
-struct host_timing {
+struct rank_timing {
   // A rank readmitted after a health failure or an ejection starts at a tenth of its weight and ramps up
   // linearly over this long (Envoy's slow start), so that it is not flooded while its caches are cold.
   // 0: off.
@@ -131,11 +131,11 @@ class balancer {
   // Room is made for `capacity` ranks (at least rank_count) once: the per-rank counters are read without
   // the lock, so they never move; add_ranks() takes the next ones.
   balancer(std::size_t rank_count, std::unique_ptr<policy> chosen_policy, queue_limits limits = {},
-           host_timing timing = {}, std::size_t capacity = 0);
-  // Model groups: cluster c's ranks are balanced by policies[c] among themselves (its own rotation, its own
+           rank_timing timing = {}, std::size_t capacity = 0);
+  // Clusters: cluster c's ranks are balanced by policies[c] among themselves (its own rotation, its own
   // queue); rank r belongs to cluster rank_clusters[r]. A request names its cluster in pick_context.
   balancer(std::span<const std::size_t> rank_clusters, std::vector<std::unique_ptr<policy>> policies,
-           queue_limits limits = {}, host_timing timing = {}, std::size_t capacity = 0);
+           queue_limits limits = {}, rank_timing timing = {}, std::size_t capacity = 0);
 
   // Session affinity (--affinity-header): from now on a request with a session key (pick_context::session_key)
   // goes to its key's rank on a consistent-hash ring, within the load bound `load_bound` (routing_stats.hpp),
@@ -152,8 +152,8 @@ class balancer {
   // requests (it already had its turn).
   rank_lease acquire(const pick_context& request = {}, request_cost cost = {});
 
-  // Host state: flags (host_flag bits, each set or cleared on its own), weight.
-  void set_flag(std::size_t rank, host_flag flag, bool on);
+  // Rank state: flags (rank_flag bits, each set or cleared on its own), weight.
+  void set_flag(std::size_t rank, rank_flag flag, bool on);
   std::uint8_t flags(std::size_t rank) const noexcept;
   bool usable(std::size_t rank) const noexcept { return flags(rank) == 0; }
   void set_weight(std::size_t rank, std::uint32_t weight);
@@ -164,7 +164,7 @@ class balancer {
   std::uint64_t cost_inflight(std::size_t rank) const noexcept;
   std::uint64_t picks(std::size_t rank) const noexcept;  // requests ever sent to the rank
   bool any_usable() const noexcept;
-  bool any_usable(std::size_t cluster) const noexcept;  // among that model group's ranks
+  bool any_usable(std::size_t cluster) const noexcept;  // among that cluster's ranks
 
   // max - min in-flight over the usable ranks of one cluster, the largest over the clusters (0 when no
   // cluster has two usable ranks): ranks serving different models are not expected to carry alike.
@@ -258,7 +258,7 @@ class balancer {
   double affinity_bound_ = 1.25;
   routing_stats* routing_stats_ = nullptr;
   queue_limits limits_;
-  host_timing timing_;
+  rank_timing timing_;
   std::vector<std::deque<waiter>> queues_;  // per cluster: waiters for any of its ranks; guarded by pick_mutex_
   std::vector<char> blocked_;       // scratch for serve_waiters_locked(), a flag per line; guarded by pick_mutex_
   std::vector<char> cluster_full_;  // scratch for serve_waiters_locked(); guarded by pick_mutex_
@@ -274,7 +274,7 @@ class balancer {
   std::unique_ptr<rank_state[]> ranks_;
   std::atomic<std::size_t> rank_count_{0};
   std::vector<rank_detail> detail_; // rank_count_ of them; guarded by pick_mutex_
-  std::vector<host_view> view_;     // scratch for choose(); guarded by pick_mutex_
+  std::vector<rank_view> view_;     // scratch for choose(); guarded by pick_mutex_
   std::vector<engine_load> loads_;  // scratch for on_engine_stats(); guarded by pick_mutex_
   std::span<rank_state> ranks_in_use() const noexcept { return {ranks_.get(), rank_count()}; }
 };

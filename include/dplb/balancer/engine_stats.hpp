@@ -14,7 +14,7 @@ namespace dplb::balancer {
 // emptiest. That is the flaw dplb exists to remove; bench/imbalance.sh measures what it costs.
 class engine_stats final : public policy {
  public:
-  std::optional<std::size_t> choose(const pick_context& request, std::span<const host_view> hosts) override;
+  std::optional<std::size_t> choose(const pick_context& request, std::span<const rank_view> ranks) override;
   std::string_view name() const noexcept override { return "engine-stats"; }
   bool uses_engine_stats() const noexcept override { return true; }
   void on_engine_stats(std::span<const engine_load> snapshot) override;

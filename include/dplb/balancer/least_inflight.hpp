@@ -9,7 +9,7 @@ namespace dplb::balancer {
 // 1; smooth weighted round-robin otherwise, so idle ranks of weights 3 and 1 still split 3:1.
 class least_inflight final : public policy {
  public:
-  std::optional<std::size_t> choose(const pick_context& request, std::span<const host_view> hosts) override;
+  std::optional<std::size_t> choose(const pick_context& request, std::span<const rank_view> ranks) override;
   std::string_view name() const noexcept override { return "least-inflight"; }
 
  private:

@@ -21,12 +21,12 @@ namespace dplb::balancer {
 class least_load final : public policy {
  public:
   explicit least_load(double kv_weight = 6.0) : kv_weight_(kv_weight) {}
-  std::optional<std::size_t> choose(const pick_context& request, std::span<const host_view> hosts) override;
+  std::optional<std::size_t> choose(const pick_context& request, std::span<const rank_view> ranks) override;
   std::string_view name() const noexcept override { return "least-load"; }
   bool uses_engine_stats() const noexcept override { return true; }
 
-  // The load of one host as this policy scores it, before the weight (for tests and /ranks).
-  double load_of(const host_view& host) const noexcept;
+  // The load of one rank as this policy scores it, before the weight (for tests and /ranks).
+  double load_of(const rank_view& rank) const noexcept;
 
  private:
   double kv_weight_;

@@ -6,9 +6,9 @@ namespace dplb::balancer {
 // Places a request by the work its rank still owes, in tokens, while keeping the ranks' request counts
 // within a small band of each other.
 //
-// What dplb counts per rank (host_view::cost_inflight) is every request's prompt tokens until the response's
+// What dplb counts per rank (rank_view::cost_inflight) is every request's prompt tokens until the response's
 // first body byte (the prefill is done then) plus its max_tokens until the end (pick_context); the prompt part
-// is shown apart (host_view::prompt_inflight). They do not cost the engine alike: a prompt token waiting for
+// is shown apart (rank_view::prompt_inflight). They do not cost the engine alike: a prompt token waiting for
 // its prefill holds up every request queued behind it on that rank (their first tokens, and under DP lockstep
 // every rank's step), while a request that is decoding holds one slot of the batch per step whatever its
 // max_tokens (which only says how long it will), and the batch, the number of requests, is what a step's time
@@ -42,12 +42,12 @@ class least_tokens final : public policy {
   // request's steps cost its slot, so its max_tokens only tells how long that lasts.
   static constexpr double decode_share = 0.25;
 
-  std::optional<std::size_t> choose(const pick_context& request, std::span<const host_view> hosts) override;
+  std::optional<std::size_t> choose(const pick_context& request, std::span<const rank_view> ranks) override;
   std::string_view name() const noexcept override { return "least-tokens"; }
   bool needs_request_facts() const noexcept override { return true; }
 
   // The work a rank owes per unit of weight, as rule 2 weighs it.
-  static double work_of(const host_view& h) noexcept;
+  static double work_of(const rank_view& h) noexcept;
 
  private:
   rotation ties_;

@@ -21,7 +21,7 @@ struct engine_load {
   double kv_cache_usage = 0;  // vllm:kv_cache_usage_perc, 0..1
 };
 
-// What a host's engine says of its load, as the policy may trust it.
+// What a rank's engine says of its load, as the policy may trust it.
 struct engine_view {
   bool fresh = false;  // a good read newer than the staleness bound; else ignore the rest
   engine_load load{};  // at that read
@@ -31,22 +31,22 @@ struct engine_view {
   std::uint32_t inflight_at_read = 0;
 };
 
-// States that keep a host out of rotation, as independent bits: the health checks, the outlier
+// States that keep a rank out of rotation, as independent bits: the health checks, the outlier
 // ejection and the admin API each set their own, so none of them can undo another's verdict.
-enum host_flag : std::uint8_t {
+enum rank_flag : std::uint8_t {
   unhealthy = 1,  // failed its active health checks
   ejected = 2,    // passive outlier detection took it out for a while
   draining = 4,   // the admin took it out: what is in flight finishes, nothing new starts
   removed = 8,    // no longer configured
 };
 
-// What a policy sees of one host (one DP rank) when it chooses.
-struct host_view {
+// What a policy sees of one rank (one DP engine) when it chooses.
+struct rank_view {
   std::uint32_t inflight = 0;       // requests dplb has sent to this rank and not yet finished
   std::uint64_t cost_inflight = 0;  // their cost in tokens (least-tokens), prompt parts released at first byte
   std::uint64_t prompt_inflight = 0;  // the prompt part of cost_inflight: prefill not yet done
   double weight = 1;                // configured weight, scaled down while the rank ramps up (slow start)
-  std::uint8_t flags = 0;           // host_flag bits
+  std::uint8_t flags = 0;           // rank_flag bits
   bool usable = true;               // no flag, not avoided by this pick, below --max-inflight-per-rank
                                     // (policy::preferred: regardless of that limit)
   engine_view engine;
@@ -63,7 +63,7 @@ struct pick_context {
   // for a policy that asks for request facts.
   std::span<const std::uint64_t> prefix_chain{};
   std::optional<std::size_t> pinned_rank{};  // the client named the rank: only it is a candidate
-  std::size_t cluster = 0;  // the model group serving the request: only its ranks are candidates
+  std::size_t cluster = 0;  // the cluster serving the request: only its ranks are candidates
   const std::vector<bool>* avoid = nullptr;  // ranks already tried by this request (a retry)
 };
 
@@ -71,18 +71,18 @@ class policy {
  public:
   virtual ~policy() = default;
 
-  // Returns the index of the host to send the next request to, or nullopt when none is usable.
-  // `hosts` is indexed by rank and holds the state just before this pick; a host that is not usable
+  // Returns the index of the rank to send the next request to, or nullopt when none is usable.
+  // `ranks` is indexed by rank and holds the state just before this pick; a rank that is not usable
   // must never be chosen.
-  virtual std::optional<std::size_t> choose(const pick_context& request, std::span<const host_view> hosts) = 0;
+  virtual std::optional<std::size_t> choose(const pick_context& request, std::span<const rank_view> ranks) = 0;
 
-  // Where the request belongs, whatever the load: the host choose() would pick for what it knows of the
-  // request (its prefix, say) if no host were full, or nullopt when placement does not matter to this
-  // policy (any host with room is as good) or its place is over its load bound. The balancer asks it of a
-  // queued request (--max-inflight-per-rank): a request with a place waits for that host's next slot
-  // instead of taking whichever host frees first. `hosts` is as for choose(), except that a usable host
+  // Where the request belongs, whatever the load: the rank choose() would pick for what it knows of the
+  // request (its prefix, say) if no rank were full, or nullopt when placement does not matter to this
+  // policy (any rank with room is as good) or its place is over its load bound. The balancer asks it of a
+  // queued request (--max-inflight-per-rank): a request with a place waits for that rank's next slot
+  // instead of taking whichever rank frees first. `ranks` is as for choose(), except that a usable rank
   // may be full. Must not change what choose() does next (no rotation step, no index update, no counts).
-  virtual std::optional<std::size_t> preferred(const pick_context& /*request*/, std::span<const host_view> /*hosts*/) {
+  virtual std::optional<std::size_t> preferred(const pick_context& /*request*/, std::span<const rank_view> /*ranks*/) {
     return std::nullopt;
   }
 
@@ -90,7 +90,7 @@ class policy {
   virtual std::string_view name() const noexcept = 0;
 
   // Policies fed by engine stats say so; every full snapshot (indexed by rank) is then also handed to
-  // on_engine_stats(), besides being shown in each host_view's engine part.
+  // on_engine_stats(), besides being shown in each rank_view's engine part.
   virtual bool uses_engine_stats() const noexcept { return false; }
   virtual void on_engine_stats(std::span<const engine_load> /*snapshot*/) {}
 
@@ -101,27 +101,27 @@ class policy {
   // Releases: off by default, since hearing them makes every release take the balancer's lock.
   virtual bool hears_releases() const noexcept { return false; }
   virtual void on_release(std::size_t /*rank*/) {}
-  // A host's flags changed (always heard: rare).
+  // A rank's flags changed (always heard: rare).
   virtual void on_state_change(std::size_t /*rank*/, std::uint8_t /*flags*/) {}
 };
 
-// Breaks ties between hosts a policy finds equally good. Equal weights: in rotation, starting just after
-// the previous pick, so that equal hosts take turns (a burst onto idle ranks is exactly round-robin)
+// Breaks ties between ranks a policy finds equally good. Equal weights: in rotation, starting just after
+// the previous pick, so that equal ranks take turns (a burst onto idle ranks is exactly round-robin)
 // instead of the lowest index winning every tie. Different weights: nginx's smooth weighted round-robin,
 // each pick adding every candidate's weight to its credit and taking the one with the most (the first in
 // rank order on a tie), which then pays the candidates' total; idle ranks of weights 2 and 1 take A B A,
-// never A A B. A host that is not a candidate keeps its credit.
+// never A A B. A rank that is not a candidate keeps its credit.
 class rotation {
  public:
   template <class IsCandidate>
-  std::optional<std::size_t> pick(std::span<const host_view> hosts, IsCandidate is_candidate) {
-    const std::size_t n = hosts.size();
-    const host_view* first = nullptr;
+  std::optional<std::size_t> pick(std::span<const rank_view> ranks, IsCandidate is_candidate) {
+    const std::size_t n = ranks.size();
+    const rank_view* first = nullptr;
     bool equal_weights = true;
     for (std::size_t i = 0; i < n; ++i) {
       if (!is_candidate(i)) continue;
-      if (first && hosts[i].weight != first->weight) equal_weights = false;
-      if (!first) first = &hosts[i];
+      if (first && ranks[i].weight != first->weight) equal_weights = false;
+      if (!first) first = &ranks[i];
     }
     if (!first) return std::nullopt;
     std::optional<std::size_t> chosen;
@@ -134,8 +134,8 @@ class rotation {
       double total = 0;
       for (std::size_t i = 0; i < n; ++i) {
         if (!is_candidate(i)) continue;
-        credit_[i] += hosts[i].weight;
-        total += hosts[i].weight;
+        credit_[i] += ranks[i].weight;
+        total += ranks[i].weight;
         if (!chosen || credit_[i] > credit_[*chosen]) chosen = i;
       }
       credit_[*chosen] -= total;
@@ -149,25 +149,25 @@ class rotation {
   std::vector<double> credit_;
 };
 
-// The candidate host (usable, and accepted by `is_candidate`) with the lowest score; ties go to `ties`.
+// The candidate rank (usable, and accepted by `is_candidate`) with the lowest score; ties go to `ties`.
 // Scores compare exactly: a policy's scores are ratios of whole numbers, and IEEE division rounds equal
 // ratios to the same double.
 template <class Score, class IsCandidate>
-std::optional<std::size_t> lowest_score(std::span<const host_view> hosts, rotation& ties, Score score,
+std::optional<std::size_t> lowest_score(std::span<const rank_view> ranks, rotation& ties, Score score,
                                         IsCandidate is_candidate) {
-  const auto candidate = [&](const host_view& h) { return h.usable && is_candidate(h); };
+  const auto candidate = [&](const rank_view& h) { return h.usable && is_candidate(h); };
   std::optional<double> lowest;
-  for (const auto& h : hosts) {
+  for (const auto& h : ranks) {
     if (candidate(h) && (!lowest || score(h) < *lowest)) lowest = score(h);
   }
   if (!lowest) return std::nullopt;
-  return ties.pick(hosts, [&](std::size_t i) { return candidate(hosts[i]) && score(hosts[i]) == *lowest; });
+  return ties.pick(ranks, [&](std::size_t i) { return candidate(ranks[i]) && score(ranks[i]) == *lowest; });
 }
 
-// The usable host with the lowest score; ties go to `ties`.
+// The usable rank with the lowest score; ties go to `ties`.
 template <class Score>
-std::optional<std::size_t> lowest_score(std::span<const host_view> hosts, rotation& ties, Score score) {
-  return lowest_score(hosts, ties, score, [](const host_view&) { return true; });
+std::optional<std::size_t> lowest_score(std::span<const rank_view> ranks, rotation& ties, Score score) {
+  return lowest_score(ranks, ties, score, [](const rank_view&) { return true; });
 }
 
 }  // namespace dplb::balancer

@@ -28,11 +28,11 @@ class prefix_aware final : public policy {
   prefix_aware(prefix_aware_options options, routing_stats* stats)
       : options_(options), index_(options.index_blocks_per_rank), stats_(stats) {}
 
-  std::optional<std::size_t> choose(const pick_context& request, std::span<const host_view> hosts) override;
+  std::optional<std::size_t> choose(const pick_context& request, std::span<const rank_view> ranks) override;
   // Rule 1's rank without its rotation: the longest match within the load bound (at least
   // min_match_blocks), the fewest in flight per weight among equals, then the lowest rank; nullopt when
   // rule 2 would decide.
-  std::optional<std::size_t> preferred(const pick_context& request, std::span<const host_view> hosts) override;
+  std::optional<std::size_t> preferred(const pick_context& request, std::span<const rank_view> ranks) override;
   std::string_view name() const noexcept override { return "prefix-aware"; }
   bool needs_request_facts() const noexcept override { return true; }
   void on_state_change(std::size_t rank, std::uint8_t flags) override;

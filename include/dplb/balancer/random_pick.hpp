@@ -11,7 +11,7 @@ namespace dplb::balancer {
 class random_pick final : public policy {
  public:
   explicit random_pick(std::uint64_t seed = std::random_device{}()) : engine_(seed) {}
-  std::optional<std::size_t> choose(const pick_context& request, std::span<const host_view> hosts) override;
+  std::optional<std::size_t> choose(const pick_context& request, std::span<const rank_view> ranks) override;
   std::string_view name() const noexcept override { return "random"; }
 
  private:

@@ -9,7 +9,7 @@ namespace dplb::balancer {
 // otherwise.
 class round_robin final : public policy {
  public:
-  std::optional<std::size_t> choose(const pick_context& request, std::span<const host_view> hosts) override;
+  std::optional<std::size_t> choose(const pick_context& request, std::span<const rank_view> ranks) override;
   std::string_view name() const noexcept override { return "round-robin"; }
 
  private:

@@ -38,14 +38,14 @@ struct routing_stats {
 // at C = 1.25 a burst onto idle ranks still fills each up to its share before any takes one more.
 class load_bound {
  public:
-  load_bound(std::span<const host_view> hosts, double factor) : factor_(factor) {
-    for (const auto& h : hosts) {
+  load_bound(std::span<const rank_view> ranks, double factor) : factor_(factor) {
+    for (const auto& h : ranks) {
       if (!h.usable) continue;
       total_ += h.inflight;
       weights_ += h.weight;
     }
   }
-  bool allows(const host_view& h) const {
+  bool allows(const rank_view& h) const {
     // Less a hair before rounding up: a share meant to be a whole number (1.1 * 10 / 11) must not become
     // the next one through the rounding of its product (1.0000000000000002).
     return h.usable && weights_ > 0 &&

@@ -47,7 +47,7 @@ inline constexpr std::uint32_t max_dp_per_backend = 1024;
 inline constexpr std::uint32_t max_backend_weight = 10'000;
 inline constexpr std::size_t max_ranks = 4096;  // over all backends of all clusters
 
-// A model group: the ranks serving one set of models, with their own balancing policy.
+// A cluster: the ranks serving one set of models, with their own balancing policy.
 struct cluster_spec {
   std::string name;  // unique, non-empty; the metrics' and logs' name for it
   // The body "model" values it serves, compared exactly (as vLLM compares served model names); empty only
@@ -161,7 +161,7 @@ inline std::chrono::milliseconds engine_stats_interval(const settings& s, bool u
   return s.stats_interval.value_or(uses_engine_stats ? default_stats_interval : std::chrono::milliseconds(0));
 }
 
-// Whether some model group (the implicit "default" one included) balances with `policy`.
+// Whether some cluster (the implicit "default" one included) balances with `policy`.
 inline bool any_cluster_uses(const settings& s, std::string_view policy) {
   return std::ranges::any_of(s.clusters, [&](const cluster_spec& c) { return c.policy == policy; });
 }

@@ -47,8 +47,8 @@ inline constexpr std::array<std::string_view, 6> upstream_error_kinds{"connect",
 
 class proxy_metrics {
  public:
-  // `rank_urls[r]` is rank r's backend URL (each in the "default" model group; add_rank adds ranks of any
-  // group). Room is made for `capacity` ranks (at least as many), since the request path indexes the
+  // `rank_urls[r]` is rank r's backend URL (each in the "default" cluster; add_rank adds ranks of any
+  // cluster). Room is made for `capacity` ranks (at least as many), since the request path indexes the
   // per-rank handles without a lock.
   proxy_metrics(const std::vector<std::string>& rank_urls, const balancer::balancer& balancer,
                 std::string_view policy_name, std::size_t capacity = 0);
@@ -89,7 +89,7 @@ class proxy_metrics {
   void client_connection_closed();
 
   // Prefix-aware routing and session affinity decisions (balancer/routing_stats.hpp), shown from now on:
-  // the prefix families when `prefix` (some model group uses prefix-aware), the affinity one when
+  // the prefix families when `prefix` (some cluster uses prefix-aware), the affinity one when
   // `affinity` (--affinity-header). `stats` must outlive this. Before serving.
   void observe_routing(const balancer::routing_stats& stats, bool prefix, bool affinity);
   // The access log's dropped lines (dplb_access_log_dropped_total), shown from now on. Before serving.

@@ -1,6 +1,6 @@
 #pragma once
-// Which model group (cluster) serves a request, from its body's "model": the table built once from the
-// configuration's clusters, and the /v1/models list dplb answers itself when there are model groups.
+// Which cluster serves a request, from its body's "model": the table built once from the
+// configuration's clusters, and the /v1/models list dplb answers itself when there are clusters.
 // Immutable after start-up; read by every worker without a lock.
 
 #include <cstddef>
@@ -19,7 +19,7 @@ class model_routes {
  public:
   explicit model_routes(const config::settings& settings);
 
-  // Whether the model decides the cluster: some cluster lists its models. Without model groups (one
+  // Whether the model decides the cluster: some cluster lists its models. Without clusters (one
   // implicit cluster that serves any model) dplb neither reads the model nor answers /v1/models.
   bool by_model() const noexcept { return !models_.empty(); }
   // The cluster serving `model`, or nullopt when none does (the client then gets vLLM's 404).

@@ -1,8 +1,8 @@
 #pragma once
 // Where the engines are. A backend is one engine server (one URL: one connection pool per worker, one
-// health probe, one /metrics page); a host is one DP rank, the unit the balancer picks. A plain backend
-// is one host; a `#dp=N` backend (vLLM's internal load balancing, N ranks behind one API server) is N
-// hosts that share the backend's connections and tell the engine which rank they mean in
+// health probe, one /metrics page); a rank is one DP engine, the unit the balancer picks. A plain backend
+// is one rank; a `#dp=N` backend (vLLM's internal load balancing, N ranks behind one API server) is N
+// ranks that share the backend's connections and tell the engine which rank they mean in
 // X-data-parallel-rank.
 
 #include <boost/asio/ip/tcp.hpp>
@@ -26,11 +26,11 @@ struct backend {
   std::string host_line;   // "Host: host:port\r\n", as dplb's own requests (health, metrics) carry it
   std::uint32_t dp = 1;    // DP ranks behind the URL
   std::size_t first_rank = 0;  // the global rank of its DP rank 0
-  std::size_t cluster = 0;     // the model group it serves
+  std::size_t cluster = 0;     // the cluster it serves
   std::vector<boost::asio::ip::tcp::endpoint> endpoints;  // resolved once, when it was added
 };
 
-struct host {
+struct rank_entry {
   std::size_t rank = 0;          // global: the index in every per-rank table and the metrics' rank label
   std::size_t backend = 0;       // the index of its engine server
   std::uint32_t rank_in_url = 0;  // 0..dp-1 on its server: the X-data-parallel-rank it sends
@@ -43,13 +43,13 @@ struct host {
   std::string name;  // for logs: the URL, and "#rank i" for a rank of a `#dp=N` backend
 };
 
-// Every backend and host dplb has had since it started, in the order they came. Append-only: a rank
-// number is a host's identity for the life of the process (a removed host keeps its entry, flagged
+// Every backend and rank dplb has had since it started, in the order they came. Append-only: a rank
+// number is a rank's identity for the life of the process (a removed rank keeps its entry, flagged
 // removed in the balancer, and comes back under the same number if its URL is added again), and an
 // entry never changes once added. So readers on any thread index it without a lock: add() fills the
 // next slots of storage allocated once, then publishes the new counts (release); a reader's count
-// (acquire) covers only complete entries. Hosts are published before their backend, so a backend a
-// reader sees always has its hosts.
+// (acquire) covers only complete entries. Ranks are published before their backend, so a backend a
+// reader sees always has its ranks.
 //
 // Threading contract: readers on any thread; add() on one thread at a time (start-up, then the main
 // thread's admin API and SIGHUP reload).
@@ -60,19 +60,19 @@ class topology {
   std::span<const backend> backends() const noexcept {
     return {backends_.get(), backend_count_.load(std::memory_order_acquire)};
   }
-  std::span<const host> hosts() const noexcept { return {hosts_.get(), host_count_.load(std::memory_order_acquire)}; }
+  std::span<const rank_entry> ranks() const noexcept { return {ranks_.get(), rank_count_.load(std::memory_order_acquire)}; }
   std::size_t capacity() const noexcept { return capacity_; }
 
-  // Appends a resolved backend (its index, first rank and cluster are set here) and its dp hosts, each
+  // Appends a resolved backend (its index, first rank and cluster are set here) and its dp ranks, each
   // weighted `weight`. Throws config::config_error when the ranks would exceed the capacity.
   const backend& add(backend resolved, std::uint32_t weight, std::size_t cluster = 0);
 
  private:
   std::size_t capacity_;
   std::unique_ptr<backend[]> backends_;
-  std::unique_ptr<host[]> hosts_;
+  std::unique_ptr<rank_entry[]> ranks_;
   std::atomic<std::size_t> backend_count_{0};
-  std::atomic<std::size_t> host_count_{0};
+  std::atomic<std::size_t> rank_count_{0};
 };
 
 // Parses a backend's normalised URL and resolves its host (blocking: at start-up, or on the main thread

@@ -1,13 +1,13 @@
 #pragma once
 // Changes the set of backends while dplb runs: the admin API adds and removes them, and SIGHUP makes the
-// set match the config file again. Every part that follows the hosts (topology, metrics, balancer,
+// set match the config file again. Every part that follows the ranks (topology, metrics, balancer,
 // health) learns of a change here, in an order that keeps each consistent for the threads reading it:
 //  - added: the topology first, then the metrics, then the balancer (from then on the ranks can be
 //    picked), then the health monitor (which accepts outcomes of ranks it has not met yet);
 //  - removed: the balancer's `removed` flag at once (no new request; what is in flight finishes; no more
 //    health checks nor engine-stats reads), and the backend leaves the metrics once its last request is
 //    done (retire_drained(), called periodically);
-//  - added again after a removal, with the same URL, dp and model group, and its host resolving to the same
+//  - added again after a removal, with the same URL, dp and cluster, and its host resolving to the same
 //    addresses: it comes back under its old ranks, with fresh health, at the configured weight (and through
 //    the slow start, if on). Otherwise it gets new ranks.
 // Rank numbers are never reused for another backend (the topology is append-only).
@@ -62,12 +62,12 @@ class backend_registry {
  public:
   using resolver = std::function<backend(const config::backend_spec&)>;
 
-  // `clusters` names the model groups, in index order (fixed for the process's life).
+  // `clusters` names the clusters, in index order (fixed for the process's life).
   backend_registry(topology& topology, balancer::balancer& balancer, metrics::proxy_metrics& metrics,
                    health_monitor& health, std::vector<std::string> clusters = {config::implicit_cluster_name},
                    resolver resolve = resolve_backend);
 
-  // Adds a backend (or brings a removed one back: same URL, dp and group, and its host still resolves to
+  // Adds a backend (or brings a removed one back: same URL, dp and cluster, and its host still resolves to
   // the same addresses). Its host is resolved on every add. Throws backend_change_error: 409 when the URL
   // is already served, 400 when its host does not resolve, 507 when the topology has no room left.
   const backend& add(const config::backend_spec& spec);
@@ -75,8 +75,8 @@ class backend_registry {
   // Removes the active backend with this (normalised) URL. Throws backend_change_error 404 when none.
   const backend& remove(std::string_view url);
 
-  // Makes the active set match `specs`: removes the backends not in it (URL, dp, group), adds new ones,
-  // and sets the configured weight where it changed. A backend whose dp or group changed is removed and
+  // Makes the active set match `specs`: removes the backends not in it (URL, dp, cluster), adds new ones,
+  // and sets the configured weight where it changed. A backend whose dp or cluster changed is removed and
   // added anew (new ranks). All or nothing: every new backend is resolved, and the room checked, before
   // anything changes; throws backend_change_error for the first that cannot be added, having changed nothing.
   reload_summary reload(const std::vector<config::backend_spec>& specs);
@@ -97,7 +97,7 @@ class backend_registry {
     backend resolved;
     const backend* revive = nullptr;  // a removed backend it brings back, instead of new ranks
   };
-  // Checks an add (group, URL not served unless `leaving`, room for `new_ranks` more plus its own) and
+  // Checks an add (cluster, URL not served unless `leaving`, room for `new_ranks` more plus its own) and
   // resolves its host; changes nothing. Counts its new ranks into `new_ranks`.
   prepared_add prepare_add(const config::backend_spec& spec, const std::vector<std::string>& leaving,
                            std::size_t& new_ranks) const;

@@ -23,7 +23,7 @@
 #include "dplb/upstream/health_monitor.hpp"
 
 namespace admin = dplb::admin;
-using dplb::balancer::host_flag;
+using dplb::balancer::rank_flag;
 using json = nlohmann::json;
 
 namespace {
@@ -154,7 +154,7 @@ TEST_CASE("Basic credentials with the token as the password open the API as the 
   // Changes too, from tools (no Origin) and from the listener's own page (Origin = http://Host).
   const auto drained = f.call("POST", "/ranks/0/drain", {}, basic("admin", token));
   REQUIRE(drained.status == 200);
-  CHECK(f.balancer.flags(0) == host_flag::draining);
+  CHECK(f.balancer.flags(0) == rank_flag::draining);
   const auto undrained = f.api.handle({"POST", "/ranks/0/undrain", basic("admin", token), {}, "http://127.0.0.1:8001",
                                        "127.0.0.1:8001"});
   REQUIRE(undrained.status == 200);
@@ -326,7 +326,7 @@ TEST_CASE("a token set again (SIGHUP) replaces the old one at once", "[admin]") 
 TEST_CASE("GET /ranks lists every rank with its backend, state and load", "[admin]") {
   fixture f;
   f.balancer.set_weight(2, 3);
-  f.balancer.set_flag(1, host_flag::unhealthy, true);
+  f.balancer.set_flag(1, rank_flag::unhealthy, true);
   auto lease = f.balancer.acquire({}, {10, 5});
   REQUIRE(lease);
   const auto held = lease.rank();
@@ -378,20 +378,20 @@ TEST_CASE("GET /ranks shows the engine's numbers once read", "[admin]") {
 
 TEST_CASE("draining a rank sets only its draining flag and gauge, and undraining clears them", "[admin]") {
   fixture f;
-  f.balancer.set_flag(1, host_flag::unhealthy, true);
+  f.balancer.set_flag(1, rank_flag::unhealthy, true);
   auto r = f.call("POST", "/ranks/1/drain");
   REQUIRE(r.status == 200);
   auto doc = body_of(r);
   CHECK(doc["rank"] == 1);
   CHECK(doc["flags"] == json::array({"unhealthy", "draining"}));
-  CHECK(f.balancer.flags(1) == (host_flag::unhealthy | host_flag::draining));
+  CHECK(f.balancer.flags(1) == (rank_flag::unhealthy | rank_flag::draining));
   CHECK(f.balancer.flags(0) == 0);
   CHECK_THAT(f.metrics.render(), Catch::Contains("dplb_rank_draining{rank=\"1\"} 1"));
   CHECK_THAT(f.metrics.render(), Catch::Contains("dplb_rank_draining{rank=\"0\"} 0"));
 
   // The health checks clearing their bit leave the drain in place.
-  f.balancer.set_flag(1, host_flag::unhealthy, false);
-  CHECK(f.balancer.flags(1) == host_flag::draining);
+  f.balancer.set_flag(1, rank_flag::unhealthy, false);
+  CHECK(f.balancer.flags(1) == rank_flag::draining);
   for (int i = 0; i < 6; ++i) CHECK(f.balancer.acquire().rank() != 1);
 
   r = f.call("POST", "/ranks/1/undrain");
@@ -421,21 +421,21 @@ TEST_CASE("backends are drained by their URL, normalised as --backend normalises
   REQUIRE(doc["ranks"].size() == 2);
   CHECK(doc["ranks"][0]["rank"] == 0);
   CHECK(doc["ranks"][1]["rank"] == 1);
-  CHECK(f.balancer.flags(0) == host_flag::draining);
-  CHECK(f.balancer.flags(1) == host_flag::draining);
+  CHECK(f.balancer.flags(0) == rank_flag::draining);
+  CHECK(f.balancer.flags(1) == rank_flag::draining);
   CHECK(f.balancer.flags(2) == 0);
 
   // Upper-case host, default port spelled out elsewhere: the same engine.
   r = f.call("POST", "/backends/drain", R"({"url":"http://ENGINE-B:8101"})");
   REQUIRE(r.status == 200);
-  CHECK(f.balancer.flags(2) == host_flag::draining);
+  CHECK(f.balancer.flags(2) == rank_flag::draining);
   CHECK_FALSE(f.balancer.any_usable());
 
   r = f.call("POST", "/backends/undrain", R"({"url":"http://127.0.0.1:8100"})");
   REQUIRE(r.status == 200);
   CHECK(f.balancer.flags(0) == 0);
   CHECK(f.balancer.flags(1) == 0);
-  CHECK(f.balancer.flags(2) == host_flag::draining);
+  CHECK(f.balancer.flags(2) == rank_flag::draining);
 }
 
 TEST_CASE("backend drains refuse unknown URLs with 404 and bad bodies with 400", "[admin]") {
@@ -503,7 +503,7 @@ TEST_CASE("a backend added at runtime gets the next ranks, and removed it takes 
   CHECK(doc["ranks"][1]["rank"] == 4);
   CHECK(doc["ranks"][1]["weight"] == 3);
   CHECK(f.balancer.rank_count() == 5);
-  CHECK(f.topology.hosts()[4].request_lines.find("X-data-parallel-rank: 1\r\n") != std::string::npos);
+  CHECK(f.topology.ranks()[4].request_lines.find("X-data-parallel-rank: 1\r\n") != std::string::npos);
   CHECK_THAT(f.metrics.render(), Catch::Contains(R"(dplb_rank_inflight{rank="4",url="http://127.0.0.1:8102"})"));
   // Served already: refused, whatever the dp.
   check_error(f.call("POST", "/backends", R"({"url": "http://127.0.0.1:8102#dp=2"})"), 409);
@@ -581,7 +581,7 @@ TEST_CASE("a reload makes the active backends match the configuration", "[admin]
   CHECK(summary.added == std::vector<std::string>{"http://127.0.0.1:8104"});
   CHECK(f.balancer.weight(0) == 2);
   CHECK(f.balancer.weight(1) == 2);
-  CHECK(f.balancer.flags(2) == host_flag::removed);
+  CHECK(f.balancer.flags(2) == rank_flag::removed);
   CHECK(f.balancer.rank_count() == 4);
   CHECK(f.balancer.usable(3));
   // A dp change is a new set of ranks: the old ones go, new ones come.
@@ -589,7 +589,7 @@ TEST_CASE("a reload makes the active backends match the configuration", "[admin]
   CHECK(again.removed == std::vector<std::string>{"http://127.0.0.1:8100"});
   CHECK(again.added == std::vector<std::string>{"http://127.0.0.1:8100"});
   CHECK(f.balancer.rank_count() == 7);
-  CHECK(f.balancer.flags(0) == host_flag::removed);
+  CHECK(f.balancer.flags(0) == rank_flag::removed);
   CHECK(f.balancer.usable(6));
   // Nothing changed: nothing done.
   const auto same = f.registry.reload({spec("http://127.0.0.1:8100#dp=3&weight=2"), spec("http://127.0.0.1:8104")});
@@ -612,7 +612,7 @@ TEST_CASE("a backend added back is resolved again: at another address it gets ne
   REQUIRE(back.status == 201);
   CHECK(body_of(back)["ranks"][0]["rank"] == 3);
   CHECK(f.topology.backends()[2].endpoints.size() == 1);
-  CHECK(f.balancer.flags(2) == host_flag::removed);
+  CHECK(f.balancer.flags(2) == rank_flag::removed);
   CHECK(f.balancer.usable(3));
 }
 

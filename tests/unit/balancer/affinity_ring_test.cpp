@@ -14,10 +14,10 @@ using namespace dplb::balancer;
 
 namespace {
 
-std::vector<std::size_t> place_all(const affinity_ring& ring, const std::vector<host_view>& hosts, int keys) {
+std::vector<std::size_t> place_all(const affinity_ring& ring, const std::vector<rank_view>& ranks, int keys) {
   std::vector<std::size_t> out;
   for (int k = 0; k < keys; ++k) {
-    const auto placed = ring.place("session-" + std::to_string(k), hosts, [](const host_view&) { return true; });
+    const auto placed = ring.place("session-" + std::to_string(k), ranks, [](const rank_view&) { return true; });
     REQUIRE(placed);
     out.push_back(placed->rank);
   }
@@ -29,9 +29,9 @@ std::vector<std::size_t> place_all(const affinity_ring& ring, const std::vector<
 TEST_CASE("affinity ring: same key, same rank, and keys spread over the ranks", "[affinity]") {
   affinity_ring ring;
   ring.add_ranks(0, 4);
-  const std::vector<host_view> hosts(4);
-  const auto first = place_all(ring, hosts, 4000);
-  CHECK(place_all(ring, hosts, 4000) == first);
+  const std::vector<rank_view> ranks(4);
+  const auto first = place_all(ring, ranks, 4000);
+  CHECK(place_all(ring, ranks, 4000) == first);
   std::map<std::size_t, int> per_rank;
   for (const auto r : first) ++per_rank[r];
   REQUIRE(per_rank.size() == 4);
@@ -46,9 +46,9 @@ TEST_CASE("affinity ring: a rank that joins takes about its share, all from the 
           "[affinity]") {
   affinity_ring ring;
   ring.add_ranks(0, 4);
-  const auto before = place_all(ring, std::vector<host_view>(4), 4000);
+  const auto before = place_all(ring, std::vector<rank_view>(4), 4000);
   ring.add_ranks(4, 1);
-  const auto after = place_all(ring, std::vector<host_view>(5), 4000);
+  const auto after = place_all(ring, std::vector<rank_view>(5), 4000);
   int moved = 0;
   for (std::size_t k = 0; k < before.size(); ++k) {
     if (before[k] == after[k]) continue;
@@ -62,22 +62,22 @@ TEST_CASE("affinity ring: a rank that joins takes about its share, all from the 
 TEST_CASE("affinity ring: an unusable rank or one over the bound is skipped, and the walk says so", "[affinity]") {
   affinity_ring ring;
   ring.add_ranks(0, 4);
-  std::vector<host_view> hosts(4);
-  const auto home = ring.place("k", hosts, [](const host_view&) { return true; });
+  std::vector<rank_view> ranks(4);
+  const auto home = ring.place("k", ranks, [](const rank_view&) { return true; });
   REQUIRE(home);
   CHECK_FALSE(home->moved);
-  hosts[home->rank].usable = false;  // drained, unhealthy, another model group: not even a candidate
-  const auto elsewhere = ring.place("k", hosts, [](const host_view&) { return true; });
+  ranks[home->rank].usable = false;  // drained, unhealthy, another cluster: not even a candidate
+  const auto elsewhere = ring.place("k", ranks, [](const rank_view&) { return true; });
   REQUIRE(elsewhere);
   CHECK(elsewhere->rank != home->rank);
   CHECK_FALSE(elsewhere->moved);
-  hosts[home->rank].usable = true;
-  hosts[home->rank].inflight = 10;  // over the bound
-  const load_bound bound(hosts, 1.25);
-  const auto moved = ring.place("k", hosts, [&](const host_view& h) { return bound.allows(h); });
+  ranks[home->rank].usable = true;
+  ranks[home->rank].inflight = 10;  // over the bound
+  const load_bound bound(ranks, 1.25);
+  const auto moved = ring.place("k", ranks, [&](const rank_view& h) { return bound.allows(h); });
   REQUIRE(moved);
   CHECK(moved->rank != home->rank);
   CHECK(moved->moved);
-  for (auto& h : hosts) h.usable = false;
-  CHECK_FALSE(ring.place("k", hosts, [](const host_view&) { return true; }));
+  for (auto& h : ranks) h.usable = false;
+  CHECK_FALSE(ring.place("k", ranks, [](const rank_view&) { return true; }));
 }

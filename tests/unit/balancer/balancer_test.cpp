@@ -99,13 +99,13 @@ TEST_CASE("round-robin ignores load and keeps strict rotation", "[balancer]") {
 TEST_CASE("unusable ranks get no requests, and none usable gives an empty lease", "[balancer]") {
   const auto policy_name = GENERATE(as<std::string>{}, "round-robin", "least-inflight", "least-load", "least-tokens");
   balancer b(4, make_policy(policy_name));
-  b.set_flag(1, dplb::balancer::host_flag::unhealthy, true);
+  b.set_flag(1, dplb::balancer::rank_flag::unhealthy, true);
   std::vector<rank_lease> held;
   for (int i = 0; i < 300; ++i) held.push_back(b.acquire());
   CHECK(b.picks(1) == 0);
   CHECK(picks_per_rank(b) == std::vector<std::size_t>{100, 0, 100, 100});
   CHECK(b.inflight_skew() == 0);  // the unusable rank is not part of the skew
-  for (std::size_t r = 0; r < 4; ++r) b.set_flag(r, dplb::balancer::host_flag::unhealthy, true);
+  for (std::size_t r = 0; r < 4; ++r) b.set_flag(r, dplb::balancer::rank_flag::unhealthy, true);
   CHECK_FALSE(b.any_usable());
   CHECK_FALSE(b.acquire());
 }
@@ -236,8 +236,8 @@ TEST_CASE("without a limit nothing ever queues", "[balancer][queue]") {
   std::uint64_t id = 0;
   bool queued = true;
   for (int i = 0; i < 100; ++i) CHECK(b.acquire_or_wait({}, {}, [](rank_lease) {}, id, queued));
-  b.set_flag(0, dplb::balancer::host_flag::unhealthy, true);
-  b.set_flag(1, dplb::balancer::host_flag::unhealthy, true);
+  b.set_flag(0, dplb::balancer::rank_flag::unhealthy, true);
+  b.set_flag(1, dplb::balancer::rank_flag::unhealthy, true);
   CHECK_FALSE(b.acquire_or_wait({}, {}, [](rank_lease) {}, id, queued));
   CHECK_FALSE(queued);  // no usable rank: refused, not queued
 }

@@ -14,11 +14,11 @@ using dplb::balancer::balancer;
 using dplb::balancer::engine_load;
 using dplb::balancer::engine_stats;
 using dplb::balancer::random_pick;
-using dplb::balancer::host_view;
+using dplb::balancer::rank_view;
 
 namespace {
 
-std::vector<std::size_t> picks_of(dplb::balancer::policy& p, std::vector<host_view> ranks, int times) {
+std::vector<std::size_t> picks_of(dplb::balancer::policy& p, std::vector<rank_view> ranks, int times) {
   std::vector<std::size_t> out;
   for (int i = 0; i < times; ++i) out.push_back(p.choose({}, ranks).value());
   return out;
@@ -28,7 +28,7 @@ std::vector<std::size_t> picks_of(dplb::balancer::policy& p, std::vector<host_vi
 
 TEST_CASE("random picks every usable rank about equally and never an unusable one", "[balancer][baseline]") {
   random_pick p(20261202);
-  std::vector<host_view> ranks(5);
+  std::vector<rank_view> ranks(5);
   ranks[2].usable = false;
   std::vector<int> counts(5, 0);
   int repeats = 0;
@@ -56,13 +56,13 @@ TEST_CASE("engine-stats picks the lowest 4*waiting+running and counts its picks 
   p.on_engine_stats(snapshot);
   // Scores 5, 4, 8, 3. Rank 3 (3 -> 7), then rank 1 (4 -> 8), rank 0 (5 -> 9), rank 3 (7 -> 11), then the
   // tie at 8 between ranks 1 and 2 goes to the lower index, as vLLM's client scans.
-  CHECK(picks_of(p, std::vector<host_view>(4), 6) == std::vector<std::size_t>{3, 1, 0, 3, 1, 2});
+  CHECK(picks_of(p, std::vector<rank_view>(4), 6) == std::vector<std::size_t>{3, 1, 0, 3, 1, 2});
 }
 
 TEST_CASE("engine-stats forgets its own picks at each snapshot, which is what unbalances a burst",
           "[balancer][baseline]") {
   engine_stats p;
-  const std::vector<host_view> ranks(4);
+  const std::vector<rank_view> ranks(4);
   // Before any snapshot the local counts alone spread the picks.
   CHECK(picks_of(p, ranks, 4) == std::vector<std::size_t>{0, 1, 2, 3});
   CHECK(picks_of(p, ranks, 2) == std::vector<std::size_t>{0, 1});
@@ -75,7 +75,7 @@ TEST_CASE("engine-stats forgets its own picks at each snapshot, which is what un
 TEST_CASE("engine-stats skips unusable ranks however low their score", "[balancer][baseline]") {
   engine_stats p;
   p.on_engine_stats(std::vector<engine_load>{{.waiting = 0, .running = 0}, {.waiting = 9, .running = 9}});
-  std::vector<host_view> ranks(2);
+  std::vector<rank_view> ranks(2);
   ranks[0].usable = false;
   CHECK(picks_of(p, ranks, 3) == std::vector<std::size_t>{1, 1, 1});
   ranks[1].usable = false;

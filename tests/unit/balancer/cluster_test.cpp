@@ -1,4 +1,4 @@
-// Model groups in the balancer: each cluster's ranks take only its requests, under its own policy and
+// Clusters in the balancer: each cluster's ranks take only its requests, under its own policy and
 // rotation, a burst into each is exact, and one cluster's full queue never holds another's waiters back.
 
 #include <catch2/catch.hpp>
@@ -51,7 +51,7 @@ TEST_CASE("each cluster's requests go to its ranks only, and a burst into each i
 TEST_CASE("a cluster without a usable rank refuses, whatever the others have", "[balancer][clusters]") {
   const std::size_t clusters[] = {0, 1};
   balancer b(clusters, policies({"least-inflight", "least-inflight"}));
-  b.set_flag(1, host_flag::draining, true);
+  b.set_flag(1, rank_flag::draining, true);
   CHECK_FALSE(b.acquire(in_cluster(1)));
   // So a refused request of cluster 1 is told "no usable rank" (503), not "queue full" (429).
   CHECK_FALSE(b.any_usable(1));
@@ -121,19 +121,19 @@ TEST_CASE("waiters that a removal strands are turned away at once, the others ke
   CHECK(b.waiting() == 3);
 
   // Rank 1 removed: its pinned waiter is turned away (an empty lease); group 0 still has rank 0, so its waiter stays.
-  b.set_flag(1, host_flag::removed, true);
+  b.set_flag(1, rank_flag::removed, true);
   REQUIRE(pinned_got.size() == 1);
   CHECK_FALSE(pinned_got.front());
   CHECK(group0_got.empty());
   // Rank 2, group 1's only rank, removed: its group's waiter is turned away too.
-  b.set_flag(2, host_flag::removed, true);
+  b.set_flag(2, rank_flag::removed, true);
   REQUIRE(group1_got.size() == 1);
   CHECK_FALSE(group1_got.front());
   CHECK(b.waiting() == 1);
   // A drain, which ends, strands nobody.
-  b.set_flag(0, host_flag::draining, true);
+  b.set_flag(0, rank_flag::draining, true);
   CHECK(group0_got.empty());
-  b.set_flag(0, host_flag::draining, false);
+  b.set_flag(0, rank_flag::draining, false);
   busy.front().release();
   REQUIRE(group0_got.size() == 1);
   CHECK(group0_got.front().rank() == 0);

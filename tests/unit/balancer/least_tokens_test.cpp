@@ -19,7 +19,7 @@
 #include "picks_per_rank.hpp"
 
 using dplb::balancer::balancer;
-using dplb::balancer::host_view;
+using dplb::balancer::rank_view;
 using dplb::balancer::least_tokens;
 using dplb::balancer::make_policy;
 using dplb::balancer::rank_lease;
@@ -30,8 +30,8 @@ namespace {
 
 // A rank with `inflight` requests owing `prompt` tokens of prefill (none yet at its first byte) and `decode`
 // tokens of max_tokens.
-host_view rank_with(std::uint32_t inflight, std::uint64_t prompt, double weight = 1, std::uint64_t decode = 0) {
-  host_view h;
+rank_view rank_with(std::uint32_t inflight, std::uint64_t prompt, double weight = 1, std::uint64_t decode = 0) {
+  rank_view h;
   h.inflight = inflight;
   h.cost_inflight = prompt + decode;
   h.prompt_inflight = prompt;
@@ -59,24 +59,24 @@ TEST_CASE("least-tokens: a prompt token not yet prefilled outweighs a token of m
   // One request each, 2,000 tokens each: on rank 0 a prompt still to prefill, on rank 1 a generation to come
   // (its prompt done). Counted alike they would tie (and the rotation would start at rank 0); the pending
   // prefill weighs fully and max_tokens a quarter, 3,024 against 1,524, more than a slot apart.
-  std::array hosts{rank_with(1, 2'000), rank_with(1, 0, 1, 2'000)};
-  CHECK(policy.choose({}, hosts) == 1u);
+  std::array ranks{rank_with(1, 2'000), rank_with(1, 0, 1, 2'000)};
+  CHECK(policy.choose({}, ranks) == 1u);
 }
 
 TEST_CASE("least-tokens: the rank with the least work wins, though it runs more requests",
           "[balancer][least-tokens]") {
   least_tokens policy;
   // Two small requests (2 × 10 tokens) against one of 3,000: 2,068 against 4,024, more than a slot apart.
-  std::array hosts{rank_with(2, 20), rank_with(1, 3'000)};
-  CHECK(policy.choose({}, hosts) == 0u);
+  std::array ranks{rank_with(2, 20), rank_with(1, 3'000)};
+  CHECK(policy.choose({}, ranks) == 0u);
 }
 
 TEST_CASE("least-tokens: work within a slot of the least is a tie, which the fewest requests win",
           "[balancer][least-tokens]") {
   least_tokens policy;
   // 2,068 against 2,524: within a slot (1,024), so the count decides, as least-inflight would.
-  std::array hosts{rank_with(2, 20), rank_with(1, 1'500)};
-  CHECK(policy.choose({}, hosts) == 1u);
+  std::array ranks{rank_with(2, 20), rank_with(1, 1'500)};
+  CHECK(policy.choose({}, ranks) == 1u);
   // Equal counts and work within a slot: the rotation takes turns.
   std::array even{rank_with(3, 3'000), rank_with(3, 3'500)};
   const auto first = policy.choose({}, even);
@@ -165,20 +165,20 @@ TEST_CASE("least-tokens honours weights: work and counts are per unit of weight"
   least_tokens policy;
   // The same long prompt on each, and twice the requests on the rank of weight 2: (4 * 1,100 + 3,000 + 4
   // slots) / 2 = 5,748 against 2 * 1,100 + 3,000 + 2 slots = 7,248.
-  std::array hosts{rank_with(4, 4 * 1'100 + 3'000, 2), rank_with(2, 2 * 1'100 + 3'000)};
-  CHECK(policy.choose({}, hosts) == 0u);
+  std::array ranks{rank_with(4, 4 * 1'100 + 3'000, 2), rank_with(2, 2 * 1'100 + 3'000)};
+  CHECK(policy.choose({}, ranks) == 0u);
 }
 
 namespace {
 
 // Chooses rank 0 and keeps what it was shown.
 struct view_spy final : dplb::balancer::policy {
-  std::optional<std::size_t> choose(const dplb::balancer::pick_context&, std::span<const host_view> hosts) override {
-    seen.assign(hosts.begin(), hosts.end());
+  std::optional<std::size_t> choose(const dplb::balancer::pick_context&, std::span<const rank_view> ranks) override {
+    seen.assign(ranks.begin(), ranks.end());
     return 0;
   }
   std::string_view name() const noexcept override { return "spy"; }
-  std::vector<host_view> seen;
+  std::vector<rank_view> seen;
 };
 
 }  // namespace

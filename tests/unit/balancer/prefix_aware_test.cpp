@@ -34,7 +34,7 @@ std::vector<prefix_hash> prompt(char head_letter, std::size_t head, char tail_le
   return chain_of(text(head_letter, head * prefix_block_bytes) + text(tail_letter, tail * prefix_block_bytes));
 }
 
-std::vector<host_view> idle(std::size_t n) { return std::vector<host_view>(n); }
+std::vector<rank_view> idle(std::size_t n) { return std::vector<rank_view>(n); }
 
 pick_context with_chain(const std::vector<prefix_hash>& chain) {
   pick_context c;
@@ -137,21 +137,21 @@ TEST_CASE("prefix index: a rank keeps at most its capacity, forgetting the least
 }
 
 TEST_CASE("load bound: at most C times the fair share, this request included, rounded up", "[prefix]") {
-  auto hosts = idle(4);
-  CHECK(load_bound(hosts, 1.25).allows(hosts[0]));  // idle: ceil(1.25 * 1 / 4) = 1 place each
-  hosts[0].inflight = 1;
-  CHECK_FALSE(load_bound(hosts, 1.25).allows(hosts[0]));  // 2 > ceil(1.25 * 2 / 4) = 1
-  hosts = idle(4);
-  for (auto& h : hosts) h.inflight = 8;
-  hosts[0].inflight = 11;  // 35 in flight: 11 + 1 <= ceil(1.25 * 36 / 4) = 12
-  CHECK(load_bound(hosts, 1.25).allows(hosts[0]));
-  hosts[0].inflight = 12;  // 36 in flight: 12 + 1 > ceil(1.25 * 37 / 4) = 12
-  CHECK_FALSE(load_bound(hosts, 1.25).allows(hosts[0]));
-  hosts[1].usable = false;  // the unusable neither count nor are allowed
-  CHECK_FALSE(load_bound(hosts, 1.25).allows(hosts[1]));
+  auto ranks = idle(4);
+  CHECK(load_bound(ranks, 1.25).allows(ranks[0]));  // idle: ceil(1.25 * 1 / 4) = 1 place each
+  ranks[0].inflight = 1;
+  CHECK_FALSE(load_bound(ranks, 1.25).allows(ranks[0]));  // 2 > ceil(1.25 * 2 / 4) = 1
+  ranks = idle(4);
+  for (auto& h : ranks) h.inflight = 8;
+  ranks[0].inflight = 11;  // 35 in flight: 11 + 1 <= ceil(1.25 * 36 / 4) = 12
+  CHECK(load_bound(ranks, 1.25).allows(ranks[0]));
+  ranks[0].inflight = 12;  // 36 in flight: 12 + 1 > ceil(1.25 * 37 / 4) = 12
+  CHECK_FALSE(load_bound(ranks, 1.25).allows(ranks[0]));
+  ranks[1].usable = false;  // the unusable neither count nor are allowed
+  CHECK_FALSE(load_bound(ranks, 1.25).allows(ranks[1]));
   // A share that is a whole number stays one, whatever the rounding of the product: 1.1 * 100 / 2 is 55,
   // which doubles compute as 55.00000000000001.
-  std::vector<host_view> two(2);
+  std::vector<rank_view> two(2);
   two[0].inflight = 55;
   two[1].inflight = 44;
   CHECK_FALSE(load_bound(two, 1.1).allows(two[0]));  // 56 > 55
@@ -163,21 +163,21 @@ TEST_CASE("load bound: at most C times the fair share, this request included, ro
 TEST_CASE("prefix-aware: a request goes where its prefix went, while that rank is within the bound", "[prefix]") {
   routing_stats stats(8);
   prefix_aware policy({.load_bound = 1.25, .min_match_blocks = 2, .index_blocks_per_rank = 1000}, &stats);
-  auto hosts = idle(4);
+  auto ranks = idle(4);
   const auto group = prompt('g', 8, 'q', 1);
-  const auto first = policy.choose(with_chain(group), hosts);
+  const auto first = policy.choose(with_chain(group), ranks);
   REQUIRE(first);
   CHECK(stats.prefix_missed == 1);
   // Same 8-block head, another question: the same rank, though the others are as idle.
   for (int i = 0; i < 3; ++i) {
-    const auto again = policy.choose(with_chain(prompt('g', 8, static_cast<char>('r' + i), 1)), hosts);
+    const auto again = policy.choose(with_chain(prompt('g', 8, static_cast<char>('r' + i), 1)), ranks);
     CHECK(again == first);
   }
   CHECK(stats.prefix_taken == 3);
   CHECK(stats.index_blocks[*first] == 9 + 3);  // the head once, each question's block apart
   // Its rank loaded beyond the bound: the prefix is overridden and least-inflight decides.
-  hosts[*first].inflight = 3;  // 3 + 1 > ceil(1.25 * 4 / 4) = 2
-  const auto elsewhere = policy.choose(with_chain(group), hosts);
+  ranks[*first].inflight = 3;  // 3 + 1 > ceil(1.25 * 4 / 4) = 2
+  const auto elsewhere = policy.choose(with_chain(group), ranks);
   REQUIRE(elsewhere);
   CHECK(*elsewhere != *first);
   CHECK(stats.prefix_overridden == 1);
@@ -186,34 +186,34 @@ TEST_CASE("prefix-aware: a request goes where its prefix went, while that rank i
   routing_stats strict_stats(8);
   prefix_aware strict({.load_bound = 1.25, .min_match_blocks = 10, .index_blocks_per_rank = 1000}, &strict_stats);
   prefix_aware lenient({.load_bound = 1.25, .min_match_blocks = 9, .index_blocks_per_rank = 1000}, nullptr);
-  hosts = idle(4);
-  const auto s0 = strict.choose(with_chain(group), hosts);
-  const auto l0 = lenient.choose(with_chain(group), hosts);
+  ranks = idle(4);
+  const auto s0 = strict.choose(with_chain(group), ranks);
+  const auto l0 = lenient.choose(with_chain(group), ranks);
   REQUIRE(s0);
   REQUIRE(l0);
-  for (auto& h : hosts) h.inflight = 4;
-  auto strict_hosts = hosts;
-  strict_hosts[*s0].inflight = 5;
-  hosts[*l0].inflight = 5;
-  CHECK(lenient.choose(with_chain(group), hosts) == l0);          // 9 blocks matched, 9 needed: stays
-  CHECK(strict.choose(with_chain(group), strict_hosts) != s0);    // 9 matched, 10 needed: least-inflight
+  for (auto& h : ranks) h.inflight = 4;
+  auto strict_ranks = ranks;
+  strict_ranks[*s0].inflight = 5;
+  ranks[*l0].inflight = 5;
+  CHECK(lenient.choose(with_chain(group), ranks) == l0);          // 9 blocks matched, 9 needed: stays
+  CHECK(strict.choose(with_chain(group), strict_ranks) != s0);    // 9 matched, 10 needed: least-inflight
   CHECK(strict_stats.prefix_missed == 2);
 }
 
 TEST_CASE("prefix-aware: least-inflight's ties go to the longer match", "[prefix]") {
   prefix_aware policy({.load_bound = 1.25, .min_match_blocks = 4, .index_blocks_per_rank = 1000}, nullptr);
-  auto hosts = idle(3);
-  hosts[0].usable = false;
-  hosts[1].usable = false;
-  REQUIRE(policy.choose(with_chain(prompt('s', 1, 't', 0)), hosts) == 2u);  // rank 2 now holds that block
-  hosts[0].usable = true;
-  hosts[1].usable = true;
+  auto ranks = idle(3);
+  ranks[0].usable = false;
+  ranks[1].usable = false;
+  REQUIRE(policy.choose(with_chain(prompt('s', 1, 't', 0)), ranks) == 2u);  // rank 2 now holds that block
+  ranks[0].usable = true;
+  ranks[1].usable = true;
   // All idle: a 1-block match, below the threshold of 4, still settles least-inflight's tie, every time
   // (not the rotation).
-  for (int i = 0; i < 4; ++i) CHECK(policy.choose(with_chain(prompt('s', 1, 'u', 1)), hosts) == 2u);
+  for (int i = 0; i < 4; ++i) CHECK(policy.choose(with_chain(prompt('s', 1, 'u', 1)), ranks) == 2u);
   // But not against a less loaded rank.
-  hosts[2].inflight = 1;
-  CHECK(policy.choose(with_chain(prompt('s', 1, 'u', 1)), hosts) != 2u);
+  ranks[2].inflight = 1;
+  CHECK(policy.choose(with_chain(prompt('s', 1, 'u', 1)), ranks) != 2u);
 }
 
 TEST_CASE("prefix-aware: prompts that share nothing are placed exactly as least-inflight places them", "[prefix]") {

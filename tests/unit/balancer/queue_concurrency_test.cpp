@@ -76,7 +76,7 @@ TEST_CASE("a slot freed while another thread enqueues always reaches the waiter"
       if (freeing != "set_usable") {
         holder.release();
       } else {
-        b.set_flag(1, dplb::balancer::host_flag::unhealthy, false);
+        b.set_flag(1, dplb::balancer::rank_flag::unhealthy, false);
       }
       finished.store(round);
     }
@@ -85,7 +85,7 @@ TEST_CASE("a slot freed while another thread enqueues always reaches the waiter"
   constexpr unsigned rounds = 30'000;
   unsigned stranded = 0, queued_rounds = 0, completed = 0;
   for (unsigned round = 1; round <= rounds && clock_type::now() < deadline; ++round) {
-    if (freeing == "set_usable") b.set_flag(1, dplb::balancer::host_flag::unhealthy, true);
+    if (freeing == "set_usable") b.set_flag(1, dplb::balancer::rank_flag::unhealthy, true);
     holder = b.acquire(request);  // rank 0: the only usable one, or where the prefix is
     REQUIRE(holder);
     REQUIRE(holder.rank() == 0);

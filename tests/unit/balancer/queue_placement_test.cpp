@@ -223,7 +223,7 @@ TEST_CASE("a waiter whose rank goes down, or who waited past the placement wait,
   CHECK(w.delivered.empty());
   CHECK(b.waiting() == 1);
   if (how == "rank down") {
-    b.set_flag(0, host_flag::unhealthy, true);
+    b.set_flag(0, rank_flag::unhealthy, true);
   } else {
     // The wait itself is what is tested: time must pass. The next event in the cluster (here rank 2
     // freeing) finds the waiter past its placement wait.
@@ -250,7 +250,7 @@ TEST_CASE("a waiter holding out for its rank can give up, and a removed rank sen
   CHECK(b.cancel_wait(w.ids[gives_up]));
   CHECK_FALSE(b.cancel_wait(w.ids[gives_up]));
   CHECK(b.waiting() == 1);
-  b.set_flag(0, host_flag::removed, true);  // its place is gone: it now waits for any slot of the cluster
+  b.set_flag(0, rank_flag::removed, true);  // its place is gone: it now waits for any slot of the cluster
   CHECK(w.delivered.empty());
   held_x.release();
   CHECK(w.rank_of(stays) == 1u);

@@ -74,7 +74,7 @@ TEST_CASE("ranks added while other threads pick are counted exactly and never lo
 }
 
 TEST_CASE("a rank added with slow start on ramps up, and beyond the capacity nothing is added", "[balancer][growth]") {
-  balancer b(1, make_policy("round-robin"), {}, host_timing{std::chrono::hours(1), std::chrono::seconds(1)}, 2);
+  balancer b(1, make_policy("round-robin"), {}, rank_timing{std::chrono::hours(1), std::chrono::seconds(1)}, 2);
   const std::uint32_t weight[] = {1};
   b.add_ranks(weight);
   // At a tenth of its weight for the hour of its ramp: about one pick in eleven.

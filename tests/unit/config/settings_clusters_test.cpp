@@ -1,4 +1,4 @@
-// Model groups: the config file's "clusters" (each with its models, backends and policy), the one implicit
+// Clusters: the config file's "clusters" (each with its models, backends and policy), the one implicit
 // cluster every other configuration makes, how --backend and DPLB_BACKENDS replace the file's clusters,
 // and every rule a cluster must follow.
 
@@ -328,7 +328,7 @@ TEST_CASE("both shipped example config files parse", "[config][clusters]") {
   CHECK_THAT(text_of(source_root() / "docs" / "configuration.md"), Catch::Contains(text_of(clustered)));
 }
 
-TEST_CASE("option --help tells where model groups are defined", "[config][clusters]") {
+TEST_CASE("option --help tells where clusters are defined", "[config][clusters]") {
   const std::string help = cfg::help_text();
   CHECK_THAT(help, Catch::Contains("\"clusters\""));
   CHECK_THAT(help, Catch::Contains("docs/configuration.md"));

@@ -506,7 +506,7 @@ TEST_CASE("option --check-config summarises a valid configuration and refuses a 
   CHECK_FALSE(checked.run.has_value());
   CHECK_THAT(checked.print_and_exit, Catch::StartsWith("dplb: configuration OK\n"));
   CHECK_THAT(checked.print_and_exit, Catch::Contains("listen 127.0.0.1:9000"));
-  CHECK_THAT(checked.print_and_exit, Catch::Contains("model group default: 2 backends, 5 ranks, policy round-robin"));
+  CHECK_THAT(checked.print_and_exit, Catch::Contains("cluster default: 2 backends, 5 ranks, policy round-robin"));
   CHECK_THAT(checked.print_and_exit, Catch::Contains("2 backends, 5 ranks in all"));
   // The same errors as a run: a wrong value is refused, not summarised.
   CHECK_THAT(error_of({"--check-config", "--backend", "http://a:8000", "--policy", "fastest"}),

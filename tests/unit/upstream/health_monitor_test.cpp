@@ -27,7 +27,7 @@ std::vector<std::unique_ptr<balancer::policy>> least_inflight_each(std::size_t c
 }
 
 struct monitored {
-  // rank_clusters[r]: rank r's model group (all in group 0 by default).
+  // rank_clusters[r]: rank r's cluster (all in group 0 by default).
   monitored(std::size_t ranks, upstream::health_policy policy, std::vector<std::size_t> rank_clusters = {})
       : clusters(rank_clusters.empty() ? std::vector<std::size_t>(ranks, 0) : std::move(rank_clusters)),
         balancer(clusters, least_inflight_each(std::ranges::max(clusters) + 1)) {
@@ -76,7 +76,7 @@ TEST_CASE("a success resets a rank's failure streak, and only an unbroken streak
   CHECK(m.balancer.usable(2));
 }
 
-TEST_CASE("the ejection cap counts the ranks of the failing rank's model group only", "[health][clusters]") {
+TEST_CASE("the ejection cap counts the ranks of the failing rank's cluster only", "[health][clusters]") {
   // Ranks 0-3 serve one model, rank 4 alone serves another; at most half of a group may be ejected.
   monitored m(5, {.ejection_threshold = 2, .max_ejected_percent = 50}, {0, 0, 0, 0, 1});
   auto& health = *m.health;

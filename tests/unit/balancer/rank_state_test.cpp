@@ -17,7 +17,7 @@ using namespace std::chrono_literals;
 using dplb::balancer::balancer;
 using dplb::balancer::engine_load;
 using dplb::balancer::engine_reading;
-using dplb::balancer::host_flag;
+using dplb::balancer::rank_flag;
 using dplb::balancer::make_policy;
 using dplb::balancer::pick_context;
 using dplb::balancer::rank_lease;
@@ -82,13 +82,13 @@ TEST_CASE("weighted round-robin interleaves instead of sending runs", "[balancer
 
 TEST_CASE("state flags are independent: clearing one never readmits a rank another keeps out", "[balancer][flags]") {
   balancer b(2, make_policy("least-inflight"));
-  b.set_flag(0, host_flag::draining, true);   // the admin drains it
-  b.set_flag(0, host_flag::unhealthy, true);  // and it fails its health checks
-  b.set_flag(0, host_flag::unhealthy, false); // it is healthy again: still draining
+  b.set_flag(0, rank_flag::draining, true);   // the admin drains it
+  b.set_flag(0, rank_flag::unhealthy, true);  // and it fails its health checks
+  b.set_flag(0, rank_flag::unhealthy, false); // it is healthy again: still draining
   CHECK_FALSE(b.usable(0));
-  CHECK(b.flags(0) == host_flag::draining);
+  CHECK(b.flags(0) == rank_flag::draining);
   for (int i = 0; i < 4; ++i) CHECK(b.acquire().rank() == 1);
-  b.set_flag(0, host_flag::draining, false);
+  b.set_flag(0, rank_flag::draining, false);
   CHECK(b.usable(0));
   CHECK(b.acquire().rank() == 0);
 }
@@ -156,7 +156,7 @@ TEST_CASE("least-load: engine stats raise a rank's load but never lower it below
 TEST_CASE("least-load's score: dplb's live count plus what the engine had beyond dplb's, plus KV pressure",
           "[balancer][least-load]") {
   dplb::balancer::least_load policy(6.0);
-  dplb::balancer::host_view h;
+  dplb::balancer::rank_view h;
   h.inflight = 7;
   CHECK(policy.load_of(h) == 7);  // no stats
   h.engine.fresh = true;
@@ -196,7 +196,7 @@ TEST_CASE("a pinned request goes to its rank only, and waits in that rank's own 
   CHECK(delivered[0].rank() == 2);
   CHECK(b.waiting() == 0);
   // A pinned request to a rank that is not usable is refused, not sent elsewhere.
-  b.set_flag(1, host_flag::ejected, true);
+  b.set_flag(1, rank_flag::ejected, true);
   pinned.pinned_rank = 1;
   CHECK_FALSE(b.acquire(pinned));
   CHECK_FALSE(b.acquire_or_wait(pinned, {}, [](rank_lease) {}, id, queued));
@@ -231,11 +231,11 @@ TEST_CASE("the oldest waiter gets a freed slot, pinned or not", "[balancer][pinn
 
 TEST_CASE("slow start: a readmitted rank ramps up from a tenth of its weight", "[balancer][slow-start]") {
   balancer b(2, make_policy("least-inflight"), {}, {.slow_start = 60s});
-  b.set_flag(1, host_flag::unhealthy, true);
+  b.set_flag(1, rank_flag::unhealthy, true);
   std::vector<rank_lease> held;
   for (int i = 0; i < 30; ++i) held.push_back(b.acquire());
   CHECK(b.picks(0) == 30);
-  b.set_flag(1, host_flag::unhealthy, false);  // back: weight 0.1 for now
+  b.set_flag(1, rank_flag::unhealthy, false);  // back: weight 0.1 for now
   for (int i = 0; i < 33; ++i) held.push_back(b.acquire());
   // At a tenth of its weight, rank 1 counts as ten times as loaded as it is: it takes a few of these 33
   // (n / 0.1 against rank 0's 30 and up), not the 30 it would take at full weight.
@@ -243,10 +243,10 @@ TEST_CASE("slow start: a readmitted rank ramps up from a tenth of its weight", "
   CHECK(b.picks(1) <= 6);
   // Without slow start the same rank would take half of them at once.
   balancer plain(2, make_policy("least-inflight"));
-  plain.set_flag(1, host_flag::unhealthy, true);
+  plain.set_flag(1, rank_flag::unhealthy, true);
   std::vector<rank_lease> held_plain;
   for (int i = 0; i < 30; ++i) held_plain.push_back(plain.acquire());
-  plain.set_flag(1, host_flag::unhealthy, false);
+  plain.set_flag(1, rank_flag::unhealthy, false);
   for (int i = 0; i < 33; ++i) held_plain.push_back(plain.acquire());
   CHECK(plain.picks(1) >= 30);
 }
@@ -254,9 +254,9 @@ TEST_CASE("slow start: a readmitted rank ramps up from a tenth of its weight", "
 namespace {
 
 struct listening_policy final : dplb::balancer::policy {
-  std::optional<std::size_t> choose(const pick_context&, std::span<const dplb::balancer::host_view> hosts) override {
-    for (std::size_t i = 0; i < hosts.size(); ++i)
-      if (hosts[i].usable) return i;
+  std::optional<std::size_t> choose(const pick_context&, std::span<const dplb::balancer::rank_view> ranks) override {
+    for (std::size_t i = 0; i < ranks.size(); ++i)
+      if (ranks[i].usable) return i;
     return std::nullopt;
   }
   std::string_view name() const noexcept override { return "listening"; }
@@ -274,10 +274,10 @@ TEST_CASE("a policy that asks hears every release and every state change", "[bal
   auto& policy = *owned;
   balancer b(2, std::move(owned));
   b.acquire().release();
-  b.set_flag(0, host_flag::draining, true);
+  b.set_flag(0, rank_flag::draining, true);
   b.acquire().release();
-  b.set_flag(0, host_flag::draining, true);  // no change: not heard
-  b.set_flag(0, host_flag::draining, false);
+  b.set_flag(0, rank_flag::draining, true);  // no change: not heard
+  b.set_flag(0, rank_flag::draining, false);
   CHECK(policy.releases == std::vector<std::size_t>{0, 1});
-  CHECK(policy.changes == std::vector<std::pair<std::size_t, std::uint8_t>>{{0, host_flag::draining}, {0, 0}});
+  CHECK(policy.changes == std::vector<std::pair<std::size_t, std::uint8_t>>{{0, rank_flag::draining}, {0, 0}});
 }

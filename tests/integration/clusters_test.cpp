@@ -1,7 +1,7 @@
-// Model groups (the config file's "clusters") against the real dplb and mock engines: the body's model
-// picks the group, each group balances its own ranks under its own policy, a request without a model goes
-// to the default group, an unknown model gets vLLM's 404, GET /v1/models answers the union, pinning stays
-// within the model's group, and a group whose ranks are all out answers 503 while the others serve.
+// Clusters (the config file's "clusters", one per set of models) against the real dplb and mock engines: the body's model
+// picks the cluster, each cluster balances its own ranks under its own policy, a request without a model goes
+// to the default cluster, an unknown model gets vLLM's 404, GET /v1/models answers the union, pinning stays
+// within the model's cluster, and a cluster whose ranks are all out answers 503 while the others serve.
 
 #include <catch2/catch.hpp>
 
@@ -28,7 +28,7 @@ const std::string llama = "meta-llama/Llama-3.1-8B-Instruct";
 const std::string qwen = "Qwen/Qwen3-30B-A3B";
 
 // Two engine servers, each answering only for its own model (as vLLM does): ranks 0 and 1 serve llama
-// (round-robin, the default group), rank 2 serves qwen.
+// (round-robin, the default cluster), rank 2 serves qwen.
 struct two_models {
   mock_engine llama_engine{2, {"--model", llama}};
   mock_engine qwen_engine{1, {"--model", qwen}};
@@ -67,18 +67,18 @@ std::map<std::string, int> ranks_for(std::uint16_t port, const std::optional<std
 
 }  // namespace
 
-TEST_CASE("the body's model picks the model group, and each group balances its own ranks", "[clusters]") {
+TEST_CASE("the body's model picks the cluster, and each cluster balances its own ranks", "[clusters]") {
   two_models engines;
   temp_file config(engines.config().dump());
   dplb_proxy proxy({}, {"--config", config.path(), "--threads", "2"});
-  REQUIRE(proxy.process().wait_for_line(std::regex("model group qwen: policy=least-inflight ranks=2 models=Qwen/Qwen3-30B-A3B"), 5s));
+  REQUIRE(proxy.process().wait_for_line(std::regex("cluster qwen: policy=least-inflight ranks=2 models=Qwen/Qwen3-30B-A3B"), 5s));
 
   CHECK(ranks_for(proxy.port(), llama, 6) == std::map<std::string, int>{{"0", 3}, {"1", 3}});
   CHECK(ranks_for(proxy.port(), qwen, 3) == std::map<std::string, int>{{"2", 3}});
-  // No model: the default group.
+  // No model: the default cluster.
   CHECK(ranks_for(proxy.port(), std::nullopt, 4) == std::map<std::string, int>{{"0", 2}, {"1", 2}});
 
-  // A model no group serves: vLLM's own 404, from dplb, and the connection stays open.
+  // A model no cluster serves: vLLM's own 404, from dplb, and the connection stays open.
   http_connection client(proxy.port());
   const auto unknown = complete(client, "gpt-4");
   CHECK(unknown.status == 404);
@@ -91,7 +91,7 @@ TEST_CASE("the body's model picks the model group, and each group balances its o
   CHECK(metric_sum(metrics, "dplb_rank_cluster{", {"cluster=\"qwen\"", "rank=\"2\""}) == 1);
 }
 
-TEST_CASE("GET /v1/models answers every group's models, and pinning stays within the model's group", "[clusters]") {
+TEST_CASE("GET /v1/models answers every cluster's models, and pinning stays within the model's cluster", "[clusters]") {
   two_models engines;
   temp_file config(engines.config().dump());
   dplb_proxy proxy({}, {"--config", config.path()});
@@ -116,13 +116,13 @@ TEST_CASE("GET /v1/models answers every group's models, and pinning stays within
   CHECK(pinned.headers["x-dplb-rank"] == "2");
   const auto wrong = complete(client, llama, "2");
   CHECK(wrong.status == 400);
-  CHECK_THAT(std::string(json::parse(wrong.body)["error"]["message"]), Catch::Contains("not a rank of the model group"));
+  CHECK_THAT(std::string(json::parse(wrong.body)["error"]["message"]), Catch::Contains("not a rank of the cluster"));
   pinned = complete(client, std::nullopt, "2");
   CHECK(pinned.status == 200);
   CHECK(pinned.headers["x-dplb-rank"] == "2");
 }
 
-TEST_CASE("without model groups dplb neither reads the model nor answers /v1/models itself", "[clusters]") {
+TEST_CASE("without clusters dplb neither reads the model nor answers /v1/models itself", "[clusters]") {
   mock_engine engine(2);
   dplb_proxy proxy(engine.urls(), {"--policy", "round-robin", "--threads", "1"});
   // A model the engines do not serve reaches an engine, which answers the 404 itself.
@@ -138,7 +138,7 @@ TEST_CASE("without model groups dplb neither reads the model nor answers /v1/mod
   CHECK(models.headers["x-dplb-rank"] == "1");
 }
 
-TEST_CASE("a group whose ranks are all down answers 503 while the other groups serve", "[clusters]") {
+TEST_CASE("a cluster whose ranks are all down answers 503 while the other clusters serve", "[clusters]") {
   two_models engines;
   temp_file config(engines.config().dump());
   // Queueing on, so that a refusal has two possible reasons: a full queue (429) or no usable rank (503).
@@ -151,6 +151,6 @@ TEST_CASE("a group whose ranks are all down answers 503 while the other groups s
   http_connection client(proxy.port());
   const auto refused = complete(client, qwen);
   CHECK(refused.status == 503);
-  CHECK_THAT(std::string(json::parse(refused.body)["error"]["message"]), Catch::Contains("model group"));
+  CHECK_THAT(std::string(json::parse(refused.body)["error"]["message"]), Catch::Contains("cluster"));
   CHECK(complete(client, llama).status == 200);
 }
