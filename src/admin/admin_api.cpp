@@ -11,10 +11,9 @@
 #include <chrono>
 #include <cmath>
 
-#include "dplb/balancer/balancer.hpp"
+#include "dplb/balancer/policy.hpp"
 #include "dplb/config/settings.hpp"
 #include "dplb/http/error_response.hpp"
-#include "dplb/metrics/proxy_metrics.hpp"
 #include "dplb/upstream/backend.hpp"
 #include "dplb/upstream/backend_registry.hpp"
 
@@ -49,40 +48,45 @@ constexpr std::pair<balancer::rank_flag, std::string_view> flag_names[] = {
     {balancer::rank_flag::removed, "removed"},
 };
 
-json rank_object(const upstream::topology& topology, const upstream::backend_registry& registry,
-                 const balancer::balancer& b, const metrics::proxy_metrics& metrics, std::size_t rank) {
-  const auto& entry = topology.ranks()[rank];
-  const auto& backend = topology.backends()[entry.backend];
-  const std::uint8_t flags = b.flags(rank);
+json rank_json(const upstream::rank_status& r) {
   json names = json::array();
   for (const auto& [bit, name] : flag_names) {
-    if ((flags & bit) != 0) names.push_back(name);
+    if ((r.flags & bit) != 0) names.push_back(name);
   }
   json engine = nullptr;
-  if (const auto stats = b.engine_stats_of(rank); stats.ever) {
-    engine = json{{"running", stats.load.running},
-                  {"waiting", stats.load.waiting},
-                  {"kv_cache_usage", stats.load.kv_cache_usage},
-                  {"age_seconds", std::chrono::duration<double>(stats.age).count()}};
+  if (r.engine) {
+    engine = json{{"running", r.engine->load.running},
+                  {"waiting", r.engine->load.waiting},
+                  {"kv_cache_usage", r.engine->load.kv_cache_usage},
+                  {"age_seconds", std::chrono::duration<double>(r.engine->age).count()}};
   }
-  const auto outcomes = metrics.outcomes(rank);
-  return json{{"rank", rank},
-              {"url", backend.url},
-              {"index_in_url", entry.rank_in_url},
-              {"dp", backend.dp},
-              {"backend_state", upstream::name_of(registry.state_of(backend.index))},
-              {"cluster", registry.cluster_name(backend.cluster)},
-              {"policy", b.policy_of(backend.cluster).name()},
-              {"weight", b.weight(rank)},
+  return json{{"rank", r.rank},
+              {"url", r.url},
+              {"index_in_url", r.index_in_url},
+              {"dp", r.dp},
+              {"backend_state", upstream::name_of(r.backend)},
+              {"cluster", r.cluster},
+              {"policy", r.policy},
+              {"weight", r.weight},
               {"flags", std::move(names)},
-              {"usable", flags == 0},
-              {"inflight", b.inflight(rank)},
-              {"requests_total", b.picks(rank)},
-              {"responses_total", outcomes.responses},
-              {"errors_total", outcomes.server_errors},
-              {"upstream_errors_total", outcomes.upstream_errors},
-              {"tokens_inflight", b.cost_inflight(rank)},
+              {"usable", r.flags == 0},
+              {"inflight", r.inflight},
+              {"requests_total", r.requests},
+              {"responses_total", r.responses},
+              {"errors_total", r.server_errors},
+              {"upstream_errors_total", r.upstream_errors},
+              {"tokens_inflight", r.tokens_inflight},
               {"engine", std::move(engine)}};
+}
+
+json backend_json(const upstream::backend_status& b) {
+  json ranks = json::array();
+  for (const auto& r : b.ranks) ranks.push_back(rank_json(r));
+  return json{{"url", b.url},
+              {"dp", b.dp},
+              {"cluster", b.cluster},
+              {"state", upstream::name_of(b.state)},
+              {"ranks", std::move(ranks)}};
 }
 
 // The body as a JSON object, or the 400 that says why it is not one.
@@ -197,11 +201,8 @@ std::optional<std::string> basic_password(std::string_view authorization) {
   return credentials->substr(colon + 1);
 }
 
-admin_api::admin_api(const upstream::topology& topology, upstream::backend_registry& registry,
-                     balancer::balancer& balancer, metrics::proxy_metrics& metrics, std::string_view token,
-                     std::size_t default_cluster)
-    : topology_(topology), registry_(registry), balancer_(balancer), metrics_(metrics), token_(token),
-      default_cluster_(default_cluster) {}
+admin_api::admin_api(upstream::backend_registry& registry, std::string_view token, std::size_t default_cluster)
+    : registry_(registry), token_(token), default_cluster_(default_cluster) {}
 
 const std::vector<admin_api::route>& admin_api::routes() {
   static const std::vector<route> table{
@@ -269,7 +270,7 @@ response admin_api::handle(const request& req) const {
 std::optional<std::size_t> admin_api::rank_of(std::string_view segment) const {
   std::size_t rank = 0;
   const auto [end, ec] = std::from_chars(segment.data(), segment.data() + segment.size(), rank);
-  if (ec != std::errc{} || end != segment.data() + segment.size() || rank >= balancer_.rank_count()) {
+  if (ec != std::errc{} || end != segment.data() + segment.size() || rank >= registry_.rank_count()) {
     return std::nullopt;
   }
   return rank;
@@ -277,29 +278,20 @@ std::optional<std::size_t> admin_api::rank_of(std::string_view segment) const {
 
 response admin_api::list_ranks(const call&) const {
   json ranks = json::array();
-  for (std::size_t r = 0; r < balancer_.rank_count(); ++r) {
-    ranks.push_back(rank_object(topology_, registry_, balancer_, metrics_, r));
-  }
+  for (std::size_t r = 0; r < registry_.rank_count(); ++r) ranks.push_back(rank_json(registry_.status_of_rank(r)));
   const auto uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   return json_response(200, json{{"version", DPLB_VERSION},
                                  {"uptime_seconds", std::floor(uptime * 10) / 10},
-                                 {"policy", balancer_.policy_of(default_cluster_).name()},
-                                 {"inflight_skew", balancer_.inflight_skew()},
+                                 {"policy", registry_.policy_name(default_cluster_)},
+                                 {"inflight_skew", registry_.inflight_skew()},
                                  {"ranks", std::move(ranks)}});
-}
-
-void admin_api::set_draining(std::size_t rank, bool on) const {
-  // Only the draining bit: the health checks own the others, so neither can undo the other's verdict.
-  balancer_.set_flag(rank, balancer::rank_flag::draining, on);
-  metrics_.rank_draining(rank, on);
-  spdlog::info("rank {} ({}) {} by the admin API", rank, topology_.ranks()[rank].name, on ? "drained" : "undrained");
 }
 
 response admin_api::set_rank_draining(const call& c, bool on) const {
   const auto rank = rank_of(c.params.at(0));
   if (!rank) return error(404, "no rank " + std::string(c.params.at(0)) + "; GET /ranks lists them");
-  set_draining(*rank, on);
-  return json_response(200, rank_object(topology_, registry_, balancer_, metrics_, *rank));
+  registry_.set_draining(*rank, on);
+  return json_response(200, rank_json(registry_.status_of_rank(*rank)));
 }
 
 namespace {
@@ -336,20 +328,6 @@ std::optional<config::backend_spec> backend_in_body(std::string_view body_text, 
   return backend_in(*body, options_allowed, refusal);
 }
 
-json backend_object(const upstream::topology& topology, const upstream::backend_registry& registry,
-                    const balancer::balancer& balancer, const metrics::proxy_metrics& metrics,
-                    const upstream::backend& b) {
-  json ranks = json::array();
-  for (std::size_t r = b.first_rank; r < b.first_rank + b.dp; ++r) {
-    ranks.push_back(rank_object(topology, registry, balancer, metrics, r));
-  }
-  return json{{"url", b.url},
-              {"dp", b.dp},
-              {"cluster", registry.cluster_name(b.cluster)},
-              {"state", upstream::name_of(registry.state_of(b.index))},
-              {"ranks", std::move(ranks)}};
-}
-
 }  // namespace
 
 response admin_api::set_backend_draining(const call& c, bool on) const {
@@ -358,17 +336,13 @@ response admin_api::set_backend_draining(const call& c, bool on) const {
   if (!spec) return refusal;
   const auto* backend = registry_.active(spec->url);
   if (!backend) return error(404, "no active backend " + spec->url + "; GET /backends lists them");
-  for (std::size_t r = backend->first_rank; r < backend->first_rank + backend->dp; ++r) set_draining(r, on);
-  return json_response(200, backend_object(topology_, registry_, balancer_, metrics_, *backend));
+  for (std::size_t r = backend->first_rank; r < backend->first_rank + backend->dp; ++r) registry_.set_draining(r, on);
+  return json_response(200, backend_json(registry_.status_of(*backend)));
 }
 
 response admin_api::list_backends(const call&) const {
   json backends = json::array();
-  for (const auto& b : topology_.backends()) {
-    if (registry_.state_of(b.index) != upstream::backend_state::removed) {
-      backends.push_back(backend_object(topology_, registry_, balancer_, metrics_, b));
-    }
-  }
+  for (const auto& b : registry_.listed_backends()) backends.push_back(backend_json(b));
   return json_response(200, json{{"backends", std::move(backends)}});
 }
 
@@ -386,7 +360,7 @@ response admin_api::add_backend(const call& c) const {
     spec->cluster = *named;
   }
   try {
-    return json_response(201, backend_object(topology_, registry_, balancer_, metrics_, registry_.add(*spec)));
+    return json_response(201, backend_json(registry_.status_of(registry_.add(*spec))));
   } catch (const upstream::backend_change_error& e) {
     return error(e.status(), e.what());
   } catch (const std::exception& e) {
@@ -403,7 +377,7 @@ response admin_api::remove_backend(const call& c) const {
     // 202: accepted, and done once the requests in flight on it finish ("state" says which).
     const auto& removed = registry_.remove(spec->url);
     return json_response(registry_.state_of(removed.index) == upstream::backend_state::removed ? 200 : 202,
-                         backend_object(topology_, registry_, balancer_, metrics_, removed));
+                         backend_json(registry_.status_of(removed)));
   } catch (const upstream::backend_change_error& e) {
     return error(e.status(), e.what());
   } catch (const std::exception& e) {
@@ -425,9 +399,8 @@ response admin_api::set_rank_weight(const call& c) const {
                           std::to_string(config::max_backend_weight) + " (to take a rank out, drain it)");
   }
   const auto w = static_cast<std::uint32_t>(weight->get<std::uint64_t>());
-  balancer_.set_weight(*rank, w);
-  spdlog::info("rank {} ({}) weight set to {} by the admin API", *rank, topology_.ranks()[*rank].name, w);
-  return json_response(200, rank_object(topology_, registry_, balancer_, metrics_, *rank));
+  registry_.set_weight(*rank, w);
+  return json_response(200, rank_json(registry_.status_of_rank(*rank)));
 }
 
 }  // namespace dplb::admin

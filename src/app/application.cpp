@@ -279,7 +279,7 @@ struct application::impl {
     }
     bound = endpoint;
     if (settings.admin_listen) {
-      admin.emplace(topology, registry, balancer, metrics, settings.admin_token, settings.default_cluster);
+      admin.emplace(registry, settings.admin_token, settings.default_cluster);
       admin_acceptor.emplace(admin::open_acceptor(signal_io.get_executor(), listen_endpoint(*settings.admin_listen)));
       admin_bound = admin_acceptor->local_endpoint();
     }

@@ -41,18 +41,6 @@ inline bool response_has_body(unsigned status, bool head_request) {
 inline std::string_view connection_field(bool keep_alive, unsigned client_version) {
   return !keep_alive ? "Connection: close\r\n" : client_version < 11 ? "Connection: keep-alive\r\n" : "";
 }
-// The same, on a response of dplb's own.
-inline void set_connection_header(boost::beast::http::response_header<>& head, bool keep_alive,
-                                  unsigned client_version) {
-  namespace bhttp = boost::beast::http;
-  if (!keep_alive) {
-    head.set(bhttp::field::connection, "close");
-  } else if (client_version < 11) {
-    head.set(bhttp::field::connection, "keep-alive");
-  } else {
-    head.erase(bhttp::field::connection);
-  }
-}
 
 class response_relay {
   // Compared with in every pass of the relay loop: made once, not from the enumeration each time.

@@ -39,6 +39,62 @@ const backend* backend_registry::active(std::string_view url) const {
   return nullptr;
 }
 
+std::size_t backend_registry::rank_count() const noexcept { return balancer_.rank_count(); }
+
+rank_status backend_registry::status_of_rank(std::size_t rank) const {
+  const auto& entry = topology_.ranks()[rank];
+  const auto& b = topology_.backends()[entry.backend];
+  const auto outcomes = metrics_.outcomes(rank);
+  rank_status out{.rank = rank,
+                  .url = b.url,
+                  .index_in_url = entry.rank_in_url,
+                  .dp = b.dp,
+                  .backend = states_.at(b.index),
+                  .cluster = clusters_.at(b.cluster),
+                  .policy = policy_name(b.cluster),
+                  .weight = balancer_.weight(rank),
+                  .flags = balancer_.flags(rank),
+                  .inflight = balancer_.inflight(rank),
+                  .tokens_inflight = balancer_.cost_inflight(rank),
+                  .requests = balancer_.picks(rank),
+                  .responses = outcomes.responses,
+                  .server_errors = outcomes.server_errors,
+                  .upstream_errors = outcomes.upstream_errors};
+  if (const auto stats = balancer_.engine_stats_of(rank); stats.ever) {
+    out.engine = rank_status::engine_reading{stats.load, stats.age};
+  }
+  return out;
+}
+
+backend_status backend_registry::status_of(const backend& b) const {
+  backend_status out{.url = b.url, .dp = b.dp, .cluster = clusters_.at(b.cluster), .state = states_.at(b.index)};
+  for (std::size_t r = b.first_rank; r < b.first_rank + b.dp; ++r) out.ranks.push_back(status_of_rank(r));
+  return out;
+}
+
+std::vector<backend_status> backend_registry::listed_backends() const {
+  std::vector<backend_status> out;
+  for (const auto& b : topology_.backends()) {
+    if (states_.at(b.index) != backend_state::removed) out.push_back(status_of(b));
+  }
+  return out;
+}
+
+std::string_view backend_registry::policy_name(std::size_t cluster) const { return balancer_.policy_of(cluster).name(); }
+
+std::uint32_t backend_registry::inflight_skew() const noexcept { return balancer_.inflight_skew(); }
+
+void backend_registry::set_draining(std::size_t rank, bool on) {
+  balancer_.set_flag(rank, balancer::rank_flag::draining, on);
+  metrics_.rank_draining(rank, on);
+  spdlog::info("rank {} ({}) {} by the admin API", rank, topology_.ranks()[rank].name, on ? "drained" : "undrained");
+}
+
+void backend_registry::set_weight(std::size_t rank, std::uint32_t weight) {
+  balancer_.set_weight(rank, weight);
+  spdlog::info("rank {} ({}) weight set to {} by the admin API", rank, topology_.ranks()[rank].name, weight);
+}
+
 void backend_registry::set_state(const backend& b, backend_state state) {
   states_[b.index] = state;
   for (std::size_t r = b.first_rank; r < b.first_rank + b.dp; ++r) {

@@ -7,9 +7,12 @@
 // a small router maps path and method to a handler (a table of routes), and the status page's files
 // (status_page.hpp) are served at their paths.
 //
-// Threading contract: handle() runs on the backend registry's thread (the main thread's loop); the
-// balancer and the metrics it changes are thread-safe, and the API keeps no state of its own but the token's
-// digest, which SIGHUP replaces (set_token) on that same thread.
+// It sees dplb through the backend registry alone: the registry's read model (rank_status, backend_status)
+// is what it shows, and the registry makes every change it asks for.
+//
+// Threading contract: handle() runs on the backend registry's thread (the main thread's loop); what the
+// registry changes is thread-safe, and the API keeps no state of its own but the token's digest, which
+// SIGHUP replaces (set_token) on that same thread.
 
 #include <chrono>
 #include <cstddef>
@@ -22,14 +25,7 @@
 
 #include "dplb/admin/token_digest.hpp"
 
-namespace dplb::balancer {
-class balancer;
-}
-namespace dplb::metrics {
-class proxy_metrics;
-}
 namespace dplb::upstream {
-class topology;
 class backend_registry;
 }
 
@@ -69,8 +65,7 @@ class admin_api {
  public:
   // `token` must not be empty (settings refuse an admin listener without one).
   // A backend added without a "cluster" joins `default_cluster`.
-  admin_api(const upstream::topology& topology, upstream::backend_registry& registry, balancer::balancer& balancer,
-            metrics::proxy_metrics& metrics, std::string_view token, std::size_t default_cluster = 0);
+  admin_api(upstream::backend_registry& registry, std::string_view token, std::size_t default_cluster = 0);
 
   response handle(const request& req) const;
 
@@ -103,14 +98,10 @@ class admin_api {
 
   // The rank named by a path segment, or nullopt when there is no such rank.
   std::optional<std::size_t> rank_of(std::string_view segment) const;
-  void set_draining(std::size_t rank, bool on) const;
 
   static const std::vector<route>& routes();
 
-  const upstream::topology& topology_;
   upstream::backend_registry& registry_;
-  balancer::balancer& balancer_;
-  metrics::proxy_metrics& metrics_;
   token_digest token_;  // the token's digest: the token itself is not kept
   std::size_t default_cluster_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();  // for uptime_seconds

@@ -12,10 +12,16 @@
 //    the slow start, if on). Otherwise it gets new ranks.
 // Rank numbers are never reused for another backend (the topology is append-only).
 //
+// The registry is also the one place that knows every part of a rank, so it owns the read model the
+// admin API and the status page show (rank_status, backend_status) and the admin's two per-rank changes
+// (drain, weight): their callers hold the registry and nothing else.
+//
 // Threading contract: one thread (the main thread's loop: the admin API, SIGHUP and the retirement
 // timer all run there). What it changes is thread-safe for the other threads.
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <stdexcept>
@@ -23,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dplb/balancer/policy.hpp"
 #include "dplb/config/settings.hpp"
 #include "dplb/upstream/backend.hpp"
 
@@ -54,6 +61,39 @@ enum class backend_state {
 };
 std::string_view name_of(backend_state state) noexcept;
 
+// What dplb knows of one rank at one moment, for people (the admin API, the status page): each number is
+// read on its own, so the whole is a view, not a consistent cut. The strings live as long as the registry.
+struct rank_status {
+  std::size_t rank = 0;
+  std::string_view url;            // its backend's
+  std::uint32_t index_in_url = 0;  // 0..dp-1: the X-data-parallel-rank it sends on a `#dp=N` backend
+  std::uint32_t dp = 1;
+  backend_state backend = backend_state::active;
+  std::string_view cluster;
+  std::string_view policy;  // its cluster's
+  std::uint32_t weight = 1;
+  std::uint8_t flags = 0;  // balancer::rank_flag bits: usable when none is set
+  std::uint32_t inflight = 0;
+  std::uint64_t tokens_inflight = 0;
+  std::uint64_t requests = 0;         // ever sent to it
+  std::uint64_t responses = 0;        // answered, any status
+  std::uint64_t server_errors = 0;    // answered 5xx
+  std::uint64_t upstream_errors = 0;  // failed attempts of any kind
+  struct engine_reading {
+    balancer::engine_load load;
+    std::chrono::steady_clock::duration age{};
+  };
+  std::optional<engine_reading> engine;  // its engine's last good stats read; none yet without one
+};
+
+struct backend_status {
+  std::string_view url;
+  std::uint32_t dp = 1;
+  std::string_view cluster;
+  backend_state state = backend_state::active;
+  std::vector<rank_status> ranks;
+};
+
 struct reload_summary {
   std::vector<std::string> added, removed, reweighted;  // URLs
 };
@@ -83,6 +123,19 @@ class backend_registry {
 
   // Finishes the removals whose last request is done. Returns the backends retired.
   std::vector<std::string> retire_drained();
+
+  // The read model (see rank_status).
+  std::size_t rank_count() const noexcept;  // ranks ever added: 0..rank_count()-1 are valid
+  rank_status status_of_rank(std::size_t rank) const;
+  backend_status status_of(const backend& b) const;
+  std::vector<backend_status> listed_backends() const;  // every backend not yet retired, in rank order
+  std::string_view policy_name(std::size_t cluster) const;
+  std::uint32_t inflight_skew() const noexcept;  // the widest within one cluster (dplb_inflight_skew)
+
+  // The admin's per-rank changes. Draining sets only the draining flag (the health checks own the others,
+  // so neither undoes the other's verdict) and its gauge; both are logged.
+  void set_draining(std::size_t rank, bool on);
+  void set_weight(std::size_t rank, std::uint32_t weight);
 
   backend_state state_of(std::size_t backend) const { return states_.at(backend); }
   const std::string& cluster_name(std::size_t cluster) const { return clusters_.at(cluster); }

@@ -78,14 +78,14 @@ struct fixture {
   dplb::metrics::proxy_metrics metrics{{"http://127.0.0.1:8100", "http://127.0.0.1:8100", "http://engine-b:8101"},
                                        balancer, "round-robin", topology.capacity()};
   dplb::upstream::health_monitor health{topology, balancer, metrics, {.interval = std::chrono::milliseconds(0), .policy = {}}};
-  bool engines_moved = false;  // from now on, every host resolves to another address
+  bool engines_moved = false;  // from now on, every backend resolves to another address
   dplb::upstream::backend_registry registry{topology, balancer, metrics, health, {"default"},
                                             [this](const dplb::config::backend_spec& spec) {
                                               auto b = unresolved(spec);
                                               if (engines_moved) b.endpoints.emplace_back(asio_address("10.0.0.9"), 80);
                                               return b;
                                             }};
-  admin::admin_api api{topology, registry, balancer, metrics, token};
+  admin::admin_api api{registry, token};
 
   admin::response call(std::string_view method, std::string_view target, std::string_view body = {},
                        std::string_view authorization = bearer) const {
@@ -147,7 +147,7 @@ TEST_CASE("Basic credentials with the token as the password open the API as the 
     CHECK(f.call("GET", "/ranks", {}, auth).status == 200);
   }
   // A password with colons: the user name ends at the first one.
-  admin::admin_api colons{f.topology, f.registry, f.balancer, f.metrics, "a:b:c"};
+  admin::admin_api colons{f.registry, "a:b:c"};
   CHECK(colons.handle({"GET", "/ranks", basic("u", "a:b:c"), {}}).status == 200);
   CHECK(colons.handle({"GET", "/ranks", basic("u", "a:b"), {}}).status == 401);
   CHECK(colons.handle({"GET", "/ranks", "Basic " + base64("a:b:c"), {}}).status == 401);  // user "a", password "b:c"

@@ -1,0 +1,122 @@
+#pragma once
+// Private to the session: a request's slot on a rank under --max-inflight-per-rank. It is taken at once, or
+// after a wait in dplb's queue (its discipline is in balancer.hpp) bounded by --queue-timeout-ms, during
+// which the client's departure gives the place up. A request that gets no slot is refused with a status
+// and a message that say why.
+
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/post.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dplb/balancer/balancer.hpp"
+#include "dplb/server/proxy_context.hpp"
+#include "dplb/support/io_types.hpp"
+
+namespace dplb::server {
+
+enum class slot_refusal { none, no_usable_rank, queue_full, queue_timeout, client_gone };
+
+struct slot_result {
+  balancer::rank_lease lease;
+  slot_refusal refusal = slot_refusal::none;
+};
+
+// The waiter keeps `request`, with its views of the session's prefix chain and session key: they stay put
+// while the session is suspended here, and the balancer reads them only until it delivers a lease or
+// cancel_wait() returns. Nothing else may be pending on the client's socket.
+inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state& shared,
+                                           const balancer::pick_context& request, balancer::request_cost cost) {
+  namespace asio = boost::asio;
+  using clock_type = std::chrono::steady_clock;
+  struct wait_state {
+    explicit wait_state(const io::executor& ex) : timer(ex) {}
+    io::steady_timer timer;
+    balancer::rank_lease lease;
+    bool gave_up = false;
+    bool waking = false;       // the wait is over: the client watch must not touch it any more
+    bool client_gone = false;  // the client closed or reset its connection while queued
+    bool turned_away = false;  // the balancer can never serve it (removed ranks)
+    char probe = 0;            // where the watch's MSG_PEEK copies a byte (nothing is consumed)
+  };
+  const auto queue_timeout = shared.settings.queue_timeout;
+  auto executor = client.get_executor();
+  auto state = std::make_shared<wait_state>(executor);
+  std::uint64_t waiter_id = 0;
+  bool queued = false;
+  // Runs on whichever thread freed the slot: it only hands the lease to this session's thread.
+  auto deliver = [state, executor](balancer::rank_lease lease) {
+    asio::post(executor, [state, lease = std::move(lease)]() mutable {
+      if (state->gave_up) return;  // too late: the lease is released right here
+      state->turned_away = !lease;  // its rank (or every rank of its cluster) was removed
+      state->lease = std::move(lease);
+      state->timer.cancel();
+    });
+  };
+  auto lease = shared.balancer.acquire_or_wait(request, cost, deliver, waiter_id, queued);
+  if (lease) co_return slot_result{std::move(lease)};
+  if (!queued) {
+    // Refused at once: the queue is full, or no rank (the pinned one, for a pinned request) is usable.
+    const bool usable = request.pinned_rank ? shared.balancer.usable(*request.pinned_rank)
+                                            : shared.balancer.any_usable(request.cluster);
+    co_return slot_result{{}, usable ? slot_refusal::queue_full : slot_refusal::no_usable_rank};
+  }
+  const auto waiting_since = clock_type::now();
+  // A waiter holding out for its own full rank stops holding out after the balancer's placement_wait;
+  // no other event may come by then (no release, no arrival), so it wakes itself once to be served anew.
+  const auto placement = shared.balancer.placement_wait();
+  bool reconsidered = !(placement.count() > 0 && placement < queue_timeout);
+  state->timer.expires_after(reconsidered ? queue_timeout : placement);
+  // A client that leaves while queued must give its place up at once: otherwise it holds up everyone
+  // behind it and, once served, its request still reaches an engine. The watch is watch_client's
+  // one-byte MSG_PEEK (client_watch.hpp); bytes arriving are a pipelined request, not a departure.
+  client.socket().async_receive(asio::buffer(&state->probe, 1), io::socket::message_peek,
+                                [state](const boost::system::error_code& ec, std::size_t n) {
+                                  if (state->waking || ec == asio::error::operation_aborted) return;
+                                  if (!ec && n > 0) return;
+                                  state->client_gone = true;
+                                  state->timer.cancel();
+                                });
+  for (;;) {
+    auto [wait_ec] = co_await state->timer.async_wait(io::as_result);
+    if (wait_ec || reconsidered || state->lease || state->client_gone || state->turned_away) break;
+    reconsidered = true;
+    state->timer.expires_at(waiting_since + queue_timeout);
+    shared.balancer.reconsider();  // may deliver to this waiter: the hand-over is posted, then cancels the timer
+  }
+  state->waking = true;
+  boost::system::error_code ignored;
+  client.socket().cancel(ignored);  // ends the watch; nothing else is pending on the client socket
+  shared.metrics.queued(clock_type::now() - waiting_since);
+  if (state->lease && !state->client_gone) co_return slot_result{std::move(state->lease)};
+  state->gave_up = true;
+  shared.balancer.cancel_wait(waiter_id);  // if it was served meanwhile, the posted lease is released
+  state->lease.release();                  // served, but the client has left: the slot goes on
+  co_return slot_result{{}, state->client_gone   ? slot_refusal::client_gone
+                            : state->turned_away ? slot_refusal::no_usable_rank
+                                                 : slot_refusal::queue_timeout};
+}
+
+// What the client is told when a request got no slot (not for client_gone: nobody is left to tell).
+// 429 when dplb's queue is full (retry later is the cure); 503 otherwise, with what to check.
+inline unsigned refusal_status(slot_refusal refusal) { return refusal == slot_refusal::queue_full ? 429 : 503; }
+
+inline std::string refusal_message(slot_refusal refusal, const balancer::pick_context& request, bool by_model) {
+  switch (refusal) {
+    case slot_refusal::queue_full:
+      return "every rank is at --max-inflight-per-rank and dplb's queue is full; retry later";
+    case slot_refusal::queue_timeout: return "no rank slot freed within --queue-timeout-ms; retry later";
+    default: break;
+  }
+  if (request.pinned_rank) {
+    return "rank " + std::to_string(*request.pinned_rank) +
+           " (named by X-data-parallel-rank) is not usable now (down, ejected, drained or removed); retry later";
+  }
+  return by_model ? "no rank of the cluster serving this request is usable; check its engines and their /health"
+                  : "no backend rank is usable; check the engines and their /health";
+}
+
+}  // namespace dplb::server
