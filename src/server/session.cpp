@@ -232,6 +232,11 @@ class session {
     s.client_.socket().cancel(ignored);  // completes through the event loop, never inline
   }
 
+  static bool is_models_list(bhttp::verb method, std::string_view target) {
+    return (method == bhttp::verb::get || method == bhttp::verb::head) &&
+           target.substr(0, target.find('?')) == "/v1/models";
+  }
+
   // An idle connection's wait for its next request, holding no buffer: what the last request left is
   // freed, and the first byte of the next is awaited with a one-byte MSG_PEEK receive (nothing consumed).
   // Returns the receive's error (end of file: the client closed), or none once a byte is there to read.

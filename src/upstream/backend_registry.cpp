@@ -59,7 +59,8 @@ rank_status backend_registry::status_of_rank(std::size_t rank) const {
                   .requests = balancer_.picks(rank),
                   .responses = outcomes.responses,
                   .server_errors = outcomes.server_errors,
-                  .upstream_errors = outcomes.upstream_errors};
+                  .upstream_errors = outcomes.upstream_errors,
+                  .engine = std::nullopt};
   if (const auto stats = balancer_.engine_stats_of(rank); stats.ever) {
     out.engine = rank_status::engine_reading{stats.load, stats.age};
   }
@@ -67,7 +68,7 @@ rank_status backend_registry::status_of_rank(std::size_t rank) const {
 }
 
 backend_status backend_registry::status_of(const backend& b) const {
-  backend_status out{.url = b.url, .dp = b.dp, .cluster = clusters_.at(b.cluster), .state = states_.at(b.index)};
+  backend_status out{.url = b.url, .dp = b.dp, .cluster = clusters_.at(b.cluster), .state = states_.at(b.index), .ranks = {}};
   for (std::size_t r = b.first_rank; r < b.first_rank + b.dp; ++r) out.ranks.push_back(status_of_rank(r));
   return out;
 }
