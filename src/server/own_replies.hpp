@@ -47,6 +47,25 @@ class own_replies {
     co_return co_await send(response, keep_alive, false);
   }
 
+  // Why a request is refused before it reaches a rank: a status and its message, or a request that could not
+  // be read whole (refuse_unreadable decides). The session answers every such refusal at one place, since
+  // each co_await takes room of its own in the caller's coroutine frame (see session::serve_one_request).
+  struct refusal {
+    unsigned status = 0;  // with `message`; 0: see `unreadable`
+    std::string_view message = {};
+    bool keep_alive = false;
+    boost::system::error_code unreadable = {};
+    bool got_some = false;  // part of the unreadable request arrived
+  };
+  static refusal unreadable(const boost::system::error_code& ec, bool got_some) {
+    return refusal{.unreadable = ec, .got_some = got_some};
+  }
+
+  io::task<bool> refuse(refusal r) {
+    if (r.status == 0) co_return co_await refuse_unreadable(r.unreadable, r.got_some);
+    co_return co_await reject(r.status, r.message, r.keep_alive);
+  }
+
   // A request that could not be read whole: the status that says why, or a quiet close when the client
   // went away or stayed idle.
   io::task<bool> refuse_unreadable(const boost::system::error_code& ec, bool got_some) {

@@ -130,60 +130,72 @@ class session {
     client_deadline_.cancel_wake();
     head_ec = timed(head_ec);
     worker_.idle_clients.leave(idle_slot_);
-    if (head_ec == bhttp::error::bad_field) {
-      co_return co_await replies_.reject(400, "obsolete line folding in a header is not accepted (RFC 9112 5.2)", false);
-    }
-    if (head_ec) co_return co_await replies_.refuse_unreadable(head_ec, buffer_.size() > 0);
-    // The whole head is in the buffer now: it is parsed without any I/O, into views of the buffer that
-    // stay valid until the body is read (which may move the bytes).
-    if (auto ec = parse_buffered(parser, buffer_, [&] { return parser.is_header_done(); })) {
-      co_return co_await replies_.refuse_unreadable(ec == bhttp::error::need_more ? bhttp::error::partial_message : ec,
-                                                    true);
-    }
+    // Every refusal is answered at the one co_await after this block (see own_replies::refusal).
+    own_replies::refusal refused;
+    do {
+      if (head_ec == bhttp::error::bad_field) {
+        refused = {400, "obsolete line folding in a header is not accepted (RFC 9112 5.2)"};
+        break;
+      }
+      if (head_ec) {
+        refused = own_replies::unreadable(head_ec, buffer_.size() > 0);
+        break;
+      }
+      // The whole head is in the buffer now: it is parsed without any I/O, into views of the buffer that
+      // stay valid until the body is read (which may move the bytes).
+      if (auto ec = parse_buffered(parser, buffer_, [&] { return parser.is_header_done(); })) {
+        refused = own_replies::unreadable(ec == bhttp::error::need_more ? bhttp::error::partial_message : ec, true);
+        break;
+      }
 
-    const auto& head = request_head_;
-    if (shared_.access_log) access_.begin(head.method_string, head.target);
-    replies_.set_client_version(head.version);
-    const auto method = head.method;
-    const auto decision = admit(head);
-    // Decided while the target's view into the buffer is valid: the buffer is given back once the body is in.
-    const bool models_list = shared_.models.by_model() && is_models_list(method, decision.target());
-    if (decision.refused()) co_return co_await replies_.reject(decision.refusal_status, decision.refusal_message, false);
-    if (decision.route == request_route::proxy &&
-        !prepare_upstream_request(head, decision.target(), client_address_, upstream_head_)) {
-      co_return co_await replies_.reject(431, "X-Forwarded-For or Via is too long to append to", false);
-    }
-    // Copied now: the head's views do not outlive the body's reading.
-    if (!settings_.affinity_header.empty()) session_key_ = head.fields.value(settings_.affinity_header);
-    if (decision.send_continue && !co_await send_continue()) co_return false;
-    // The body, or what of it arrived with the head, is parsed without I/O; only the rest is read.
-    parser.eager(true);
-    auto body_ec = parse_buffered(parser, buffer_, [&] { return parser.is_done(); });
-    if (body_ec == bhttp::error::need_more) body_ec = co_await read_rest_of_body(parser);
-    if (body_ec) co_return co_await replies_.refuse_unreadable(body_ec, true);
-    // The request is in: its read buffer goes back (unless a pipelined request's bytes are in it) rather
-    // than stay with the connection while the response streams, perhaps for minutes.
-    io::release_if_empty(buffer_);
-    body_bytes_.set(request_body_.capacity());
+      const auto& head = request_head_;
+      if (shared_.access_log) access_.begin(head.method_string, head.target);
+      replies_.set_client_version(head.version);
+      const auto method = head.method;
+      const auto decision = admit(head);
+      // Decided while the target's view into the buffer is valid: the buffer is given back once the body is in.
+      const bool models_list = shared_.models.by_model() && is_models_list(method, decision.target());
+      if (decision.refused()) {
+        refused = {decision.refusal_status, decision.refusal_message};
+        break;
+      }
+      if (decision.route == request_route::proxy &&
+          !prepare_upstream_request(head, decision.target(), client_address_, upstream_head_)) {
+        refused = {431, "X-Forwarded-For or Via is too long to append to"};
+        break;
+      }
+      // Copied now: the head's views do not outlive the body's reading.
+      if (!settings_.affinity_header.empty()) session_key_ = head.fields.value(settings_.affinity_header);
+      if (decision.send_continue && !co_await send_continue()) co_return false;
+      // The body, or what of it arrived with the head, is parsed without I/O; only the rest is read.
+      parser.eager(true);
+      auto body_ec = parse_buffered(parser, buffer_, [&] { return parser.is_done(); });
+      if (body_ec == bhttp::error::need_more) body_ec = co_await read_rest_of_body(parser);
+      if (body_ec) {
+        refused = own_replies::unreadable(body_ec, true);
+        break;
+      }
+      // The request is in: its read buffer goes back (unless a pipelined request's bytes are in it) rather
+      // than stay with the connection while the response streams, perhaps for minutes.
+      io::release_if_empty(buffer_);
+      body_bytes_.set(request_body_.capacity());
 
-    const bool keep_alive = parser.keep_alive() && !shared_.draining.load(std::memory_order_relaxed);
-    switch (decision.route) {
-      // dplb's own paths are for its operators' tools, not traffic: not in the access log.
-      case request_route::metrics:
-      case request_route::health: {
+      const bool keep_alive = parser.keep_alive() && !shared_.draining.load(std::memory_order_relaxed);
+      if (decision.route != request_route::proxy) {
+        // dplb's own paths are for its operators' tools, not traffic: not in the access log.
         const bool again = co_await replies_.own_path(
             method, decision.route == request_route::metrics ? "/metrics" : "/health", keep_alive);
         access_.drop();
         co_return again;
       }
-      case request_route::proxy: break;
-    }
-    if (decision.pinned_rank_conflict) {
-      co_return co_await replies_.reject(400, "request has X-data-parallel-rank headers that disagree; send one",
-                                         keep_alive);
-    }
-    if (models_list) co_return co_await replies_.models_list(method, keep_alive);
-    co_return co_await proxy(method, keep_alive, decision.pinned_rank);
+      if (decision.pinned_rank_conflict) {
+        refused = {400, "request has X-data-parallel-rank headers that disagree; send one", keep_alive};
+        break;
+      }
+      if (models_list) co_return co_await replies_.models_list(method, keep_alive);
+      co_return co_await proxy(method, keep_alive, decision.pinned_rank);
+    } while (false);
+    co_return co_await replies_.refuse(refused);
   }
 
   // The rarer steps of reading a request are coroutines of their own, so that their state is not part of
@@ -259,40 +271,48 @@ class session {
   // Picks a rank, sends it the request and relays the response. Returns whether the client
   // connection may carry another request.
   io::task<bool> proxy(bhttp::verb method, bool client_keep_alive, std::optional<std::int64_t> pinned) {
-    const unsigned client_version = replies_.client_version();
     set_upstream_framing(upstream_head_, method, request_body_.size());
     balancer::pick_context request;
     balancer::request_cost cost;
-    if (const auto refused = describe_request(pinned, request, cost)) {
-      shared_.metrics.rejected(refused->status);
-      co_return co_await replies_.send_error(refused->status, refused->message, client_keep_alive, false,
-                                             refused->param);
-    }
-    // Without --max-inflight-per-rank a slot is taken at once, without a coroutine of its own. (Not a
-    // conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among them.)
-    slot_result slot;
-    if (shared_.balancer.queueing()) {
-      slot = co_await wait_for_slot(client_, shared_, request, cost);
-    } else {
-      slot.lease = shared_.balancer.acquire(request, cost);
-      slot.refusal = slot_refusal::no_usable_rank;  // read only when there is no lease
-    }
-    auto lease = std::move(slot.lease);
-    if (slot.refusal == slot_refusal::client_gone) {
-      // Counted as nginx counts a client that closes first (499), among the rejected: it never had a
-      // rank to be counted on in dplb_requests_total. Nobody is left to answer.
-      shared_.metrics.rejected(499);
-      if (access_.is_open()) access_.answered_by_dplb(499, 0);
-      co_return false;
+    balancer::rank_lease lease;
+    if (describe_request(pinned, request, cost)) {  // else refusal_ says why
+      // Without --max-inflight-per-rank a slot is taken at once, without a coroutine of its own. (Not a
+      // conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among them.)
+      slot_result slot;
+      if (shared_.balancer.queueing()) {
+        slot = co_await wait_for_slot(client_, shared_, request, cost);
+      } else {
+        slot.lease = shared_.balancer.acquire(request, cost);
+        slot.refusal = slot_refusal::no_usable_rank;  // read only when there is no lease
+      }
+      lease = std::move(slot.lease);
+      if (slot.refusal == slot_refusal::client_gone) {
+        // Counted as nginx counts a client that closes first (499), among the rejected: it never had a
+        // rank to be counted on in dplb_requests_total. Nobody is left to answer.
+        shared_.metrics.rejected(499);
+        if (access_.is_open()) access_.answered_by_dplb(499, 0);
+        co_return false;
+      }
+      if (!lease) {
+        refusal_ = {refusal_status(slot.refusal), refusal_message(slot.refusal, request, shared_.models.by_model())};
+        refusal_.retry_later = true;
+      }
     }
     if (!lease) {
-      const unsigned status = refusal_status(slot.refusal);
-      shared_.metrics.rejected(status);
-      co_return co_await replies_.send_error(
-          status, refusal_message(slot.refusal, request, shared_.models.by_model()), client_keep_alive, true);
+      shared_.metrics.rejected(refusal_.status);
+      co_return co_await replies_.send_error(refusal_.status, refusal_.message, client_keep_alive,
+                                             refusal_.retry_later, refusal_.param);
     }
-    const bool head_request = method == bhttp::verb::head;
+    co_return co_await exchange_and_relay(std::move(lease), request, cost, method == bhttp::verb::head,
+                                          client_keep_alive);
+  }
 
+  // Sends the request to the rank of `lease` (to another on a failure that allows it) and relays the
+  // response. A coroutine of its own, apart from proxy(): each frame then fits Asio's recycling (see
+  // send_continue), where one frame holding both did not.
+  io::task<bool> exchange_and_relay(balancer::rank_lease lease, balancer::pick_context& request,
+                                    balancer::request_cost cost, bool head_request, bool client_keep_alive) {
+    const unsigned client_version = replies_.client_version();
     // While dplb waits for the engine and relays its answer, a watcher notices the client leaving and
     // closes the engine connection at once: that is how vLLM learns to abort the request. The watch starts
     // at the first deadline sweep one sweep period from now (25 ms with the default timeouts, up to twice
@@ -384,23 +404,19 @@ class session {
     co_return keep_client;
   }
 
-  struct refusal {
-    unsigned status;
-    std::string message;
-    std::string_view param = {};  // the body field at fault, for the error's "param"
-  };
-
   // What the balancer needs to know of the request, into `request` and `cost`: its pinned rank, its cluster
   // (from the body's model, with clusters that list models) and, for a policy that weighs them, its tokens
   // and prefix. The body is read only when something depends on it. Returns why the request cannot be
-  // placed, if it cannot. A plain function, so that the body's facts are not part of proxy()'s frame.
-  std::optional<refusal> describe_request(std::optional<std::int64_t> pinned, balancer::pick_context& request,
-                                          balancer::request_cost& cost) {
+  // placed into refusal_ and returns false, if it cannot. A plain function, so that the body's facts are not
+  // part of proxy()'s frame.
+  bool describe_request(std::optional<std::int64_t> pinned, balancer::pick_context& request,
+                        balancer::request_cost& cost) {
     const auto rank_count = shared_.topology.ranks().size();
     if (pinned) {
       if (*pinned < 0 || static_cast<std::uint64_t>(*pinned) >= rank_count) {
-        return refusal{400, "X-data-parallel-rank " + std::to_string(*pinned) +
-                                " is out of range: dplb serves ranks 0.." + std::to_string(rank_count - 1)};
+        refusal_ = {400, "X-data-parallel-rank " + std::to_string(*pinned) +
+                             " is out of range: dplb serves ranks 0.." + std::to_string(rank_count - 1)};
+        return false;
       }
       request.pinned_rank = static_cast<std::size_t>(*pinned);
     }
@@ -413,17 +429,21 @@ class session {
       if (models.by_model() && !facts.model.empty()) {
         const auto served = models.cluster_of(facts.model);
         // As vLLM answers a model it does not serve.
-        if (!served) return refusal{404, "The model `" + facts.model + "` does not exist.", "model"};
+        if (!served) {
+          refusal_ = {404, "The model `" + facts.model + "` does not exist.", "model"};
+          return false;
+        }
         if (request.pinned_rank && *served != request.cluster) {
-          return refusal{400, "X-data-parallel-rank " + std::to_string(*request.pinned_rank) +
-                                  " is not a rank of the cluster serving `" + facts.model + "`"};
+          refusal_ = {400, "X-data-parallel-rank " + std::to_string(*request.pinned_rank) +
+                               " is not a rank of the cluster serving `" + facts.model + "`"};
+          return false;
         }
         request.cluster = *served;
       }
       if (shared_.balancer.policy_of(request.cluster).needs_request_facts()) cost = cost_of(facts, request);
     }
     request.session_key = session_key_;
-    return std::nullopt;
+    return true;
   }
 
   // What the request costs in tokens, from its body (for a policy that asks): the prompt, and the most it
@@ -481,6 +501,14 @@ class session {
   std::string client_address_;
   access_record access_;  // --access-log's entry for the request being served
   own_replies replies_;    // what dplb answers itself
+  // Why the request in progress gets no rank, when it gets none (describe_request, proxy): a member, not a
+  // local, to keep it out of proxy()'s coroutine frame.
+  struct no_rank_reason {
+    unsigned status = 0;
+    std::string message;
+    std::string_view param = {};  // the body field at fault, for the error's "param"
+    bool retry_later = false;
+  } refusal_;
   std::shared_ptr<client_watch> watch_;  // of the request being proxied, made once per connection
   bool watch_started_ = false;
   std::size_t idle_slot_ = idle_client_set::not_member;  // in worker_.idle_clients while waiting for a head
