@@ -73,6 +73,18 @@ struct waiters {
 
 std::unique_ptr<policy> prefix_policy() { return std::make_unique<prefix_aware>(prefix_aware_options{}, nullptr); }
 
+// With --max-inflight-per-rank 1: rank 0 full with prefix group a, rank 1 full with group x.
+struct a_on_0_x_on_1 {
+  explicit a_on_0_x_on_1(balancer& b)
+      : a(group_chain('a')), held_a(b.acquire(with_chain(a))), held_x(b.acquire(with_chain(group_chain('x')))) {
+    REQUIRE(held_a.rank() == 0);
+    REQUIRE(held_x.rank() == 1);
+  }
+  const std::vector<prefix_hash> a;
+  rank_lease held_a;
+  rank_lease held_x;
+};
+
 }  // namespace
 
 TEST_CASE("a queued request waits for the rank holding its prefix while a later one takes the slot freed elsewhere",
@@ -212,11 +224,10 @@ TEST_CASE("a waiter whose rank goes down, or who waited past the placement wait,
   INFO(how);
   const auto placement_wait = how == "rank down" ? std::chrono::milliseconds(60'000) : std::chrono::milliseconds(20);
   balancer b(3, prefix_policy(), queue_limits{.max_inflight_per_rank = 1, .max_waiting = 16, .placement_wait = placement_wait});
-  const auto a = group_chain('a');
-  auto held_a = b.acquire(with_chain(a));
-  auto held_x = b.acquire(with_chain(group_chain('x')));
+  a_on_0_x_on_1 full(b);
+  const auto& a = full.a;
+  auto& held_x = full.held_x;
   auto held_y = b.acquire(with_chain(group_chain('y')));
-  REQUIRE(held_a.rank() == 0);
   waiters w(b);
   const auto waiting = w.queue(with_chain(a));
   held_x.release();  // rank 1 frees; the waiter holds out for rank 0
@@ -240,10 +251,9 @@ TEST_CASE("a waiter whose rank goes down, or who waited past the placement wait,
 TEST_CASE("a waiter holding out for its rank can give up, and a removed rank sends its waiters to any other",
           "[balancer][queue][prefix]") {
   balancer b(2, prefix_policy(), queue_limits{.max_inflight_per_rank = 1, .max_waiting = 16});
-  const auto a = group_chain('a');
-  auto held_a = b.acquire(with_chain(a));
-  auto held_x = b.acquire(with_chain(group_chain('x')));
-  REQUIRE(held_a.rank() == 0);
+  a_on_0_x_on_1 full(b);
+  const auto& a = full.a;
+  auto& held_x = full.held_x;
   waiters w(b);
   const auto gives_up = w.queue(with_chain(a));
   const auto stays = w.queue(with_chain(a));
@@ -265,10 +275,9 @@ TEST_CASE("a waiter past its placement wait is served when it asks again, with n
   const auto placement_wait = std::chrono::milliseconds(20);
   balancer b(2, prefix_policy(), queue_limits{.max_inflight_per_rank = 1, .max_waiting = 16, .placement_wait = placement_wait});
   CHECK(b.placement_wait() == placement_wait);
-  const auto a = group_chain('a');
-  auto held_a = b.acquire(with_chain(a));
-  auto held_x = b.acquire(with_chain(group_chain('x')));
-  REQUIRE(held_a.rank() == 0);
+  a_on_0_x_on_1 full(b);
+  const auto& a = full.a;
+  auto& held_x = full.held_x;
   waiters w(b);
   const auto waiting = w.queue(with_chain(a));
   held_x.release();  // rank 1 frees while the waiter holds out for rank 0
