@@ -20,6 +20,10 @@ packages=(
   libboost1.81-dev libboost-program-options1.81-dev libboost-url1.81-dev
   nlohmann-json3-dev libspdlog-dev libfmt-dev prometheus-cpp-dev
   libssl-dev  # libcrypto: the admin token's SHA-256 and constant-time comparison
+  # KV-cache events (issue 20, src/kv/): xxHash's XXH3 for dplb's own block chains (header-only use), ZeroMQ and
+  # its C++ binding for the engines' event publishers. The events' msgpack is read by dplb's own bounded reader:
+  # Debian 12's libmsgpack-cxx-dev depends on libboost-dev (1.74), which conflicts with libboost1.81-dev.
+  libxxhash-dev libzmq3-dev cppzmq-dev
   curl
 )
 if [[ $set_name == all ]]; then
