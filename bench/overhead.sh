@@ -7,6 +7,8 @@
 #   haproxy_nd  the same plus `option http-no-delay` (part 2 only; see below)
 #   nginx       nginx, worker_processes 1                    (bench/nginx.conf.in)
 #   dplb2       dplb --threads 2
+#   dplb1_base  another dplb build, --threads 1 (only with OVERHEAD_BASELINE_DPLB): the same load on an
+#               earlier commit, in the same rounds, for a paired before/after ratio
 # in one invocation, ALTERNATELY: every round runs every target once per load point (the order rotated
 # each round), so that a slow moment of this shared machine hits every target alike; the report gives
 # the median over the rounds.
@@ -40,6 +42,9 @@
 #   OVERHEAD_WRK_TARGETS   targets of part 1 ("direct dplb1 dplb1_log haproxy nginx dplb2")
 #   OVERHEAD_STREAM_TARGETS  targets of part 2 ("direct dplb1 haproxy haproxy_nd nginx dplb2")
 #                          (either may be empty to skip that part)
+#   OVERHEAD_BASELINE_DPLB the dplb binary of an earlier build (e.g. a worktree of the commit before a change,
+#                          built with scripts/build.sh): adds dplb1_base to both parts, and the report
+#                          gives dplb1 / dplb1_base
 #   OVERHEAD_RESULTS_DIR   where results go (default: bench/results); each run writes a directory
 #                          overhead-<time>[-quick] there and points the link latest[-quick] at it
 #   OVERHEAD_KEEP_LOGS=1   keep the temporary directory with the logs and rendered configs
@@ -70,6 +75,12 @@ mock_threads=${OVERHEAD_MOCK_THREADS:-2}
 read -r -a wrk_targets <<<"${OVERHEAD_WRK_TARGETS-direct dplb1 dplb1_log haproxy nginx dplb2}"
 read -r -a stream_targets <<<"${OVERHEAD_STREAM_TARGETS-direct dplb1 haproxy haproxy_nd nginx dplb2}"
 # Every target started (once, for the whole run): the union of both lists, in order.
+baseline_bin=${OVERHEAD_BASELINE_DPLB:-}
+if [[ -n $baseline_bin ]]; then
+  [[ -x $baseline_bin ]] || { echo "overhead: OVERHEAD_BASELINE_DPLB=$baseline_bin is not an executable" >&2; exit 2; }
+  wrk_targets+=(dplb1_base)
+  stream_targets+=(dplb1_base)
+fi
 mapfile -t targets < <(printf '%s\n' "${wrk_targets[@]}" "${stream_targets[@]}" | awk 'NF && !seen[$0]++')
 results_root=${OVERHEAD_RESULTS_DIR:-bench/results}
 
@@ -172,10 +183,10 @@ start_mock() {
   port[direct]=$(grep -Eo 'rank 0 listening on [0-9.]+:[0-9]+' "$workdir/mock.log" | awk -F: '{print $NF}')
 }
 
-start_dplb() {  # target threads [more options]
+start_dplb() {  # target threads [more options]   (DPLB_BIN: another binary)
   port[$1]=$(free_port)
   # Everything else at dplb's defaults (health checks included): the configuration a user runs.
-  "$dplb_bin" --listen "127.0.0.1:${port[$1]}" --backend "http://127.0.0.1:${port[direct]}" \
+  "${DPLB_BIN:-$dplb_bin}" --listen "127.0.0.1:${port[$1]}" --backend "http://127.0.0.1:${port[direct]}" \
     --threads "$2" --log-level warn "${@:3}" >"$workdir/$1.log" 2>&1 &
   pid[$1]=$!
 }
@@ -302,6 +313,7 @@ for target in "${targets[@]}"; do
     dplb1) start_dplb dplb1 1 ;;
     dplb1_log) start_dplb dplb1_log 1 --access-log "$workdir/access.log" ;;
     dplb2) start_dplb dplb2 2 ;;
+    dplb1_base) DPLB_BIN=$baseline_bin start_dplb dplb1_base 1 ;;
     haproxy) start_haproxy haproxy 0 ;;
     haproxy_nd) start_haproxy haproxy_nd 1 ;;
     nginx) start_nginx ;;

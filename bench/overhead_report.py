@@ -22,15 +22,16 @@ import statistics
 import sys
 from pathlib import Path
 
-PROXIES = ["dplb1", "dplb1_log", "haproxy", "haproxy_nd", "nginx", "dplb2"]
+PROXIES = ["dplb1", "dplb1_log", "haproxy", "haproxy_nd", "nginx", "dplb2", "dplb1_base"]
 PEERS = ["haproxy", "nginx"]
 # Streaming peers: HAProxy with `option http-no-delay` when measured. Without it HAProxy holds SSE events
 # back for up to ~200 ms and relays them in bursts: fewer, larger writes, so its CPU per event is not
 # the cost of streaming, and no LLM deployment would accept the added TTFT.
 STREAM_PEERS = ["haproxy_nd", "nginx"]
 DPLBS = ["dplb1", "dplb1_log", "dplb2"]
-# dplb1_log is dplb1 with --access-log: its ratio to dplb1 is the access log's cost.
-BASELINES = {"dplb1_log": ["dplb1"]}
+# dplb1_log is dplb1 with --access-log: its ratio to dplb1 is the access log's cost. dplb1_base is an earlier
+# build (OVERHEAD_BASELINE_DPLB): dplb1's ratio to it is the change's cost or gain, measured in the same rounds.
+BASELINES = {"dplb1_log": ["dplb1"], "dplb1": ["dplb1_base"]}
 # Events a stream relays: one per token, the usage event (dplb-bench asks for include_usage, as
 # `vllm bench serve` does), and `data: [DONE]`.
 EXTRA_EVENTS_PER_STREAM = 2
@@ -215,6 +216,10 @@ def checks(wrk_rows: list[dict], stream_rows: list[dict]) -> list[dict]:
             out.append({"check": "req/s dplb1 >= max(haproxy, nginx)", "point": f"c={conns}",
                         "value": rps[("dplb1", conns)], "bound": max(peers),
                         "pass": rps[("dplb1", conns)] >= max(peers)})
+        if ("dplb1", conns) in rps and ("dplb1_base", conns) in rps:
+            out.append({"check": "req/s dplb1 >= dplb1_base (an earlier build)", "point": f"c={conns}",
+                        "value": rps[("dplb1", conns)], "bound": rps[("dplb1_base", conns)],
+                        "pass": rps[("dplb1", conns)] >= rps[("dplb1_base", conns)]})
         proxies = [rps[(p, conns)] for p in PROXIES if (p, conns) in rps]
         if ("direct", conns) in rps and proxies:
             out.append({"check": f"mock headroom: direct >= {MOCK_HEADROOM} x best proxy", "point": f"c={conns}",
@@ -232,6 +237,11 @@ def checks(wrk_rows: list[dict], stream_rows: list[dict]) -> list[dict]:
             out.append({"check": f"stream CPU/event dplb1 <= min({', '.join(names)})", "point": f"N={n}",
                         "value": dplb["cpu_s_per_mevents"], "bound": min(peers),
                         "pass": dplb["cpu_s_per_mevents"] <= min(peers)})
+        base = by.get(("dplb1_base", n))
+        if base and base["cpu_s_per_mevents"] is not None and dplb["cpu_s_per_mevents"] is not None:
+            out.append({"check": "stream CPU/event dplb1 <= dplb1_base (an earlier build)", "point": f"N={n}",
+                        "value": dplb["cpu_s_per_mevents"], "bound": base["cpu_s_per_mevents"],
+                        "pass": dplb["cpu_s_per_mevents"] <= base["cpu_s_per_mevents"]})
         for key, what in (("added_probe_ttft_p50_ms", "under load (probe)"), ("added_ttft_p50_ms", "burst of N")):
             if dplb[key] is not None:
                 out.append({"check": f"added TTFT p50 dplb1 <= {TTFT_BUDGET_MS} ms, {what}", "point": f"N={n}",

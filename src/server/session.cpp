@@ -258,6 +258,7 @@ class session {
     body_bytes_.set(0);
     std::string().swap(client_framing_);
     std::string().swap(session_key_);
+    std::string().swap(refusal_.message);
     upstream_head_ = {};
     request_head_ = {};
     response_head_ = {};
@@ -406,9 +407,9 @@ class session {
 
   // What the balancer needs to know of the request, into `request` and `cost`: its pinned rank, its cluster
   // (from the body's model, with clusters that list models) and, for a policy that weighs them, its tokens
-  // and prefix. The body is read only when something depends on it. Returns why the request cannot be
-  // placed into refusal_ and returns false, if it cannot. A plain function, so that the body's facts are not
-  // part of proxy()'s frame.
+  // and prefix. The body is read only when something depends on it. A request that cannot be placed gets
+  // false, with the reason in refusal_. A plain function, so that the body's facts are not part of
+  // proxy()'s frame.
   bool describe_request(std::optional<std::int64_t> pinned, balancer::pick_context& request,
                         balancer::request_cost& cost) {
     const auto rank_count = shared_.topology.ranks().size();
