@@ -1,7 +1,7 @@
 // Arrows point down: the layers include only what is below them (docs/architecture.md). A policy (the
 // balancer) includes no metrics header, its shared building blocks live in support/; the configuration
 // includes no policy: it needs only the list of their names (balancer/policy_names.hpp), which includes
-// nothing of dplb.
+// nothing of dplb. The KV-cache events layer (kv/) is a leaf: it includes nothing of dplb but itself.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -65,5 +65,16 @@ TEST_CASE("the configuration includes no policy, only the policies' names", "[la
   for (const auto& i : dplb_includes({"include/dplb/balancer"})) {
     INFO(i);
     CHECK(i.find("policy_names.hpp ->") == std::string::npos);  // a leaf: it includes nothing of dplb
+  }
+}
+
+TEST_CASE("the KV-cache events layer includes nothing of dplb but itself", "[layering][kv]") {
+  // kv/ decodes what the engines publish and indexes it; the balancer and the server will include it, so
+  // it must not include them (nor the metrics, nor the configuration): its bounds come in as arguments.
+  const auto includes = dplb_includes({"src/kv", "include/dplb/kv"});
+  REQUIRE_FALSE(includes.empty());
+  for (const auto& i : includes) {
+    INFO(i);
+    CHECK(i.find("-> dplb/kv/") != std::string::npos);
   }
 }
