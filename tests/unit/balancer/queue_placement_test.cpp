@@ -73,7 +73,7 @@ struct waiters {
 
 std::unique_ptr<policy> prefix_policy() { return std::make_unique<prefix_aware>(prefix_aware_options{}, nullptr); }
 
-// With --max-inflight-per-rank 1: rank 0 full with prefix group a, rank 1 full with group x.
+// Prefix group a placed on rank 0, group x on rank 1: both ranks full under --max-inflight-per-rank 1.
 struct a_on_0_x_on_1 {
   explicit a_on_0_x_on_1(balancer& b)
       : a(group_chain('a')), held_a(b.acquire(with_chain(a))), held_x(b.acquire(with_chain(group_chain('x')))) {
@@ -149,11 +149,9 @@ TEST_CASE("a queued session waits for its own rank on the affinity ring", "[bala
 TEST_CASE("a request arriving at a full place waits for it although another rank has room",
           "[balancer][queue][prefix]") {
   balancer b(2, prefix_policy(), queue_limits{.max_inflight_per_rank = 2, .max_waiting = 16});
-  const auto a = group_chain('a');
-  auto warm = b.acquire(with_chain(a));
-  REQUIRE(warm.rank() == 0);
-  auto other = b.acquire(with_chain(group_chain('x')));  // something else on rank 1
-  REQUIRE(other.rank() == 1);
+  a_on_0_x_on_1 placed(b);  // something else on rank 1
+  const auto& a = placed.a;
+  auto& warm = placed.held_a;
   auto second_a = b.acquire(with_chain(group_chain('a', "second")));
   REQUIRE(second_a.rank() == 0);  // rank 0 now full, rank 1 has room; 2 + 1 <= ceil(1.25 * 4 / 2)
   waiters w(b);
