@@ -8,11 +8,12 @@
 #include <cstdio>
 #include <vector>
 
+#include "median_time.hpp"
 #include "dplb/kv/block_index.hpp"
 #include "dplb/kv/chain_hash.hpp"
 
 using namespace dplb::kv;
-using clock_type = std::chrono::steady_clock;
+using dplb::bench::median_per_op;
 
 namespace {
 
@@ -20,18 +21,6 @@ constexpr std::size_t ranks = 64;
 constexpr std::size_t block_size = 16;
 constexpr std::size_t prompt_tokens = 8000;  // 500 blocks
 constexpr std::size_t prompts_per_rank = 31;  // 31 x 500 x 64 = 992,000 blocks
-
-template <class F>
-double us_per_op(int ops, F&& f) {
-  std::vector<double> rounds;
-  for (int round = 0; round < 7; ++round) {
-    const auto start = clock_type::now();
-    for (int i = 0; i < ops; ++i) f(i);
-    rounds.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - start).count() / ops);
-  }
-  std::sort(rounds.begin(), rounds.end());
-  return rounds[rounds.size() / 2];
-}
 
 // A prompt's token ids, different for each (group, position): groups share nothing.
 std::vector<token_id> prompt(std::uint32_t group) {
@@ -67,16 +56,16 @@ int main() {
   std::vector<chain_hash> chain;
   std::vector<std::uint32_t> matched;
   const auto seed = chain_seed("");
-  const double hash_only = us_per_op(2000, [&](int) {
+  const double hash_only = median_per_op<std::micro>(2000, [&](int) {
     prompt_chain(hit, block_size, seed, {}, 1024, chain);
     sink = sink + chain.back();
   });
-  const double pick_hit = us_per_op(2000, [&](int) {
+  const double pick_hit = median_per_op<std::micro>(2000, [&](int) {
     prompt_chain(hit, block_size, seed, {}, 1024, chain);
     index.match(chain, ranks, matched);
     sink = sink + matched[17];
   });
-  const double pick_miss = us_per_op(2000, [&](int) {
+  const double pick_miss = median_per_op<std::micro>(2000, [&](int) {
     prompt_chain(miss, block_size, seed, {}, 1024, chain);
     index.match(chain, ranks, matched);
     sink = sink + matched[0];

@@ -8,26 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "median_time.hpp"
 #include "dplb/balancer/least_inflight.hpp"
 #include "dplb/balancer/prefix_aware.hpp"
 #include "dplb/server/request_facts.hpp"
 
 using namespace dplb;
-using clock_type = std::chrono::steady_clock;
+using bench::median_per_op;
 
 namespace {
-
-template <class F>
-double ns_per_op(int ops, F&& f) {
-  std::vector<double> rounds;
-  for (int round = 0; round < 7; ++round) {
-    const auto start = clock_type::now();
-    for (int i = 0; i < ops; ++i) f(i);
-    rounds.push_back(std::chrono::duration<double, std::nano>(clock_type::now() - start).count() / ops);
-  }
-  std::sort(rounds.begin(), rounds.end());
-  return rounds[rounds.size() / 2];
-}
 
 std::string words(std::size_t bytes, unsigned seed) {
   std::string out;
@@ -48,9 +37,10 @@ int main() {
   std::printf("| what | least-inflight or no chain, ns | prefix-aware or chain, ns | ratio |\n|---|---:|---:|---:|\n");
   for (const std::size_t bytes : {4096u, 32768u}) {
     const auto body = body_of(words(bytes, 1));
-    const double plain = ns_per_op(2000, [&](int) { sink = sink + server::inspect_request_body(body).prompt_tokens; });
-    const double chained =
-        ns_per_op(2000, [&](int) { sink = sink + server::inspect_request_body(body, true).prefix_chain.size(); });
+    const double plain =
+        median_per_op<std::nano>(2000, [&](int) { sink = sink + server::inspect_request_body(body).prompt_tokens; });
+    const double chained = median_per_op<std::nano>(
+        2000, [&](int) { sink = sink + server::inspect_request_body(body, true).prefix_chain.size(); });
     std::printf("| read a %zu KiB prompt's body | %.0f | %.0f | %.2f |\n", bytes / 1024, plain, chained, chained / plain);
   }
   for (const std::size_t ranks : {4u, 64u}) {
@@ -68,8 +58,8 @@ int main() {
     }
     balancer::least_inflight plain_policy;
     balancer::pick_context none;
-    const double plain = ns_per_op(20000, [&](int) { sink = sink + *plain_policy.choose(none, views); });
-    const double with_prefix = ns_per_op(20000, [&](int i) {
+    const double plain = median_per_op<std::nano>(20000, [&](int) { sink = sink + *plain_policy.choose(none, views); });
+    const double with_prefix = median_per_op<std::nano>(20000, [&](int i) {
       balancer::pick_context c;
       c.prefix_chain = chains[static_cast<std::size_t>(i) % chains.size()];
       sink = sink + *prefix.choose(c, views);
