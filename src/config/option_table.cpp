@@ -19,6 +19,7 @@ using balancer::policy_names;
 constexpr std::array<std::string_view, 7> log_level_names{"trace", "debug", "info",    "warn",
                                                           "error", "critical", "off"};
 constexpr std::array<std::string_view, 2> log_format_names{"text", "json"};
+constexpr std::array<std::string_view, 2> tokenize_mode_names{"off", "engine"};
 
 // The option table: one row per option, in --help order. Environment names and config keys are spelled out
 // (not derived) so that a search for DPLB_LOG_FORMAT lands here; the unit tests check they follow the rule
@@ -39,6 +40,9 @@ constexpr option_spec ms_option(std::string_view flag, std::string_view env, std
 constexpr std::uint64_t prefix_index_ids = std::numeric_limits<std::uint32_t>::max();
 constexpr std::uint64_t max_prefix_index_blocks = prefix_index_ids / max_ranks;
 static_assert(max_prefix_index_blocks * max_ranks <= prefix_index_ids);
+
+// The KV-event index's node ids are 32-bit too (kv/block_index.hpp), UINT32_MAX meaning "none".
+constexpr std::uint64_t max_kv_index_blocks = prefix_index_ids / max_ranks;
 
 template <auto member>
 constexpr option_spec count_option(std::string_view flag, std::string_view env, std::string_view key,
@@ -161,6 +165,37 @@ constexpr std::array option_table{
                   "ranks must fit in them";
       return o;
     }(),
+    count_option<&settings::block_size>("block-size", "DPLB_BLOCK_SIZE", "block_size", "TOKENS", 1, 65'536, "tokens",
+                                  "prefix-aware with KV-cache events: tokens per KV-cache block, exactly as the "
+                                  "engines' --block-size (vLLM's default 16). A stored block's tokens must be "
+                                  "whole blocks of this size for a request to match them."),
+    [] {
+      auto o = count_option<&settings::kv_index_blocks>("kv-index-blocks", "DPLB_KV_INDEX_BLOCKS", "kv_index_blocks", "N", 1, max_kv_index_blocks, "blocks",
+                                  "prefix-aware with KV-cache events: the most blocks indexed per rank. Beyond it the "
+                                  "block stored longest ago is dropped first (a chain's tail before its head). At or "
+                                  "above the engines' num_gpu_blocks nothing they still hold is dropped. About 80 "
+                                  "bytes each, taken only as events arrive.");
+      o.why_max = "the KV-event index numbers its blocks with 32-bit ids, and this many blocks for each of up to "
+                  "4096 ranks must fit in them";
+      return o;
+    }(),
+    option_spec{.flag = "tokenize",
+                .env = "DPLB_TOKENIZE",
+                .key = "tokenize",
+                .meaning = "prefix-aware with KV-cache events: where the token ids of a text prompt or of chat "
+                           "messages come from. off: text is matched by the approximate index (prompts given "
+                           "as token ids always match the events); engine: the cluster's engine tokenizes it "
+                           "with POST /tokenize (the chat template applied, as for serving), one more round "
+                           "trip before the pick.",
+                .kind = value_kind::choice,
+                .choices = tokenize_mode_names,
+                .set_text =
+                    [](settings& s, std::string_view v) {
+                      s.tokenize = v == "engine" ? tokenize_mode::engine : tokenize_mode::off;
+                      return std::string();
+                    },
+                .show_default =
+                    [](const settings& s) { return std::string(s.tokenize == tokenize_mode::engine ? "engine" : "off"); }},
     option_spec{.flag = "affinity-header",
                 .env = "DPLB_AFFINITY_HEADER",
                 .key = "affinity_header",

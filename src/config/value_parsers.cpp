@@ -39,9 +39,48 @@ bool valid_host(std::string_view host) {
   return true;
 }
 
-// The options after '#' in a backend URL: `dp=N` and `weight=W`, joined by '&', each at most once.
+// The value of `kv-events=` or `kv-replay=`: tcp://HOST:PORT, HOST an IP literal ([IPv6] in brackets) or a
+// name. Returns why it is refused, "" when good.
+std::string parse_zmq_endpoint(std::string_view key, std::string_view text, zmq_endpoint& out) {
+  const std::string expected = std::string(key) + " must be tcp://HOST:PORT (the engine's --kv-events-config " +
+                               (key == "kv-events" ? "endpoint" : "replay_endpoint") +
+                               " with its host), e.g. " + std::string(key) + "=tcp://10.0.0.5:" +
+                               (key == "kv-events" ? "5557" : "5558");
+  const auto parsed = boost::urls::parse_uri(text);
+  if (!parsed || parsed->scheme() != "tcp" || !parsed->has_authority() || parsed->encoded_host().empty() ||
+      parsed->has_userinfo() || !parsed->encoded_path().empty() || parsed->has_query() || parsed->has_fragment()) {
+    return expected;
+  }
+  const boost::urls::url_view u = *parsed;
+  switch (u.host_type()) {
+    case boost::urls::host_type::ipv4:
+      out.host = u.host_ipv4_address().to_string();
+      break;
+    case boost::urls::host_type::ipv6:
+      out.host = "[" + u.host_ipv6_address().to_string() + "]";
+      break;
+    case boost::urls::host_type::name:
+      if (!valid_host(u.encoded_host())) {
+        return std::string(key) + ": '" + std::string(u.encoded_host()) + "' is not an IP address or host name "
+               "(the engine binds tcp://*:PORT; dplb needs the host it runs on)";
+      }
+      out.host = to_lower(u.encoded_host());
+      break;
+    default:
+      return expected;
+  }
+  const auto port = u.has_port() ? parse_unsigned(u.port()) : std::nullopt;
+  if (!port || *port == 0 || *port > 65535) return expected;
+  out.port = static_cast<std::uint16_t>(*port);
+  return {};
+}
+
+// The options after '#' in a backend URL, joined by '&', each at most once: `dp=N`, `weight=W`,
+// `kv-events=tcp://H:P` and `kv-replay=tcp://H:P`.
 std::string parse_backend_options(std::string_view fragment, backend_spec& out) {
-  static constexpr std::string_view expected = "expected #dp=N, #weight=W or #dp=N&weight=W after the URL";
+  static constexpr std::string_view expected =
+      "expected #dp=N, #weight=W, #kv-events=tcp://HOST:PORT or #kv-replay=tcp://HOST:PORT after the URL, "
+      "joined by '&'";
   bool seen_dp = false, seen_weight = false;
   while (!fragment.empty()) {
     const auto amp = std::min(fragment.find('&'), fragment.size());
@@ -68,8 +107,28 @@ std::string parse_backend_options(std::string_view fragment, backend_spec& out) 
                " (to take a backend out of rotation, drain it)";
       }
       out.weight = static_cast<std::uint32_t>(value);
+    } else if (key == "kv-events" || key == "kv-replay") {
+      auto& endpoint = key == "kv-events" ? out.kv_events : out.kv_replay;
+      if (endpoint) return std::string(key) + " is given twice";
+      zmq_endpoint parsed;
+      if (auto why = parse_zmq_endpoint(key, eq == std::string_view::npos ? std::string_view{} : item.substr(eq + 1), parsed);
+          !why.empty()) {
+        return why;
+      }
+      endpoint = std::move(parsed);
     } else {
       return "unknown option '" + std::string(item) + "'; " + std::string(expected);
+    }
+  }
+  if (out.kv_replay && !out.kv_events) {
+    return "kv-replay needs kv-events: name the engine's event publisher too, e.g. "
+           "#kv-events=tcp://HOST:5557&kv-replay=tcp://HOST:5558";
+  }
+  // vLLM's rule: DP rank j publishes on the base port + j.
+  for (const auto* endpoint : {&out.kv_events, &out.kv_replay}) {
+    if (*endpoint && (*endpoint)->port + std::uint64_t{out.dp} - 1 > 65535) {
+      return "the KV-event port " + std::to_string((*endpoint)->port) + " + " + std::to_string(out.dp - 1) +
+             " (rank j publishes on PORT+j) is beyond 65535";
     }
   }
   return {};
@@ -255,7 +314,9 @@ std::string parse_backend(std::string_view text, backend_spec& spec) {
   }
   out = "http://" + host + ":" + std::to_string(port);
   if (u.has_fragment()) {
-    if (u.encoded_fragment().empty()) return "an empty '#' is not supported; expected #dp=N or #weight=W";
+    if (u.encoded_fragment().empty()) {
+      return "an empty '#' is not supported; expected #dp=N, #weight=W or #kv-events=tcp://HOST:PORT";
+    }
     return parse_backend_options(u.encoded_fragment(), spec);
   }
   return {};

@@ -30,16 +30,37 @@ struct listen_address {
 
 enum class log_format { text, json };
 
+// --tokenize: where a text prompt's token ids come from for matching KV-cache events. off: nowhere (text
+// is matched by the approximate index; prompts given as token ids still match the events); engine: the
+// cluster's engine, with vLLM's POST /tokenize (the chat template applied, as the engine will).
+enum class tokenize_mode { off, engine };
+
 // One --backend entry: an engine server's base URL and what stands behind it. `http://h:8000#dp=4&weight=2`
 // is four DP ranks behind one URL (vLLM's internal load balancing, `vllm serve --data-parallel-size 4`),
 // each weighted 2. The fragment carries the options because it is the one part of a URL that never
 // reaches the server and that no URL parser confuses with the authority (`host:port@rank`, read as user
 // info, broke two other routers).
+// A ZMQ TCP endpoint dplb connects to: an engine's KV-cache event publisher or its replay socket. vLLM
+// binds one per DP rank, rank j on the base port + j, so a backend's endpoint names rank 0's port.
+struct zmq_endpoint {
+  std::string host;  // as written (an IP literal, [IPv6] in brackets, or a name ZMQ resolves)
+  std::uint16_t port = 0;
+
+  // "tcp://host:port" of the j-th DP rank behind the backend.
+  std::string for_rank(std::uint32_t j) const { return "tcp://" + host + ":" + std::to_string(port + j); }
+  bool operator==(const zmq_endpoint&) const = default;
+};
+
 struct backend_spec {
   std::string url;           // normalised "http://host:port"
   std::uint32_t dp = 1;      // DP ranks served behind the URL; each gets X-data-parallel-rank: 0..dp-1
   std::uint32_t weight = 1;  // relative share of each of its ranks; every policy honours it
   std::size_t cluster = 0;   // index into settings.clusters
+  // `#kv-events=tcp://H:P`: the engines' KV-cache event publishers (rank j on P + j); dplb indexes what
+  // each rank caches from them. `#kv-replay=tcp://H:P`: their replay sockets, asked for what a sequence
+  // gap lost. Both optional; kv_replay only with kv_events.
+  std::optional<zmq_endpoint> kv_events;
+  std::optional<zmq_endpoint> kv_replay;
 
   bool operator==(const backend_spec&) const = default;
 };
@@ -88,6 +109,10 @@ struct settings {
   double load_bound = 1.25;
   std::uint32_t prefix_min_match = 64;        // prefix-aware: tokens a match needs to count (estimated)
   std::uint32_t prefix_index_blocks = 16384;  // prefix-aware: prefix blocks remembered per rank
+  // Precise prefix routing, from the engines' KV-cache events (backends with #kv-events=...):
+  std::uint32_t block_size = 16;             // the engines' --block-size: tokens per KV-cache block
+  std::uint32_t kv_index_blocks = 262'144;   // blocks indexed per rank; the oldest stored are dropped first
+  tokenize_mode tokenize = tokenize_mode::off;  // how a text prompt gets the token ids the events are matched on
   std::string affinity_header;                // requests with the same value stick to one rank; empty = off
   std::chrono::milliseconds slow_start{0}; // ramp-up of a readmitted rank; 0 = off
   // Worker threads, each with its own event loop and upstream connection pool. 0 = one per CPU core.
@@ -159,6 +184,11 @@ inline constexpr std::chrono::milliseconds default_stats_interval{100};
 // engine stats (`uses_engine_stats`), else never (0).
 inline std::chrono::milliseconds engine_stats_interval(const settings& s, bool uses_engine_stats) {
   return s.stats_interval.value_or(uses_engine_stats ? default_stats_interval : std::chrono::milliseconds(0));
+}
+
+// Whether some backend publishes KV-cache events (#kv-events=...).
+inline bool any_backend_has_kv_events(const settings& s) {
+  return std::ranges::any_of(s.backends, [](const backend_spec& b) { return b.kv_events.has_value(); });
 }
 
 // Whether some cluster (the implicit "default" one included) balances with `policy`.
