@@ -92,4 +92,24 @@ void prompt_chain(std::span<const token_id> tokens, std::size_t block_size, chai
   }
 }
 
+void request_chain(std::span<const token_id> tokens, std::size_t block_size, std::string_view lora_name,
+                   std::string_view cache_salt, std::size_t max_blocks, std::vector<chain_hash>& out) {
+  out.clear();
+  if (block_size == 0) return;
+  // vLLM's extra keys of a text request: the adapter's name on every block, then the salt on the first.
+  std::array<std::string_view, 2> keys{};
+  std::size_t first_count = 0;
+  if (!lora_name.empty()) keys[first_count++] = lora_name;
+  const std::size_t later_count = first_count;
+  if (!cache_salt.empty()) keys[first_count++] = cache_salt;
+  const std::uint64_t first_extra = first_count == 0 ? 0 : extra_keys_digest(std::span(keys.data(), first_count));
+  const std::uint64_t later_extra = later_count == 0 ? 0 : extra_keys_digest(std::span(keys.data(), later_count));
+  const std::size_t blocks = std::min(tokens.size() / block_size, max_blocks);
+  chain_hash parent = chain_seed(lora_name);
+  for (std::size_t i = 0; i < blocks; ++i) {
+    parent = block_hash(parent, tokens.subspan(i * block_size, block_size), i == 0 ? first_extra : later_extra);
+    out.push_back(parent);
+  }
+}
+
 }  // namespace dplb::kv

@@ -51,6 +51,13 @@ std::uint64_t extra_keys_digest(std::span<const std::string_view> keys) noexcept
 void prompt_chain(std::span<const token_id> tokens, std::size_t block_size, chain_hash seed,
                   std::span<const std::uint64_t> extra_keys, std::size_t max_blocks, std::vector<chain_hash>& out);
 
+// A text request's chain, as the events index the blocks the engine stores for it: from chain_seed of its
+// LoRA adapter ("" for the base model), each block's extra keys being vLLM's for a text request (the
+// adapter's name on every block, then the cache_salt on the first; none without either). A vLLM whose
+// events carry no extra_keys is matched for the base model and unsalted prompts only.
+void request_chain(std::span<const token_id> tokens, std::size_t block_size, std::string_view lora_name,
+                   std::string_view cache_salt, std::size_t max_blocks, std::vector<chain_hash>& out);
+
 namespace detail {
 // The digest of extra keys is a walk of their msgpack items in order, each item fed as a tag and a
 // number (a length, a count or a value) and then its bytes; the decoder and extra_keys_digest feed the

@@ -1,0 +1,109 @@
+#pragma once
+// Reads the engines' KV-cache events into the event index, on a thread of its own: a ZMQ SUB socket per
+// rank connected to its engine's publisher (vLLM binds one per DP rank; dplb connects), polled together.
+// No request worker ever waits on it, and it never waits on a worker.
+//
+// Staying true to the engines' caches:
+//  - Each message carries the publisher's sequence number. The first one seen is taken as it comes (dplb
+//    joins a running engine); with a replay socket configured, what the engine still buffers before it is
+//    asked for first, so a dplb that starts (or restarts) next to a warm engine knows its cache at once.
+//  - A gap (a number skipped: ZMQ drops messages at its high-water mark) asks the replay socket for the
+//    missing batches; without one, or when the replay cannot fill the whole gap in time, the rank's index
+//    is dropped and rebuilt from the live events (dplb_kv_index_resets_total{reason="gap"}).
+//  - A number at or below the last one means the publisher restarted (its engine's cache is empty): the
+//    rank's index is dropped (reason "restart") and the batch applied.
+//  - A message that is not three frames, a sequence frame that is not 8 bytes, or a payload that is not an
+//    EventBatch is counted (dplb_kv_event_errors_total) and skipped; the rank keeps its index.
+// Bounded: ZMQ_MAXMSGSIZE refuses a frame over the decoder's payload bound before it is read whole, each
+// socket keeps at most `receive_queue` messages (ZMQ's high-water mark: beyond, a gap), and a replay waits at
+// most `replay_timeout` for its answer.
+//
+// Threading contract: the constructor, set_sources(), start() and stop() may be called from any thread;
+// everything else happens on the subscriber's thread. `index` outlives the subscriber.
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dplb/kv/event_index.hpp"
+
+namespace dplb::kv {
+
+// Where one rank's events come from.
+struct event_source {
+  std::size_t rank = 0;
+  std::string endpoint;  // "tcp://host:port" of its publisher
+  std::string replay;    // of its replay (ROUTER) socket; empty: none
+
+  bool operator==(const event_source&) const = default;
+};
+
+struct subscriber_options {
+  std::chrono::milliseconds poll_period{50};       // how soon a change of sources or a stop is seen
+  std::chrono::milliseconds replay_timeout{1'000};  // the longest wait for one replay's whole answer
+  int receive_queue = 10'000;                       // messages per socket (ZMQ_RCVHWM)
+};
+
+// What a sequence number says about the messages before it. Pure.
+class sequence_tracker {
+ public:
+  enum class verdict {
+    first,    // the first message seen
+    next,     // the one after the last
+    gap,      // some were skipped: expected() .. seq - 1 are missing
+    restart,  // at or below the last: the publisher started again
+  };
+  verdict observe(std::int64_t seq);
+  // The number the next message should carry (valid after the first observe).
+  std::int64_t expected() const { return last_ ? *last_ + 1 : 0; }
+  void reset() { last_.reset(); }
+
+ private:
+  std::optional<std::int64_t> last_;
+};
+
+class event_subscriber {
+ public:
+  // `run_loop` runs the thread's loop: a supervisor's run_thread, which restarts it after an exception
+  // (see support/supervisor.hpp); by default the loop is called once.
+  using loop_runner = std::function<void(const std::function<void()>& body,
+                                         const std::function<bool(std::chrono::milliseconds)>& pause)>;
+
+  event_subscriber(event_index& index, subscriber_options options = {}, loop_runner run_loop = {});
+  ~event_subscriber();
+  event_subscriber(const event_subscriber&) = delete;
+  event_subscriber& operator=(const event_subscriber&) = delete;
+
+  // The ranks to read from now (a rank not listed is disconnected and its index dropped). Taken up by the
+  // thread within one poll period; an unchanged source keeps its socket and its place in the sequence.
+  void set_sources(std::vector<event_source> sources);
+  void start();
+  void stop();
+
+ private:
+  struct connection;
+  void run();
+  void take_up_sources(std::vector<std::unique_ptr<connection>>& open);
+  bool pause(std::chrono::milliseconds delay);
+
+  event_index& index_;
+  const subscriber_options options_;
+  loop_runner run_loop_;
+  struct zmq_state;
+  std::unique_ptr<zmq_state> zmq_;
+  std::mutex mutex_;  // guards wanted_ and changed_
+  std::vector<event_source> wanted_;
+  bool changed_ = false;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace dplb::kv
