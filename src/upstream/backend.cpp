@@ -48,6 +48,8 @@ backend resolve_backend(const config::backend_spec& spec) {
   backend b;
   b.url = spec.url;
   b.dp = spec.dp;
+  b.kv_events = spec.kv_events;
+  b.kv_replay = spec.kv_replay;
   b.host = std::string(parsed->host_address());
   // host_address() of "[::1]" is "::1"; the Host header keeps the brackets.
   b.authority = parsed->host_type() == boost::urls::host_type::ipv6 ? "[" + b.host + "]" : b.host;

@@ -132,7 +132,8 @@ backend_registry::prepared_add backend_registry::prepare_add(const config::backe
   // A removed backend with the same URL, dp, cluster and addresses comes back under its ranks. Anything else
   // is another set of ranks: new ones (the old, if still draining out, finish on their own connections).
   for (const auto& b : topology_.backends()) {
-    if (b.url == spec.url && b.dp == spec.dp && b.cluster == spec.cluster && states_[b.index] != backend_state::active &&
+    if (b.url == spec.url && b.dp == spec.dp && b.cluster == spec.cluster && b.kv_events == spec.kv_events &&
+        b.kv_replay == spec.kv_replay && states_[b.index] != backend_state::active &&
         same_addresses(b.endpoints, out.resolved.endpoints)) {
       out.revive = &b;
     }
@@ -215,7 +216,8 @@ reload_summary backend_registry::reload(const std::vector<config::backend_spec>&
   reload_summary summary;
   const auto wanted = [&](const backend& b) {
     return std::ranges::any_of(specs, [&](const config::backend_spec& s) {
-      return s.url == b.url && s.dp == b.dp && s.cluster == b.cluster;
+      return s.url == b.url && s.dp == b.dp && s.cluster == b.cluster && s.kv_events == b.kv_events &&
+             s.kv_replay == b.kv_replay;
     });
   };
   const auto backends = topology_.backends();
@@ -234,7 +236,8 @@ reload_summary backend_registry::reload(const std::vector<config::backend_spec>&
     adds.push_back(prepare_add(spec, summary.removed, new_ranks));
     summary.added.push_back(spec.url);
   }
-  // Removals first: a URL whose dp or cluster changed leaves before it comes back with its new ranks.
+  // Removals first: a URL whose dp, cluster or event sources changed leaves before it comes back with its new
+  // ranks (whose event indexes start empty).
   for (const auto& url : summary.removed) remove(url);
   for (auto& change : adds) apply(std::move(change));
   for (const auto& [b, weight] : weights) {

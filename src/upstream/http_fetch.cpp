@@ -13,17 +13,28 @@ namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 
-asio::awaitable<std::optional<fetched>> fetch(const backend& target, std::string_view path,
-                                              std::string_view user_agent, std::chrono::milliseconds timeout,
-                                              std::size_t body_limit) {
-  constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
-  beast::tcp_stream stream(co_await asio::this_coro::executor);
+namespace {
+
+// One request and its answer on a fresh connection, on the calling coroutine's executor type (the side
+// channels run on any_io_executor, the proxy's workers on their io_context's own).
+template <class Executor>
+asio::awaitable<std::optional<fetched>, Executor> exchange(const backend& target, bhttp::verb method,
+                                                           std::string_view path, std::string_view json_body,
+                                                           std::string_view user_agent, std::chrono::milliseconds timeout,
+                                                           std::size_t body_limit) {
+  constexpr auto as_result = asio::as_tuple(asio::use_awaitable_t<Executor>{});
+  beast::basic_stream<asio::ip::tcp, Executor> stream(co_await asio::this_coro::executor);
   stream.expires_after(timeout);  // one deadline for the whole exchange
   auto [cec, endpoint] = co_await stream.async_connect(target.endpoints, as_result);
   if (cec) co_return std::nullopt;
-  bhttp::request<bhttp::empty_body> request{bhttp::verb::get, path, 11};
+  bhttp::request<bhttp::string_body> request{method, path, 11};
   request.set(bhttp::field::host, target.authority);
   request.set(bhttp::field::user_agent, user_agent);
+  if (method == bhttp::verb::post) {
+    request.set(bhttp::field::content_type, "application/json");
+    request.body() = json_body;
+    request.prepare_payload();
+  }
   request.keep_alive(false);
   auto [wec, written] = co_await bhttp::async_write(stream, request, as_result);
   if (wec) co_return std::nullopt;
@@ -35,6 +46,20 @@ asio::awaitable<std::optional<fetched>> fetch(const backend& target, std::string
   boost::system::error_code ignored;
   stream.socket().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
   co_return fetched{parser.get().result_int(), std::move(parser.get().body())};
+}
+
+}  // namespace
+
+asio::awaitable<std::optional<fetched>> fetch(const backend& target, std::string_view path,
+                                              std::string_view user_agent, std::chrono::milliseconds timeout,
+                                              std::size_t body_limit) {
+  return exchange<asio::any_io_executor>(target, bhttp::verb::get, path, {}, user_agent, timeout, body_limit);
+}
+
+io::task<std::optional<fetched>> post_json(const backend& target, std::string_view path, std::string_view body,
+                                           std::string_view user_agent, std::chrono::milliseconds timeout,
+                                           std::size_t body_limit) {
+  return exchange<io::executor>(target, bhttp::verb::post, path, body, user_agent, timeout, body_limit);
 }
 
 }  // namespace dplb::upstream

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -28,6 +29,10 @@ struct backend {
   std::size_t first_rank = 0;  // the global rank of its DP rank 0
   std::size_t cluster = 0;     // the cluster it serves
   std::vector<boost::asio::ip::tcp::endpoint> endpoints;  // resolved once, when it was added
+  // Its engines' KV-cache event publishers and replay sockets (#kv-events=, #kv-replay=): rank j of the
+  // backend on the port + j. ZMQ resolves their hosts itself, and reconnects.
+  std::optional<config::zmq_endpoint> kv_events;
+  std::optional<config::zmq_endpoint> kv_replay;
 };
 
 struct rank_entry {

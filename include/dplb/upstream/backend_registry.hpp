@@ -116,7 +116,7 @@ class backend_registry {
   const backend& remove(std::string_view url);
 
   // Makes the active set match `specs`: removes the backends not in it (URL, dp, cluster), adds new ones,
-  // and sets the configured weight where it changed. A backend whose dp or cluster changed is removed and
+  // and sets the configured weight where it changed. A backend whose dp, cluster or KV-event sources changed is removed and
   // added anew (new ranks). All or nothing: every new backend is resolved, and the room checked, before
   // anything changes; throws backend_change_error for the first that cannot be added, having changed nothing.
   reload_summary reload(const std::vector<config::backend_spec>& specs);

@@ -1,0 +1,29 @@
+#include "dplb/upstream/kv_event_feed.hpp"
+
+namespace dplb::upstream {
+
+std::vector<kv::event_source> kv_event_sources(const topology& topology, const balancer::balancer& balancer) {
+  std::vector<kv::event_source> out;
+  const auto backends = topology.backends();
+  for (const auto& r : topology.ranks()) {
+    const backend& b = backends[r.backend];
+    if (!b.kv_events || r.rank >= balancer.rank_count() || (balancer.flags(r.rank) & balancer::rank_flag::removed) != 0) {
+      continue;
+    }
+    out.push_back({r.rank, b.kv_events->for_rank(r.rank_in_url), b.kv_replay ? b.kv_replay->for_rank(r.rank_in_url) : ""});
+  }
+  return out;
+}
+
+void kv_event_feed::refresh() {
+  subscriber_.set_sources(kv_event_sources(topology_, balancer_));
+  const std::size_t ranks = std::min(topology_.ranks().size(), balancer_.rank_count());
+  unhealthy_.resize(ranks, false);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const bool unhealthy = (balancer_.flags(r) & balancer::rank_flag::unhealthy) != 0;
+    if (unhealthy && !unhealthy_[r]) index_.clear_rank(r, kv::reset_reason::unhealthy);
+    unhealthy_[r] = unhealthy;
+  }
+}
+
+}  // namespace dplb::upstream
