@@ -23,6 +23,7 @@
 #include "dplb/config/admin_token.hpp"
 #include "dplb/upstream/backend_registry.hpp"
 #include "dplb/upstream/engine_stats_poller.hpp"
+#include "dplb/upstream/kv_event_feed.hpp"
 #include "dplb/server/listener.hpp"
 #include "dplb/support/supervisor.hpp"
 #include "dplb/support/io_buffers.hpp"
@@ -143,19 +144,32 @@ bool uses_engine_stats(const config::settings& s) {
   });
 }
 
-balancer::policy_options policy_options_of(const config::settings& s, balancer::routing_stats* stats) {
+balancer::policy_options policy_options_of(const config::settings& s, balancer::routing_stats* stats,
+                                           const kv::event_index* events) {
   return {.kv_weight = s.kv_pressure_weight,
           .prefix = {.load_bound = s.load_bound,
                      .min_match_blocks = (s.prefix_min_match + balancer::prefix_block_tokens - 1) / balancer::prefix_block_tokens,
-                     .index_blocks_per_rank = s.prefix_index_blocks},
+                     .index_blocks_per_rank = s.prefix_index_blocks,
+                     .events = events,
+                     .block_size = s.block_size,
+                     .event_min_match_blocks = (s.prefix_min_match + s.block_size - 1) / s.block_size},
           .stats = stats};
 }
 
 // One policy per cluster, in cluster order.
-std::vector<std::unique_ptr<balancer::policy>> cluster_policies(const config::settings& s, balancer::routing_stats* stats) {
+std::vector<std::unique_ptr<balancer::policy>> cluster_policies(const config::settings& s, balancer::routing_stats* stats,
+                                                                const kv::event_index* events) {
   std::vector<std::unique_ptr<balancer::policy>> out;
-  for (const auto& c : s.clusters) out.push_back(balancer::make_policy(c.policy, policy_options_of(s, stats)));
+  for (const auto& c : s.clusters) out.push_back(balancer::make_policy(c.policy, policy_options_of(s, stats, events)));
   return out;
+}
+
+// The KV-cache event index, when something reads or may read events: a prefix-aware cluster, or a backend
+// that publishes them (its metrics show even under another policy; backends with events may also be added
+// at run time to a prefix-aware cluster).
+std::unique_ptr<kv::event_index> kv_event_index(const config::settings& s, std::size_t capacity) {
+  if (!config::any_cluster_uses(s, "prefix-aware") && !config::any_backend_has_kv_events(s)) return nullptr;
+  return std::make_unique<kv::event_index>(s.kv_index_blocks, capacity);
 }
 
 std::vector<std::string> cluster_names(const config::settings& s) {
@@ -229,7 +243,8 @@ struct application::impl {
         topology_storage(configured_topology(settings.backends)),
         topology(*topology_storage),
         routing(topology.capacity()),
-        balancer(rank_clusters(topology), cluster_policies(settings, &routing),
+        kv_index(kv_event_index(settings, topology.capacity())),
+        balancer(rank_clusters(topology), cluster_policies(settings, &routing, kv_index.get()),
                  balancer::queue_limits{settings.max_inflight_per_rank, settings.max_queued_requests,
                                        settings.queue_timeout / 2},
                  balancer::rank_timing{settings.slow_start, stats_max_age(settings)}, topology.capacity()),
@@ -259,6 +274,16 @@ struct application::impl {
       }
       shared.access_log = access_log.get();
       metrics.observe_access_log(*access_log);
+    }
+    if (kv_index) {
+      kv_subscriber = std::make_unique<kv::event_subscriber>(
+          *kv_index, kv::subscriber_options{},
+          [this](const std::function<void()>& body, const std::function<bool(std::chrono::milliseconds)>& pause) {
+            supervisor.run_thread(support::task::kv_events, body, pause);
+          });
+      kv_feed = std::make_unique<upstream::kv_event_feed>(topology, balancer, *kv_index, *kv_subscriber);
+      shared.kv_events = kv_index.get();
+      metrics.observe_kv_events(*kv_index, settings.tokenize == config::tokenize_mode::engine);
     }
     if (!settings.affinity_header.empty()) balancer.enable_affinity(settings.load_bound, &routing);
     metrics.observe_routing(routing, config::any_cluster_uses(settings, "prefix-aware"),
@@ -292,6 +317,9 @@ struct application::impl {
   std::unique_ptr<upstream::topology> topology_storage;  // not movable: its counts are atomics
   upstream::topology& topology;
   balancer::routing_stats routing;  // prefix and affinity decisions, read by the metrics
+  // What the engines' KV-cache events say each rank holds (null when nothing reads them): before the
+  // balancer, whose prefix-aware policies match against it.
+  std::unique_ptr<kv::event_index> kv_index;
   balancer::balancer balancer;
   metrics::proxy_metrics metrics;
   upstream::health_monitor health;
@@ -302,6 +330,8 @@ struct application::impl {
   server::model_routes models;
   std::unique_ptr<metrics::access_log> access_log;  // outlives the workers that write to it
   server::shared_state shared;
+  std::unique_ptr<kv::event_subscriber> kv_subscriber;  // with kv_index: reads the events into it
+  std::unique_ptr<upstream::kv_event_feed> kv_feed;     // keeps its sources in step with the backends
   std::vector<std::unique_ptr<worker>> workers;
   asio::io_context signal_io;  // the main thread's loop: signals and housekeeping
   asio::signal_set signals;
@@ -364,8 +394,9 @@ void application::schedule_retirements() {
     if (ec) return;
     try {
       s.registry.retire_drained();
+      if (s.kv_feed) s.kv_feed->refresh();
     } catch (const std::exception& e) {  // nothing may escape the main loop: run() must reach its shutdown
-      spdlog::error("retiring removed backends failed: {}", e.what());
+      spdlog::error("retiring removed backends or refreshing the KV-event sources failed: {}", e.what());
     }
     schedule_retirements();
   });
@@ -496,6 +527,14 @@ int application::run() {
                  "own counts alone");
   }
   s.side_channels.start();
+  if (s.kv_feed) {
+    s.kv_feed->refresh();
+    s.kv_subscriber->start();
+    if (config::any_backend_has_kv_events(s.settings) && !config::any_cluster_uses(s.settings, "prefix-aware")) {
+      spdlog::warn("backends publish KV-cache events (#kv-events=) but no cluster uses --policy prefix-aware: "
+                   "dplb indexes them (dplb_kv_blocks) and routes without them");
+    }
+  }
   if (s.balancer.active_policy().name() == "engine-stats") {
     spdlog::info("policy engine-stats is a baseline for benchmarks, not for serving (see docs/benchmarks.md)");
   }
@@ -510,6 +549,7 @@ int application::run() {
   s.signal_io.run();
 
   drain();
+  if (s.kv_subscriber) s.kv_subscriber->stop();
   s.health.stop();
   s.stats.stop();
   s.side_channels.stop();

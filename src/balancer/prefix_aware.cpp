@@ -4,8 +4,18 @@
 
 namespace dplb::balancer {
 
+prefix_aware::match_rule prefix_aware::match(const pick_context& request, std::size_t ranks) {
+  if (options_.events != nullptr && !request.kv_chain.empty() && options_.events->any_configured()) {
+    options_.events->match(request.kv_chain, ranks, matched_);
+    return {static_cast<std::uint32_t>(std::max<std::size_t>(options_.event_min_match_blocks, 1)), options_.block_size};
+  }
+  index_.match(request.prefix_chain, ranks, matched_);
+  return {static_cast<std::uint32_t>(std::max<std::size_t>(options_.min_match_blocks, 1)),
+          static_cast<std::uint32_t>(prefix_block_tokens)};
+}
+
 std::optional<std::size_t> prefix_aware::choose(const pick_context& request, std::span<const rank_view> ranks) {
-  index_.match(request.prefix_chain, ranks.size(), matched_);
+  const auto [enough, tokens_per_block] = match(request, ranks.size());
   const auto match_of = [&](const rank_view& h) { return matched_[static_cast<std::size_t>(&h - ranks.data())]; };
   const load_bound bound(ranks, options_.load_bound);
   std::uint32_t best_usable = 0;
@@ -16,7 +26,6 @@ std::optional<std::size_t> prefix_aware::choose(const pick_context& request, std
     if (bound.allows(h)) best_allowed = std::max(best_allowed, match_of(h));
   }
   const auto per_weight = [](const rank_view& h) { return h.inflight / h.weight; };
-  const auto enough = static_cast<std::uint32_t>(std::max<std::size_t>(options_.min_match_blocks, 1));
   std::optional<std::size_t> chosen;
   std::uint32_t matched = 0;
   if (best_allowed >= enough) {
@@ -43,17 +52,16 @@ std::optional<std::size_t> prefix_aware::choose(const pick_context& request, std
     }
   }
   if (!chosen) return std::nullopt;
-  if (stats_) stats_->matched_tokens.observe(static_cast<double>(matched) * prefix_block_tokens);
+  if (stats_) stats_->matched_tokens.observe(static_cast<double>(matched) * tokens_per_block);
   index_.insert(*chosen, request.prefix_chain);
   publish_size(*chosen);
   return chosen;
 }
 
 std::optional<std::size_t> prefix_aware::preferred(const pick_context& request, std::span<const rank_view> ranks) {
-  if (request.prefix_chain.empty()) return std::nullopt;
-  index_.match(request.prefix_chain, ranks.size(), matched_);
+  if (request.prefix_chain.empty() && request.kv_chain.empty()) return std::nullopt;
+  const auto enough = match(request, ranks.size()).enough;
   const load_bound bound(ranks, options_.load_bound);
-  const auto enough = static_cast<std::uint32_t>(std::max<std::size_t>(options_.min_match_blocks, 1));
   std::optional<std::size_t> best;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     const auto& h = ranks[r];

@@ -1,5 +1,7 @@
 #include "dplb/metrics/proxy_metrics.hpp"
 
+#include "dplb/kv/event_index.hpp"
+
 #include "dplb/metrics/access_log.hpp"
 
 #include "dplb/balancer/routing_stats.hpp"
@@ -320,6 +322,7 @@ std::string proxy_metrics::render() {
   }
   for (auto& family : histogram_families()) families.push_back(std::move(family));
   for (auto& family : routing_families()) families.push_back(std::move(family));
+  for (auto& family : kv_event_families()) families.push_back(std::move(family));
   if (access_log_ != nullptr) {
     auto dropped = scraped_family("dplb_access_log_dropped_total",
                                   "Access log lines dropped because the queue to its writing thread was full",
@@ -342,6 +345,86 @@ std::string proxy_metrics::render() {
     families.push_back(std::move(errors));
   }
   return prometheus::TextSerializer().Serialize(families);
+}
+
+void proxy_metrics::observe_kv_events(const kv::event_index& events, bool tokenize) {
+  kv_events_ = &events;
+  tokenize_ = tokenize;
+}
+
+std::vector<prometheus::MetricFamily> proxy_metrics::kv_event_families() const {
+  std::vector<prometheus::MetricFamily> out;
+  if (kv_events_ == nullptr) return out;
+  auto events = scraped_family("dplb_kv_events_total",
+                               "KV-cache events read from the rank's engine and applied to dplb's index (each "
+                               "event of a batch, AllBlocksCleared included)",
+                               prometheus::MetricType::Counter);
+  auto errors = scraped_family("dplb_kv_event_errors_total",
+                               "KV-cache events skipped: an unknown type or a wrong shape, or a whole message "
+                               "that is not an EventBatch (counted once)",
+                               prometheus::MetricType::Counter);
+  auto blocks = scraped_family("dplb_kv_blocks", "KV-cache blocks dplb's index holds for the rank now",
+                               prometheus::MetricType::Gauge);
+  auto resets = scraped_family("dplb_kv_index_resets_total",
+                               "Times the rank's index was dropped whole: gap (events lost, not replayed), restart "
+                               "(the publisher started again), unhealthy, removed",
+                               prometheus::MetricType::Counter);
+  auto replayed = scraped_family("dplb_kv_events_replayed_total",
+                                 "Event batches recovered from the rank's replay socket after a sequence gap",
+                                 prometheus::MetricType::Counter);
+  auto lag = scraped_family("dplb_kv_event_lag_seconds",
+                            "Arrival of the rank's last event batch minus the engine's timestamp on it (clocks "
+                            "of two hosts: their skew adds in)",
+                            prometheus::MetricType::Gauge);
+  const auto sample = [](const std::string& rank, double value, prometheus::MetricType type) {
+    prometheus::ClientMetric m;
+    m.label = {{"rank", rank}};
+    (type == prometheus::MetricType::Gauge ? m.gauge.value : m.counter.value) = value;
+    return m;
+  };
+  const std::size_t ranks = std::min(rank_count(), kv_events_->capacity());
+  for (std::size_t rank = 0; rank < ranks; ++rank) {
+    const auto* feed = kv_events_->feed(rank);
+    if (!feed->configured.load(std::memory_order_relaxed) && feed->events.load(std::memory_order_relaxed) == 0 &&
+        feed->errors.load(std::memory_order_relaxed) == 0) {
+      continue;  // never had an event source
+    }
+    if (retired(rank)) continue;
+    const auto& label = rank_labels_[rank];
+    const auto load = [](const std::atomic<std::uint64_t>& v) { return static_cast<double>(v.load(std::memory_order_relaxed)); };
+    events.metric.push_back(sample(label, load(feed->events), prometheus::MetricType::Counter));
+    errors.metric.push_back(sample(label, load(feed->errors), prometheus::MetricType::Counter));
+    blocks.metric.push_back(sample(label, load(feed->blocks), prometheus::MetricType::Gauge));
+    replayed.metric.push_back(sample(label, load(feed->replayed), prometheus::MetricType::Counter));
+    for (std::size_t r = 0; r < kv::reset_reason_count; ++r) {
+      auto m = sample(label, load(feed->resets[r]), prometheus::MetricType::Counter);
+      m.label.push_back({"reason", std::string(kv::name_of(static_cast<kv::reset_reason>(r)))});
+      resets.metric.push_back(std::move(m));
+    }
+    const double ts = feed->last_batch_ts.load(std::memory_order_relaxed);
+    const double arrival = feed->last_batch_arrival.load(std::memory_order_relaxed);
+    lag.metric.push_back(sample(label, ts > 0 ? std::max(0.0, arrival - ts) : 0.0, prometheus::MetricType::Gauge));
+  }
+  out.push_back(std::move(events));
+  out.push_back(std::move(errors));
+  out.push_back(std::move(blocks));
+  out.push_back(std::move(resets));
+  out.push_back(std::move(replayed));
+  out.push_back(std::move(lag));
+  if (tokenize_) {
+    auto tokenize = scraped_family("dplb_tokenize_requests_total",
+                                   "--tokenize engine: /tokenize asked of an engine for a request's text, by outcome "
+                                   "(failed: the request was matched without its token ids)",
+                                   prometheus::MetricType::Counter);
+    for (std::size_t i = 0; i < 2; ++i) {
+      prometheus::ClientMetric m;
+      m.label = {{"outcome", i == 0 ? "ok" : "failed"}};
+      m.counter.value = static_cast<double>(tokenize_outcomes_[i].load(std::memory_order_relaxed));
+      tokenize.metric.push_back(std::move(m));
+    }
+    out.push_back(std::move(tokenize));
+  }
+  return out;
 }
 
 void proxy_metrics::observe_routing(const balancer::routing_stats& stats, bool prefix, bool affinity) {

@@ -24,6 +24,7 @@ enum class place : std::uint8_t {
   max_completion_tokens,
   choices,
   data_parallel_rank,
+  cache_salt,
   prompt_item,  // an element of "prompt": [...]
   prompt_id,    // an element of an array inside "prompt": [[...], ...]
   message,      // an element of "messages"
@@ -44,6 +45,7 @@ place top_level_place(std::string_view key) {
   if (key == "max_completion_tokens") return place::max_completion_tokens;
   if (key == "n") return place::choices;
   if (key == "data_parallel_rank") return place::data_parallel_rank;
+  if (key == "cache_salt") return place::cache_salt;
   return place::other;
 }
 
@@ -118,6 +120,19 @@ class facts_handler {
   void feed(std::string_view s) {
     if (chain_) prefix_.feed(s);
   }
+  // The first prompt's token ids, as the engine will cache them: a flat "prompt": [ids], or the first
+  // array of a batch [[ids], ...]. An id beyond 32 bits, or anything but an id, makes them unusable.
+  std::vector<std::uint32_t> ids_;
+  bool ids_usable_ = true;
+  std::size_t id_arrays_ = 0;  // arrays of ids entered in the batch
+  void keep_id(const whole_number& n, bool in_batch) {
+    if (!chain_ || (in_batch && id_arrays_ != 1)) return;
+    if (n.negative || n.magnitude > std::numeric_limits<std::uint32_t>::max()) {
+      ids_usable_ = false;
+      return;
+    }
+    if (ids_.size() < max_prompt_token_ids) ids_.push_back(static_cast<std::uint32_t>(n.magnitude));
+  }
   void feed_id(std::uint64_t id) {
     if (!chain_) return;
     const auto narrow = static_cast<std::uint32_t>(id);
@@ -165,6 +180,7 @@ bool facts_handler::integer(whole_number n) {
     case place::prompt_id:
       ++prompt_tokens_;
       if (!n.negative) feed_id(n.magnitude);
+      keep_id(n, p == place::prompt_id);
       break;
     default: break;
   }
@@ -175,6 +191,9 @@ bool facts_handler::string(std::string_view s) {
   const place p = take_place();
   switch (p) {
     case place::model: facts_.model = s; break;
+    case place::cache_salt:
+      if (chain_) facts_.cache_salt = s;
+      break;
     case place::prompt:
       prompt_tokens_ = estimate_tokens(s);
       feed(s);
@@ -213,6 +232,9 @@ bool facts_handler::key(std::string_view k) {
           prompt_ids_only_ = false;
           prompt_tokens_ = 0;
           prefix_.take();  // the last "prompt" wins, and "prompt" wins over "messages"
+          ids_.clear();
+          ids_usable_ = true;
+          id_arrays_ = 0;
           break;
         case place::messages:
           messages_seen_ = true;
@@ -223,6 +245,7 @@ bool facts_handler::key(std::string_view k) {
         case place::max_completion_tokens: max_completion_tokens_.reset(); break;
         case place::choices: facts_.choices = 1; break;
         case place::data_parallel_rank: facts_.data_parallel_rank.reset(); break;
+        case place::cache_salt: facts_.cache_salt.clear(); break;
         default: break;
       }
       break;
@@ -263,7 +286,9 @@ bool facts_handler::start_array() {
     case place::prompt:
       prompt_ids_only_ = true;
       return enter(frame::prompt_batch);
-    case place::prompt_item: return enter(frame::prompt_ids);
+    case place::prompt_item:
+      ++id_arrays_;
+      return enter(frame::prompt_ids);
     case place::prompt_id: prompt_ids_only_ = false; return skip();
     case place::messages: return enter(frame::messages);
     case place::content: return enter(frame::parts);
@@ -309,6 +334,7 @@ request_facts facts_handler::result() && {
     facts_.prompt_tokens = clamp_u32(messages_tokens_);
   }
   facts_.max_tokens = max_completion_tokens_ ? max_completion_tokens_ : max_tokens_;
+  if (chain_ && prompt_seen_ && prompt_ids_only_ && ids_usable_) facts_.prompt_token_ids = std::move(ids_);
   if (chain_ && (prompt_seen_ || messages_seen_)) {
     facts_.prefix_chain = prefix_.take();
     balancer::prefix_chain_builder::reseed(facts_.prefix_chain, balancer::prefix_chain_builder::seed_of(facts_.model));

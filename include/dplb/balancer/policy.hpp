@@ -62,6 +62,9 @@ struct pick_context {
   // The prompt's prefix blocks, chained by hash and seeded by the model (prefix_index.hpp); filled only
   // for a policy that asks for request facts.
   std::span<const std::uint64_t> prefix_chain{};
+  // The prompt's blocks as the engines' KV-cache events index them (kv/chain_hash.hpp: token ids in
+  // blocks of --block-size); empty when its token ids are not known. Filled only for prefix-aware.
+  std::span<const std::uint64_t> kv_chain{};
   std::optional<std::size_t> pinned_rank{};  // the client named the rank: only it is a candidate
   std::size_t cluster = 0;  // the cluster serving the request: only its ranks are candidates
   const std::vector<bool>* avoid = nullptr;  // ranks already tried by this request (a retry)

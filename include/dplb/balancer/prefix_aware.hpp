@@ -1,6 +1,8 @@
 #pragma once
 #include <vector>
 
+#include "dplb/kv/event_index.hpp"
+
 #include "dplb/balancer/policy.hpp"
 #include "dplb/balancer/prefix_index.hpp"
 #include "dplb/balancer/routing_stats.hpp"
@@ -11,14 +13,23 @@ struct prefix_aware_options {
   double load_bound = 1.25;                 // --load-bound: see load_bound
   std::size_t min_match_blocks = 1;         // --prefix-min-match (default 64 tokens), in blocks of prefix_block_tokens
   std::size_t index_blocks_per_rank = 16384;  // --prefix-index-blocks
+  // What the engines' KV-cache events say each rank holds; null when no backend publishes them.
+  const kv::event_index* events = nullptr;
+  std::uint32_t block_size = 16;          // --block-size: tokens per block of the events
+  std::size_t event_min_match_blocks = 4;  // --prefix-min-match in those blocks, rounded up
 };
 
-// Sends a request where its prompt's prefix went before, so that the engine's prefix cache spares the
-// prefill of what it already holds, without building a hot spot:
-//  1. The rank whose remembered blocks match the longest prefix of the request's prompt
-//     (pick_context::prefix_chain, against a prefix_index of what this policy routed), if the match is at
-//     least `min_match_blocks` and the rank is within the load bound; several such ranks: the fewest in
-//     flight per weight, then the rotation.
+// Sends a request where its prompt's prefix is cached, so that the engine's prefix cache spares the
+// prefill of what it already holds, without building a hot spot. Where a prefix is cached comes from one
+// of two indexes:
+//  - precise: the engines' KV-cache events (options.events), when some backend publishes them and the
+//    request's token ids are known (pick_context::kv_chain): what each rank holds, whoever put it there,
+//    and nothing an engine evicted;
+//  - approximate otherwise: a prefix_index of what this policy routed (pick_context::prefix_chain).
+// Then:
+//  1. The rank whose blocks match the longest prefix of the request's prompt, if the match is at least
+//     `min_match_blocks` (event_min_match_blocks for the events) and the rank is within the load bound;
+//     several such ranks: the fewest in flight per weight, then the rotation.
 //  2. Otherwise least-inflight decides, its ties going to the longer match, then to the rotation. So
 //     requests that share nothing (no match anywhere) are placed exactly as least-inflight places them, and a
 //     burst of them onto idle ranks is exactly round-robin.
@@ -41,6 +52,13 @@ class prefix_aware final : public policy {
 
  private:
   void publish_size(std::size_t rank);
+  // Fills matched_ for the request from the index that applies to it; returns the blocks a match needs
+  // and the tokens per block.
+  struct match_rule {
+    std::uint32_t enough;
+    std::uint32_t tokens_per_block;
+  };
+  match_rule match(const pick_context& request, std::size_t ranks);
 
   const prefix_aware_options options_;
   prefix_index index_;

@@ -35,6 +35,9 @@ struct routing_stats;
 namespace dplb::support {
 class supervisor;
 }
+namespace dplb::kv {
+class event_index;
+}
 
 namespace dplb::metrics {
 class access_log;
@@ -92,6 +95,16 @@ class proxy_metrics {
   // the prefix families when `prefix` (some cluster uses prefix-aware), the affinity one when
   // `affinity` (--affinity-header). `stats` must outlive this. Before serving.
   void observe_routing(const balancer::routing_stats& stats, bool prefix, bool affinity);
+  // The KV-cache event feeds (dplb_kv_events_total, dplb_kv_event_errors_total, dplb_kv_blocks,
+  // dplb_kv_index_resets_total, dplb_kv_events_replayed_total, dplb_kv_event_lag_seconds; each for the
+  // ranks with an event source) and --tokenize engine's outcomes (dplb_tokenize_requests_total), shown from
+  // now on. `events` must outlive this. Before serving.
+  void observe_kv_events(const kv::event_index& events, bool tokenize);
+  // A /tokenize asked of an engine for a request: its ids were read (ok), or not (no answer, an error, not
+  // ids): the request was then matched without them.
+  void tokenized(bool ok) {
+    tokenize_outcomes_[ok ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
+  }
   // The access log's dropped lines (dplb_access_log_dropped_total), shown from now on. Before serving.
   void observe_access_log(const access_log& log) { access_log_ = &log; }
   // The background tasks' failures (dplb_internal_errors_total{task}), every task's series from now on, 0
@@ -143,6 +156,11 @@ class proxy_metrics {
   std::vector<prometheus::MetricFamily> histogram_families() const;
   // The routing decisions' families (observe_routing), for the scrape.
   std::vector<prometheus::MetricFamily> routing_families() const;
+  // The KV-cache event feeds' families (observe_kv_events), for the scrape.
+  std::vector<prometheus::MetricFamily> kv_event_families() const;
+  const kv::event_index* kv_events_ = nullptr;
+  bool tokenize_ = false;
+  std::array<std::atomic<std::uint64_t>, 2> tokenize_outcomes_{};  // ok, failed
 
   const balancer::routing_stats* routing_ = nullptr;
   const access_log* access_log_ = nullptr;

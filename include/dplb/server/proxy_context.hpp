@@ -8,6 +8,7 @@
 
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/config/settings.hpp"
+#include "dplb/kv/event_index.hpp"
 #include "dplb/metrics/access_log.hpp"
 #include "dplb/metrics/proxy_metrics.hpp"
 #include "dplb/server/deadline_sweeper.hpp"
@@ -28,6 +29,8 @@ struct shared_state {
   upstream::health_monitor& health;
   const model_routes& models;
   metrics::access_log* access_log = nullptr;       // --access-log, else null
+  // What the engines' KV-cache events say the ranks hold (prefix-aware): null when no policy reads them.
+  const kv::event_index* kv_events = nullptr;
   std::atomic<std::size_t> client_connections{0};  // open now, all workers
   std::atomic<bool> draining{false};               // SIGTERM received: finish what is in flight, take nothing new
 };

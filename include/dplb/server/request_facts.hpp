@@ -56,6 +56,12 @@ struct request_facts {
   // content text, each message followed by a separator (roles are not fed: the template adds the same
   // tokens around any conversation). Approximate: a repeated key adds its text again rather than replacing it.
   std::vector<std::uint64_t> prefix_chain;
+  // Only when asked, as prefix_chain: the prompt's token ids, when the prompt is token ids (a batch: its
+  // first prompt, which decides where the batch is cached best), each at most 32 bits (vLLM's vocabularies);
+  // empty otherwise. At most max_prompt_token_ids. What KV-cache events are matched on.
+  std::vector<std::uint32_t> prompt_token_ids;
+  // Only when asked: vLLM's "cache_salt" when a string (it keeps the prompt's blocks apart from others').
+  std::string cache_salt;
 
   bool operator==(const request_facts&) const = default;
 };
@@ -64,6 +70,8 @@ struct request_facts {
 inline constexpr std::uint32_t estimated_chars_per_token = 4;
 // vLLM takes any n; beyond this a request is expensive enough that the exact figure no longer matters.
 inline constexpr std::uint32_t max_choices = 128;
+// Token ids kept for matching: beyond, a prompt's tail is not matched (a 1 Mi-token prompt is 4 MiB of ids).
+inline constexpr std::size_t max_prompt_token_ids = std::size_t{1} << 20;
 
 // Never throws: a body that cannot be read gives request_facts{}. One pass over the body that builds
 // nothing (~1 us for a 4 KiB prompt) and nests on the heap, one bit per level: deep nesting cannot

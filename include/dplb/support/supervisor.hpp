@@ -37,9 +37,10 @@ enum class task : std::uint8_t {
   engine_stats,  // the engine-stats poller's read loop
   pool_sweep,    // a worker's upstream connection pool sweep (one per worker)
   access_log,    // the access log's writing thread
+  kv_events,     // the KV-cache events subscriber's thread
 };
-inline constexpr std::array<std::string_view, 6> task_names{"accept",     "admin_accept", "health",
-                                                            "engine_stats", "pool_sweep", "access_log"};
+inline constexpr std::array<std::string_view, 7> task_names{"accept",     "admin_accept", "health",     "engine_stats",
+                                                            "pool_sweep", "access_log",   "kv_events"};
 constexpr std::string_view name_of(task t) { return task_names[static_cast<std::size_t>(t)]; }
 
 // When a failed task runs again. Pure: the caller measures how long the failed run lasted.
