@@ -21,6 +21,7 @@ Start-up: once every rank and the admin port listen, stdout gets one line per ra
 each followed by a line saying so), the admin line, then a last line:
   mock-engine rank <i> listening on <host>:<port>
   mock-engine rank <i> serves <N> DP engines
+  mock-engine rank <i> engine <j> kv-events tcp://<host>:<port>[ kv-replay tcp://<host>:<port>]
   mock-engine admin listening on <host>:<admin-port>
   mock-engine ready
 SIGTERM or SIGINT closes everything and exits 0. Every response carries `x-mock-rank: <i>`; those
@@ -56,6 +57,10 @@ Endpoints (per rank):
       Streaming: headers at once, first token after --ttft-ms, then one every --itl-ms; usage event
       with stream_options.include_usage; then `data: [DONE]`. Non-streaming: one JSON answer after
       ttft + (max_tokens - 1) * itl. Closing the connection aborts the request.
+  POST /tokenize   vLLM's: {"model":M,"prompt":..} or {"model":M,"messages":[..]} -> {"count":N,
+      "max_model_len":8192,"tokens":[..],"token_strs":null}: exactly the ids completions (prompt) or
+      chat (messages) prefill. Token ids are 32-bit: ids given must be in [0, 2^32) (else 400), a
+      word's id is its hash reduced below 2^31.
   GET /v1/models, /version, /health (200, empty), GET|POST /ping, GET /metrics (Prometheus text:
       vllm:num_requests_running/_waiting, vllm:kv_cache_usage_perc, vllm:prompt_tokens_total,
       vllm:generation_tokens_total, vllm:request_success_total, vllm:prefix_cache_queries_total,
@@ -144,6 +149,18 @@ Simulated serving (--simulate; off by default, and then none of this applies):
     mock_prompt_tokens_pending   gauge: prompt tokens of waiting and running requests not yet prefilled
     mock_decode_tokens_pending   gauge: tokens they have still to produce
 
+KV-cache events (--simulate --kv-events-port P; vLLM's ZmqEventPublisher): engine e (engine j of rank
+  i, e = i * dp + j) binds a PUB socket on tcp://host:P+e and, with --kv-replay-port R, a ROUTER on
+  R+e. Messages: [topic, seq (8 bytes big-endian, 0, 1, ... per engine), msgpack EventBatch] with
+  EventBatch [ts, events, data_parallel_rank=j] (array) or {"ts","events","data_parallel_rank"} (map),
+  one per engine step that changed the cache, sent at the step's end. BlockStored: each run of a
+  request's newly cached blocks (prompt or output) with its parent hash (nil: the prompt's first
+  block), block_size token ids per block, medium "GPU", lora nil, extra_keys [["salt"], nil, ..] only
+  with a cache_salt. BlockRemoved: names lost to eviction, before the stores that reuse the blocks.
+  AllBlocksCleared: a reset. Replay: send the 8-byte start seq (DEALER, or REQ's envelope); the
+  answer is every kept batch with seq >= start, then seq -1 with an empty payload. A batch that finds
+  the publisher's queue full is dropped, its seq skipped (mock_kv_event_batches_dropped_total).
+
 Fault injection, on the admin port (always up, whatever the faults; answers JSON):
   GET    /fault?rank=<i>        the rank's fault state
   POST   /fault?rank=<i>        body: a JSON object of the fields below to set (absent: unchanged; {}
@@ -158,6 +175,9 @@ Fault injection, on the admin port (always up, whatever the faults; answers JSON
   POST   /metrics/raw?rank=<i>  the rank's /metrics (and GET /metrics?rank=<i>) answers exactly the
                                 request body from now on (garbage, NaN, missing series...)
   DELETE /metrics/raw?rank=<i>  back to the real text
+  POST   /kv-events/publish?rank=<i>&engine=<j>[&seq=<S>]   the body, raw, is the payload of engine j's
+                                next KV-events message (sent as seq S, numbering on from S+1)
+  POST   /kv-events/reset?rank=<i>[&engine=<j>]   resets the prefix cache(s), publishing AllBlocksCleared
   GET    /stats                 {"ports":[{"rank":i,"port":P,"engines":[{"engine":j,"requests_routed":n,
                                 "requests_routed_by_header":h,"requests_in_flight":f},..],"recent":[{"engine":j,
                                 "x_data_parallel_rank":"<value>"|null},..]},..]}: completions/chat per engine, and
