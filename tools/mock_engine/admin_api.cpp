@@ -33,6 +33,36 @@ std::variant<unsigned, admin_answer> index_of(std::string_view query, std::strin
   return bad_request("missing ?" + std::string(name) + "=<i>: " + expected, name);
 }
 
+// Whether the query string names `name` at all.
+bool has_parameter(std::string_view query, std::string_view name) {
+  const std::string prefix = std::string(name) + "=";
+  while (!query.empty()) {
+    const auto amp = query.find('&');
+    if (query.substr(0, amp).starts_with(prefix)) return true;
+    query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
+  }
+  return false;
+}
+
+// seq=<S>, a signed 64-bit integer, if present.
+std::variant<std::optional<std::int64_t>, admin_answer> seq_of(std::string_view query) {
+  constexpr std::string_view prefix = "seq=";
+  while (!query.empty()) {
+    const auto amp = query.find('&');
+    const auto pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
+    if (!pair.starts_with(prefix)) continue;
+    const auto text = pair.substr(prefix.size());
+    std::int64_t seq = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seq);
+    if (ec != std::errc() || end != text.data() + text.size()) {
+      return bad_request("seq must be a signed 64-bit integer, got \"" + std::string(text) + "\"", "seq");
+    }
+    return std::optional<std::int64_t>(seq);
+  }
+  return std::optional<std::int64_t>{};
+}
+
 admin_answer method_not_allowed(std::string_view allowed) {
   return {
       405, "application/json",
@@ -51,7 +81,8 @@ bool names_rank(admin_action action) {
   return action != admin_action::clear_overrides && action != admin_action::get_stats;
 }
 bool names_engine(admin_action action) {
-  return action == admin_action::get_override || action == admin_action::set_override;
+  return action == admin_action::get_override || action == admin_action::set_override ||
+         action == admin_action::publish_kv_event;
 }
 
 }  // namespace
@@ -71,6 +102,8 @@ std::variant<admin_command, admin_answer> parse_admin_request(std::string_view m
       {"/metrics/override", "GET, POST, DELETE", get_override, set_override, clear_overrides},
       {"/metrics/raw", "POST, DELETE", std::nullopt, set_raw_metrics, clear_raw_metrics},
       {"/stats", "GET", get_stats, std::nullopt, std::nullopt},
+      {"/kv-events/publish", "POST", std::nullopt, publish_kv_event, std::nullopt},
+      {"/kv-events/reset", "POST", std::nullopt, reset_kv_cache, std::nullopt},
   };
   const route* found = nullptr;
   for (const auto& r : routes) {
@@ -97,6 +130,14 @@ std::variant<admin_command, admin_answer> parse_admin_request(std::string_view m
     if (auto* error = std::get_if<admin_answer>(&engine)) return std::move(*error);
     command.engine = std::get<unsigned>(engine);
   }
+  if (command.action == reset_kv_cache) {  // engine= optional: all the rank's engines without it
+    command.all_engines = !has_parameter(query, "engine");
+    if (!command.all_engines) {
+      auto engine = index_of(query, "engine", engines);
+      if (auto* error = std::get_if<admin_answer>(&engine)) return std::move(*error);
+      command.engine = std::get<unsigned>(engine);
+    }
+  }
 
   if (command.action == set_fault) {
     auto patch = parse_fault_patch(body);
@@ -108,6 +149,11 @@ std::variant<admin_command, admin_answer> parse_admin_request(std::string_view m
     command.override_patch = std::get<gauge_override_patch>(patch);
   } else if (command.action == set_raw_metrics) {
     command.raw_metrics = std::string(body);
+  } else if (command.action == publish_kv_event) {
+    auto seq = seq_of(query);
+    if (auto* error = std::get_if<admin_answer>(&seq)) return std::move(*error);
+    command.seq = std::get<std::optional<std::int64_t>>(seq);
+    command.payload = std::string(body);
   }
   return command;
 }

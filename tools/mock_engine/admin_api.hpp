@@ -12,8 +12,14 @@
 //   POST   /metrics/raw?rank=<i>   the rank's /metrics answers exactly the body, until
 //   DELETE /metrics/raw?rank=<i>   ... this
 //   GET    /stats                  per port and engine: requests routed, and the recent requests
+//   POST   /kv-events/publish?rank=<i>&engine=<j>[&seq=<S>]   the body, raw, as the payload of engine j's
+//                                  next KV-events message (seq S instead of the next, then S+1, ...)
+//   POST   /kv-events/reset?rank=<i>[&engine=<j>]   resets the prefix cache of engine j (else of every
+//                                  engine of the rank), which publishes AllBlocksCleared
 // Answers are JSON (but /metrics): 200 with the state, 400/404/405 with vLLM's error shape.
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -34,6 +40,8 @@ enum class admin_action {
   set_raw_metrics,
   clear_raw_metrics,
   get_stats,
+  publish_kv_event,
+  reset_kv_cache,
 };
 
 struct admin_command {
@@ -43,6 +51,9 @@ struct admin_command {
   fault_patch patch;    // set_fault only
   gauge_override_patch override_patch;  // set_override only
   std::string raw_metrics;              // set_raw_metrics only
+  bool all_engines = false;             // reset_kv_cache without engine=
+  std::optional<std::int64_t> seq;      // publish_kv_event's seq=, if given
+  std::string payload;                  // publish_kv_event only: the body
 };
 
 struct admin_answer {

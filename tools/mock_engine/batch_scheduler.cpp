@@ -128,7 +128,9 @@ bool batch_scheduler::admit(std::uint64_t& budget, rank_step& step) {
 void batch_scheduler::name_full_blocks(request& r, std::uint64_t tokens) {
   const auto& chain = r.chain.chain();
   const std::size_t full = std::min<std::size_t>(tokens / config_.kv.block_size, chain.size());
-  for (; r.named < full; ++r.named) kv_.name(r.blocks[r.named], chain[r.named]);
+  if (r.named >= full) return;
+  kv_.name_chain(r.blocks, r.chain, r.named, full);
+  r.named = full;
 }
 
 rank_step batch_scheduler::begin_step() {

@@ -122,6 +122,11 @@ class batch_scheduler {
   // queries and hits in tokens (vllm:prefix_cache_queries_total / _hits_total: at every admission, the
   // tokens to compute and the tokens found cached).
   const kv_block_pool& kv_cache() const { return kv_; }
+  // With kv.record_events: what the cache recorded since the last call (blocks named when scheduled,
+  // evicted when allocation reused them, a reset), in order.
+  std::vector<cache_event> take_kv_events() { return kv_.take_events(); }
+  // vLLM's reset_prefix_cache (the admin port's /kv-events/reset): no block stays cached.
+  void reset_prefix_cache() { kv_.reset_prefix_cache(); }
   std::uint64_t preemptions() const { return preemptions_; }
   std::uint64_t prefix_queries() const { return prefix_queries_; }
   std::uint64_t prefix_hits() const { return prefix_hits_; }

@@ -210,6 +210,14 @@ std::string render_metrics(const port_metrics& p, std::string_view port_label,
                     "Tokens the waiting and running requests have still to produce (max_tokens minus produced).",
                     counted(&engine_metrics::sim_decode_pending));
   }
+  if (!engines.empty() && engines.front().metrics.kv_events) {
+    w.engine_series("mock_kv_events_published_total", "counter",
+                    "KV-cache events handed to this engine's ZMQ publisher (--kv-events-port).",
+                    counted(&engine_metrics::kv_events_published));
+    w.engine_series("mock_kv_event_batches_dropped_total", "counter",
+                    "KV-cache event batches dropped because the publisher's queue was full (their sequence numbers are skipped).",
+                    counted(&engine_metrics::kv_batches_dropped));
+  }
   return w.take();
 }
 

@@ -70,6 +70,13 @@ struct engine_metrics {
   std::uint32_t kv_block_size = 0;
   std::uint32_t kv_blocks = 0;
   bool prefix_caching = false;
+
+  // KV-cache events (--kv-events-port; kv_event_publisher.hpp). `kv_events` is set once at start-up; the
+  // counters are the publisher thread's: events in the batches it sent, and batches dropped because its
+  // queue was full (their sequence numbers skipped).
+  bool kv_events = false;
+  std::atomic<std::uint64_t> kv_events_published{0};
+  std::atomic<std::uint64_t> kv_batches_dropped{0};
 };
 
 // Values a test imposes on an engine's gauges (the admin port's /metrics/override); unset: the real one.

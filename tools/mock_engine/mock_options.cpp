@@ -21,6 +21,7 @@ Start-up: once every rank and the admin port listen, stdout gets one line per ra
 each followed by a line saying so), the admin line, then a last line:
   mock-engine rank <i> listening on <host>:<port>
   mock-engine rank <i> serves <N> DP engines
+  mock-engine rank <i> engine <j> kv-events tcp://<host>:<port>[ kv-replay tcp://<host>:<port>]
   mock-engine admin listening on <host>:<admin-port>
   mock-engine ready
 SIGTERM or SIGINT closes everything and exits 0. Every response carries `x-mock-rank: <i>`; those
@@ -56,6 +57,10 @@ Endpoints (per rank):
       Streaming: headers at once, first token after --ttft-ms, then one every --itl-ms; usage event
       with stream_options.include_usage; then `data: [DONE]`. Non-streaming: one JSON answer after
       ttft + (max_tokens - 1) * itl. Closing the connection aborts the request.
+  POST /tokenize   vLLM's: {"model":M,"prompt":..} or {"model":M,"messages":[..]} -> {"count":N,
+      "max_model_len":8192,"tokens":[..],"token_strs":null}: exactly the ids completions (prompt) or
+      chat (messages) prefill. Token ids are 32-bit: ids given must be in [0, 2^32) (else 400), a
+      word's id is its hash reduced below 2^31.
   GET /v1/models, /version, /health (200, empty), GET|POST /ping, GET /metrics (Prometheus text:
       vllm:num_requests_running/_waiting, vllm:kv_cache_usage_perc, vllm:prompt_tokens_total,
       vllm:generation_tokens_total, vllm:request_success_total, vllm:prefix_cache_queries_total,
@@ -144,6 +149,18 @@ Simulated serving (--simulate; off by default, and then none of this applies):
     mock_prompt_tokens_pending   gauge: prompt tokens of waiting and running requests not yet prefilled
     mock_decode_tokens_pending   gauge: tokens they have still to produce
 
+KV-cache events (--simulate --kv-events-port P; vLLM's ZmqEventPublisher): engine e (engine j of rank
+  i, e = i * dp + j) binds a PUB socket on tcp://host:P+e and, with --kv-replay-port R, a ROUTER on
+  R+e. Messages: [topic, seq (8 bytes big-endian, 0, 1, ... per engine), msgpack EventBatch] with
+  EventBatch [ts, events, data_parallel_rank=j] (array) or {"ts","events","data_parallel_rank"} (map),
+  one per engine step that changed the cache, sent at the step's end. BlockStored: each run of a
+  request's newly cached blocks (prompt or output) with its parent hash (nil: the prompt's first
+  block), block_size token ids per block, medium "GPU", lora nil, extra_keys [["salt"], nil, ..] only
+  with a cache_salt. BlockRemoved: names lost to eviction, before the stores that reuse the blocks.
+  AllBlocksCleared: a reset. Replay: send the 8-byte start seq (DEALER, or REQ's envelope); the
+  answer is every kept batch with seq >= start, then seq -1 with an empty payload. A batch that finds
+  the publisher's queue full is dropped, its seq skipped (mock_kv_event_batches_dropped_total).
+
 Fault injection, on the admin port (always up, whatever the faults; answers JSON):
   GET    /fault?rank=<i>        the rank's fault state
   POST   /fault?rank=<i>        body: a JSON object of the fields below to set (absent: unchanged; {}
@@ -158,6 +175,9 @@ Fault injection, on the admin port (always up, whatever the faults; answers JSON
   POST   /metrics/raw?rank=<i>  the rank's /metrics (and GET /metrics?rank=<i>) answers exactly the
                                 request body from now on (garbage, NaN, missing series...)
   DELETE /metrics/raw?rank=<i>  back to the real text
+  POST   /kv-events/publish?rank=<i>&engine=<j>[&seq=<S>]   the body, raw, is the payload of engine j's
+                                next KV-events message (sent as seq S, numbering on from S+1)
+  POST   /kv-events/reset?rank=<i>[&engine=<j>]   resets the prefix cache(s), publishing AllBlocksCleared
   GET    /stats                 {"ports":[{"rank":i,"port":P,"engines":[{"engine":j,"requests_routed":n,
                                 "requests_routed_by_header":h,"requests_in_flight":f},..],"recent":[{"engine":j,
                                 "x_data_parallel_rank":"<value>"|null},..]},..]}: completions/chat per engine, and
@@ -267,6 +287,50 @@ void read_balance(const po::variables_map& vm, mock_options& options) {
   }
 }
 
+// The KV-cache events' flags. Called with --simulate only (each flag needs it).
+void read_kv_events(const po::variables_map& vm, mock_options& options) {
+  const unsigned engines = options.ranks * options.dp;
+  // Each needs a port range of one port per engine, all within 1..65535 (0 would be an ephemeral port,
+  // which dplb could not be told in advance).
+  const auto port_range = [&](const char* name) {
+    const auto port = static_cast<std::uint16_t>(bounded(vm, name, 1, 65535));
+    if (port + engines - 1 > 65535) {
+      throw std::invalid_argument("--" + std::string(name) + " + engines - 1 (" + std::to_string(engines) +
+                                  " engines: --ranks * --dp) must not exceed 65535");
+    }
+    return port;
+  };
+  if (vm.count("kv-events-port") == 0) {
+    for (const char* name : {"kv-replay-port", "kv-events-topic", "kv-events-encoding", "kv-events-int-hashes",
+                             "kv-buffer-steps"}) {
+      if (vm.count(name) != 0 && !vm[name].defaulted())
+        throw std::invalid_argument("--" + std::string(name) + " needs --kv-events-port");
+    }
+    return;
+  }
+  options.kv_events_port = port_range("kv-events-port");
+  if (vm.count("kv-replay-port") != 0) {
+    options.kv_replay_port = port_range("kv-replay-port");
+    const unsigned a = options.kv_events_port;
+    const unsigned b = options.kv_replay_port;
+    if (a < b + engines && b < a + engines) {
+      throw std::invalid_argument("the ports of --kv-events-port and --kv-replay-port overlap (one per engine each)");
+    }
+  }
+  options.kv_events_topic = vm["kv-events-topic"].as<std::string>();
+  const auto encoding = vm["kv-events-encoding"].as<std::string>();
+  if (encoding == "map") {
+    options.kv_events_encoding = kv_event_encoding::map;
+  } else if (encoding == "array") {
+    options.kv_events_encoding = kv_event_encoding::array;
+  } else {
+    throw std::invalid_argument("--kv-events-encoding must be array or map, got '" + encoding + "'");
+  }
+  options.kv_events_int_hashes = vm["kv-events-int-hashes"].as<bool>();
+  options.kv_buffer_steps = static_cast<std::uint64_t>(bounded(vm, "kv-buffer-steps", 0, 1'000'000));
+  options.engine.kv.record_events = true;
+}
+
 }  // namespace
 
 command_line_result parse_command_line(int argc, const char* const* argv, std::ostream& out,
@@ -353,6 +417,22 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
      "CUDA-graph capture sizes, e.g. 1,2,4,8,16 (default: vLLM's for --max-num-seqs: 1,2,4, every 8 "
      "to 248, every 16 from 256 to min(2 * max-num-seqs, 512))");
   described.add(simulation);
+  po::options_description kv_events("vLLM's KV-cache events (see below; each needs --simulate, and the others --kv-events-port)");
+  kv_events.add_options()
+    ("kv-events-port", po::value<std::int64_t>()->value_name("P"),
+     "publish KV-cache events on ZMQ PUB sockets, engine e (engine j of rank i: e = i * dp + j) on "
+     "tcp://host:P+e; default off. P + engines - 1 <= 65535 (no ephemeral ports: dplb must know them)")
+    ("kv-replay-port", po::value<std::int64_t>()->value_name("R"),
+     "a ZMQ ROUTER replay socket per engine on tcp://host:R+e (default: none)")
+    ("kv-events-topic", po::value<std::string>()->value_name("TOPIC")->default_value(""),
+     "the topic frame of every message (vLLM's default: empty)")
+    ("kv-events-encoding", po::value<std::string>()->value_name("array|map")->default_value("map"),
+     "EventBatch and events as msgspec arrays (vLLM < 0.26) or maps (vLLM >= 0.26)")
+    ("kv-events-int-hashes", po::bool_switch(),
+     "block hashes as msgpack integers (vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES); default 32-byte bins")
+    ("kv-buffer-steps", po::value<std::int64_t>()->value_name("N")->default_value(10000),
+     "batches kept per engine for replay, in [0, 1000000] (vLLM's buffer_steps)");
+  described.add(kv_events);
   // clang-format on
 
   try {
@@ -391,7 +471,8 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
     if (!options.simulate) {
       for (const char* name :
            {"dp-lockstep", "time-scale", "start-after", "kv-blocks", "block-size", "no-enable-prefix-caching", "max-num-seqs", "max-num-batched-tokens", "step-base-us",
-            "step-us-per-token", "prefill-us-per-token", "cudagraph-sizes"}) {
+            "step-us-per-token", "prefill-us-per-token", "cudagraph-sizes", "kv-events-port", "kv-replay-port",
+            "kv-events-topic", "kv-events-encoding", "kv-events-int-hashes", "kv-buffer-steps"}) {
         if (vm.count(name) != 0 && !vm[name].defaulted())
           throw std::invalid_argument("--" + std::string(name) + " needs --simulate");
       }
@@ -432,6 +513,7 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
     engine.capture_sizes = vm.count("cudagraph-sizes") != 0
                                ? parse_sizes(vm["cudagraph-sizes"].as<std::string>())
                                : sim::default_capture_sizes(engine.max_num_seqs);
+    read_kv_events(vm, options);
     return {std::move(options), 0};
   } catch (const std::exception& e) {
     err << "dplb-mock-engine: " << e.what() << " (see --help)\n";

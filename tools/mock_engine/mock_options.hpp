@@ -9,6 +9,7 @@
 #include <string>
 
 #include "batch_scheduler.hpp"
+#include "kv_event_encoder.hpp"
 
 namespace dplb::mock {
 
@@ -57,6 +58,16 @@ struct mock_options {
   // cache (blocks, block size, prefix caching), with the defaults of batch_scheduler.hpp (a large MoE,
   // one modern GPU per rank; --help says why).
   sim::engine_config engine;
+
+  // vLLM's KV-cache events (kv_event_publisher.hpp; needs `simulate`): global engine e (engine j of rank
+  // i is e = i * dp + j) publishes on kv_events_port + e and, if kv_replay_port is set, answers replay
+  // requests on kv_replay_port + e. 0 = off. Fixed ports only: dplb must know them in advance.
+  std::uint16_t kv_events_port = 0;
+  std::uint16_t kv_replay_port = 0;
+  std::string kv_events_topic;  // every message's first frame (vLLM's default: empty)
+  kv_event_encoding kv_events_encoding = kv_event_encoding::map;
+  bool kv_events_int_hashes = false;  // block hashes as integers, not 32-byte bins
+  std::uint64_t kv_buffer_steps = 10000;  // batches kept per engine for replay (vLLM's buffer_steps)
 };
 
 // Either options to run with, or the process exit status (0 after --help, 2 after a bad command line).

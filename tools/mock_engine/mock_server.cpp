@@ -25,6 +25,7 @@
 #include "connection_registry.hpp"
 #include "engine_metrics.hpp"
 #include "faults.hpp"
+#include "kv_event_publisher.hpp"
 #include "rank_state.hpp"
 #include "session.hpp"
 #include "sim_engine.hpp"
@@ -183,6 +184,9 @@ struct mock_server::impl final : admin_handler {
 
   const mock_options options;
   std::deque<rank_state> ranks;
+  // With --kv-events-port: every engine's ZMQ sockets, on a thread of their own. Declared before the
+  // simulation, which publishes through it, so that it goes after it.
+  std::unique_ptr<kv_event_publisher> kv_publisher;
   // With --simulate. Outlives the contexts: sessions destroyed with them still reach it (to learn that
   // it is shut down).
   std::unique_ptr<sim_engine> simulation;
@@ -230,6 +234,18 @@ asio::awaitable<admin_answer> mock_server::impl::handle(std::string_view method,
       co_return admin_answer{200, json_type, "{}"};
     case admin_action::get_stats:
       co_return admin_answer{200, json_type, render_stats(ranks, ports)};
+    case admin_action::publish_kv_event: {
+      if (!kv_publisher) co_return admin_failure(400, "no KV-cache events: the mock runs without --kv-events-port");
+      const auto seq = kv_publisher->publish(engine.sim_index, std::move(command.payload), 0, command.seq);
+      co_return admin_answer{200, json_type, "{\"seq\":" + std::to_string(seq) + "}"};
+    }
+    case admin_action::reset_kv_cache:
+      if (!simulation) co_return admin_failure(400, "no KV cache to reset: the mock runs without --simulate");
+      // Thread 0, where the simulation lives: the reset and its AllBlocksCleared happen between steps.
+      for (const auto& each : rank.engines) {
+        if (command.all_engines || each.index == command.engine) simulation->reset_prefix_cache(each.sim_index);
+      }
+      co_return admin_answer{200, json_type, "{}"};
     case admin_action::set_fault:
     case admin_action::clear_fault:
       break;
@@ -325,6 +341,27 @@ mock_server::mock_server(const mock_options& options) : impl_(std::make_unique<i
     s.simulation = std::make_unique<sim_engine>(*s.contexts.front(), options, std::move(engines));
     for (auto& rank : s.ranks) {
       for (auto& engine : rank.engines) engine.simulation = s.simulation.get();
+    }
+    if (options.kv_events_port != 0) {
+      kv_publisher_config config;
+      config.address = address.to_string();
+      config.ipv6 = address.is_v6();
+      config.events_port = options.kv_events_port;
+      config.replay_port = options.kv_replay_port;
+      config.topic = options.kv_events_topic;
+      config.buffer_steps = options.kv_buffer_steps;
+      std::vector<engine_metrics*> metrics;
+      for (auto& rank : s.ranks) {
+        for (auto& engine : rank.engines) {
+          engine.metrics.kv_events = true;
+          metrics.push_back(&engine.metrics);
+        }
+      }
+      s.kv_publisher = std::make_unique<kv_event_publisher>(config, std::move(metrics));
+      s.simulation->publish_kv_events(
+          *s.kv_publisher,
+          kv_event_format{options.kv_events_encoding, options.kv_events_int_hashes, options.engine.kv.block_size},
+          options.dp);
     }
   }
 

@@ -40,71 +40,125 @@ bool is_json_media_type(std::string_view content_type) {
                     [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; });
 }
 
-// Counts `text`'s words and, given a chain, adds each word's pseudo-token to it.
-std::uint64_t tokenize(std::string_view text, sim::chain_builder* chain) {
-  if (chain == nullptr) return count_words(text);
-  std::uint64_t words = 0;
+// Where a prompt's tokens go, in order: always counted; fed to the request's block chain (with
+// --simulate) and listed (/tokenize) when asked. One tokenizer feeds all three, so that /tokenize says
+// exactly what the engine prefills and hashes.
+struct token_sink {
+  sim::chain_builder* chain = nullptr;
+  std::vector<sim::token_id>* list = nullptr;
+  std::uint64_t count = 0;
+
+  bool wants_ids() const { return chain != nullptr || list != nullptr; }
+  void add(sim::token_id token) {
+    ++count;
+    if (chain != nullptr) chain->add(token);
+    if (list != nullptr) list->push_back(token);
+  }
+};
+
+// One pseudo-token per whitespace-separated word of `text` (sim::word_token).
+void tokenize_text(std::string_view text, token_sink& sink) {
+  if (!sink.wants_ids()) {  // counting only: no hashing
+    sink.count += count_words(text);
+    return;
+  }
   std::size_t i = 0;
   while (i < text.size()) {
     while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i])) != 0) ++i;
     const std::size_t start = i;
     while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i])) == 0) ++i;
     if (i == start) break;
-    chain->add(sim::word_token(text.substr(start, i - start)));
-    ++words;
+    sink.add(sim::word_token(text.substr(start, i - start)));
   }
-  return words;
 }
 
-// A token id as given (an integer); anything else counts as one token all the same.
-void add_token_id(const json& id, sim::chain_builder* chain) {
-  if (chain != nullptr) chain->add(id.is_number_unsigned() ? id.get<std::uint64_t>() : sim::word_token(id.dump()));
+// A token id as given: an integer that fits 32 bits (vLLM refuses an id outside its vocabulary, and
+// its KV events carry 32-bit ids), else 400.
+std::optional<api_error> add_token_id(const json& id, token_sink& sink) {
+  if (!id.is_number_integer()) return bad_request("prompt token ids must be integers");
+  if (!id.is_number_unsigned() || id.get<std::uint64_t>() > UINT32_MAX)
+    return bad_request("Token id " + id.dump() + " is out of vocabulary");
+  sink.add(static_cast<sim::token_id>(id.get<std::uint64_t>()));
+  return std::nullopt;
 }
 
-// Words of a completions prompt: a string, an array of strings, or token ids (one per id).
-std::variant<std::uint64_t, api_error> prompt_words(const json& prompt, sim::chain_builder* chain) {
-  if (prompt.is_string()) return tokenize(prompt.get_ref<const std::string&>(), chain);
-  if (!prompt.is_array() || prompt.empty())
-    return bad_request("prompt must be a string or a non-empty array");
-  std::uint64_t words = 0;
+// A completions prompt: a string, an array of strings, or token ids (a flat array, or arrays of them).
+std::optional<api_error> tokenize_prompt(const json& prompt, token_sink& sink) {
+  if (prompt.is_string()) {
+    tokenize_text(prompt.get_ref<const std::string&>(), sink);
+    return std::nullopt;
+  }
+  if (!prompt.is_array() || prompt.empty()) return bad_request("prompt must be a string or a non-empty array");
   for (const auto& part : prompt) {
     if (part.is_string()) {
-      words += tokenize(part.get_ref<const std::string&>(), chain);
-    } else if (part.is_number_integer()) {
-      add_token_id(part, chain);
-      ++words;
+      tokenize_text(part.get_ref<const std::string&>(), sink);
+    } else if (part.is_number()) {
+      if (auto error = add_token_id(part, sink)) return error;
     } else if (part.is_array()) {
-      for (const auto& id : part) add_token_id(id, chain);
-      words += part.size();
+      for (const auto& id : part) {
+        if (auto error = add_token_id(id, sink)) return error;
+      }
     } else {
       return bad_request("prompt must be a string, an array of strings or an array of token ids");
     }
   }
-  return words;
+  return std::nullopt;
 }
 
-// Words of every message's content: a string, or text parts ({"type":"text","text":...}).
-std::variant<std::uint64_t, api_error> message_words(const json& messages, sim::chain_builder* chain) {
+// Every message's content in order: a string, or text parts ({"type":"text","text":...}). Roles and
+// the chat template are not tokens.
+std::optional<api_error> tokenize_messages(const json& messages, token_sink& sink) {
   if (!messages.is_array()) return bad_request("messages must be an array");
-  std::uint64_t words = 0;
   for (const auto& message : messages) {
     if (!message.is_object()) return bad_request("each message must be an object");
     const auto content = message.find("content");
     if (content == message.end() || content->is_null()) continue;
     if (content->is_string()) {
-      words += tokenize(content->get_ref<const std::string&>(), chain);
+      tokenize_text(content->get_ref<const std::string&>(), sink);
     } else if (content->is_array()) {
       for (const auto& part : *content) {
         if (!part.is_object()) continue;
         const auto text = part.find("text");
-        if (text != part.end() && text->is_string())
-          words += tokenize(text->get_ref<const std::string&>(), chain);
+        if (text != part.end() && text->is_string()) tokenize_text(text->get_ref<const std::string&>(), sink);
       }
     } else {
       return bad_request("message content must be a string or an array of parts");
     }
   }
-  return words;
+  return std::nullopt;
+}
+
+std::optional<api_error> tokenize_input(api_kind kind, const json& input, token_sink& sink) {
+  return kind == api_kind::chat ? tokenize_messages(input, sink) : tokenize_prompt(input, sink);
+}
+
+// vLLM's cache_salt: absent or null, else a non-empty string.
+std::variant<std::string, api_error> cache_salt_of(const json& request) {
+  const auto salt = request.find("cache_salt");
+  if (salt == request.end() || salt->is_null()) return std::string{};
+  if (!salt->is_string() || salt->get_ref<const std::string&>().empty())
+    return bad_request("Parameter 'cache_salt' must be a non-empty string if provided.");
+  return salt->get<std::string>();
+}
+
+// The checks every JSON endpoint of vLLM's makes first: the media type, a JSON object, the model.
+std::variant<json, api_error> parse_json_request(std::string_view content_type, std::string_view body,
+                                                 std::string_view served_model) {
+  if (!is_json_media_type(content_type)) {
+    return bad_request("Unsupported Media Type: Only 'application/json' is allowed");
+  }
+  json request = json::parse(body, nullptr, false);
+  if (request.is_discarded()) return bad_request("JSON decode error: the request body is not valid JSON");
+  if (!request.is_object()) return bad_request("The request body must be a JSON object");
+  if (const auto model = request.find("model"); model != request.end() && !model->is_null()) {
+    if (!model->is_string()) return bad_request("model must be a string");
+    const auto& name = model->get_ref<const std::string&>();
+    if (name != served_model) {
+      return api_error{404,
+                       error_body("The model `" + name + "` does not exist.", "NotFoundError", 404, "model")};
+    }
+  }
+  return request;
 }
 
 // max_completion_tokens wins over max_tokens in chat, as in vLLM; null means unset.
@@ -164,22 +218,11 @@ std::variant<generation_request, api_error> parse_generation_request(api_kind ki
                                                                      std::string_view body,
                                                                      std::string_view served_model,
                                                                      std::uint64_t default_max_tokens,
-                                                                     std::uint32_t block_size) {
-  if (!is_json_media_type(content_type)) {
-    return bad_request("Unsupported Media Type: Only 'application/json' is allowed");
-  }
-  const json request = json::parse(body, nullptr, false);
-  if (request.is_discarded()) return bad_request("JSON decode error: the request body is not valid JSON");
-  if (!request.is_object()) return bad_request("The request body must be a JSON object");
-
-  if (const auto model = request.find("model"); model != request.end() && !model->is_null()) {
-    if (!model->is_string()) return bad_request("model must be a string");
-    const auto& name = model->get_ref<const std::string&>();
-    if (name != served_model) {
-      return api_error{404,
-                       error_body("The model `" + name + "` does not exist.", "NotFoundError", 404, "model")};
-    }
-  }
+                                                                     std::uint32_t block_size,
+                                                                     bool keep_tokens) {
+  auto parsed_json = parse_json_request(content_type, body, served_model);
+  if (auto* error = std::get_if<api_error>(&parsed_json)) return std::move(*error);
+  const auto& request = std::get<json>(parsed_json);
 
   generation_request parsed;
   parsed.kind = kind;
@@ -205,14 +248,38 @@ std::variant<generation_request, api_error> parse_generation_request(api_kind ki
   const char* input_key = kind == api_kind::chat ? "messages" : "prompt";
   const auto input = request.find(input_key);
   if (input == request.end()) return bad_request(std::string("Field required: ") + input_key);
+  auto salt = cache_salt_of(request);
+  if (auto* error = std::get_if<api_error>(&salt)) return std::move(*error);
   std::optional<sim::chain_builder> chain;
-  if (block_size != 0) chain.emplace(block_size);
-  const auto chain_ptr = chain ? &*chain : nullptr;
-  const auto words = kind == api_kind::chat ? message_words(*input, chain_ptr) : prompt_words(*input, chain_ptr);
-  if (const auto* error = std::get_if<api_error>(&words)) return *error;
-  parsed.prompt_tokens = std::get<std::uint64_t>(words);
+  if (block_size != 0) chain.emplace(block_size, std::get<std::string>(salt), keep_tokens);
+  token_sink sink;
+  sink.chain = chain ? &*chain : nullptr;
+  if (auto error = tokenize_input(kind, *input, sink)) return std::move(*error);
+  parsed.prompt_tokens = sink.count;
   if (chain) parsed.prompt_chain = std::move(*chain);
   return parsed;
+}
+
+std::variant<std::string, api_error> tokenize_request(std::string_view content_type, std::string_view body,
+                                                      std::string_view served_model) {
+  auto parsed_json = parse_json_request(content_type, body, served_model);
+  if (auto* error = std::get_if<api_error>(&parsed_json)) return std::move(*error);
+  const auto& request = std::get<json>(parsed_json);
+  // vLLM's TokenizeRequest is a chat request when it has messages, else a completion request.
+  const auto messages = request.find("messages");
+  const bool chat = messages != request.end();
+  const auto input = chat ? messages : request.find("prompt");
+  if (input == request.end()) return bad_request("Field required: prompt or messages");
+  std::vector<sim::token_id> tokens;
+  token_sink sink;
+  sink.list = &tokens;
+  if (auto error = tokenize_input(chat ? api_kind::chat : api_kind::completions, *input, sink)) return std::move(*error);
+  ordered_json answer;
+  answer["count"] = tokens.size();
+  answer["max_model_len"] = max_model_len;
+  answer["tokens"] = std::move(tokens);
+  answer["token_strs"] = nullptr;
+  return dump(answer);
 }
 
 std::string error_body(std::string_view message, std::string_view type, unsigned code,
@@ -320,7 +387,7 @@ std::string models_body(std::string_view model, std::int64_t created) {
   card["owned_by"] = "vllm";
   card["root"] = model;
   card["parent"] = nullptr;
-  card["max_model_len"] = 8192;
+  card["max_model_len"] = max_model_len;
   ordered_json body;
   body["object"] = "list";
   body["data"] = ordered_json::array({std::move(card)});

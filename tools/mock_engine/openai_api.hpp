@@ -35,18 +35,32 @@ struct api_error {
 // Whitespace-separated words in `text`: the mock's deterministic stand-in for a tokenizer.
 std::uint64_t count_words(std::string_view text) noexcept;
 
+// The max_model_len the mock announces (/v1/models, /tokenize).
+inline constexpr std::uint64_t max_model_len = 8192;
+
 // Validates a POST body as vLLM would: Content-Type application/json, a JSON object, `model` (if
 // present) equal to served_model, max_tokens (chat: max_completion_tokens first) >= 1, `stream` a bool,
 // stream_options only with stream=true, a `prompt` (completions) or `messages` (chat).
-// With block_size > 0 it also hashes the prompt's blocks of that many tokens (prompt_chain): the
-// tokens are the ids a prompt gives, else one pseudo-token per whitespace-separated word (the word's
-// FNV-1a hash), over the prompt's parts or the messages' contents in order (roles are not tokens).
+// Token ids given in a prompt must be integers in [0, 2^32) (else 400, as vLLM refuses ids outside its
+// vocabulary); `cache_salt`, if present and not null, a non-empty string.
+// With block_size > 0 it also hashes the prompt's blocks of that many tokens (prompt_chain, seeded by
+// the cache_salt; keeping the tokens if `keep_tokens`, for the KV-cache events): the tokens are the ids
+// a prompt gives, else one pseudo-token per whitespace-separated word (sim::word_token), over the
+// prompt's parts or the messages' contents in order (roles are not tokens).
 std::variant<generation_request, api_error> parse_generation_request(api_kind kind,
                                                                      std::string_view content_type,
                                                                      std::string_view body,
                                                                      std::string_view served_model,
                                                                      std::uint64_t default_max_tokens,
-                                                                     std::uint32_t block_size = 0);
+                                                                     std::uint32_t block_size = 0,
+                                                                     bool keep_tokens = false);
+
+// POST /tokenize, vLLM's: the body's `messages` (as chat tokenizes them), else its `prompt` (as
+// completions does), become the token ids the engine would prefill, the same ids its KV-cache events
+// carry. The answer's body {"count":N,"max_model_len":L,"tokens":[...],"token_strs":null}, or the error
+// (400; 404 for another model). Other fields (add_generation_prompt, ...) are ignored.
+std::variant<std::string, api_error> tokenize_request(std::string_view content_type, std::string_view body,
+                                                      std::string_view served_model);
 
 // vLLM's error JSON: {"error":{"message":..,"type":..,"param":..,"code":..}}; empty param prints null.
 std::string error_body(std::string_view message, std::string_view type, unsigned code,

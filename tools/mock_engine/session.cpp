@@ -296,6 +296,17 @@ asio::awaitable<bool> connection::serve(request& req) {
     co_return co_await serve_routed_generation(
         req, path == "/v1/completions" ? api_kind::completions : api_kind::chat);
   }
+  if (path == "/tokenize") {
+    if (method != http::verb::post) {
+      co_return co_await reply(req, http::status::method_not_allowed, json_type,
+                               std::string(method_not_allowed_body), "POST");
+    }
+    auto answer = tokenize_request(sv(req[http::field::content_type]), req.body(), options_.model);
+    if (auto* error = std::get_if<api_error>(&answer)) {
+      co_return co_await reply(req, static_cast<http::status>(error->status), json_type, std::move(error->body));
+    }
+    co_return co_await reply(req, http::status::ok, json_type, std::move(std::get<std::string>(answer)));
+  }
   if (path == "/mock/echo" || path == "/mock/stream") {
     // Engine work of a kind: they go where a generation request would (a refused header is ignored).
     engine_ = &choose_engine(dp_wish(req));
@@ -393,11 +404,12 @@ engine_state& connection::oracle_engine(std::span<const std::uint64_t> prompt_ch
   return rank_.engines[choose_by_cached_prefix(engines, options_.load_bound)];
 }
 
-// Simulated engines hash the prompt's blocks for their prefix cache.
+// Simulated engines hash the prompt's blocks for their prefix cache, and keep its tokens when their
+// KV-cache events must carry them.
 parsed_generation connection::parse_generation(const request& req, api_kind kind) const {
   const std::uint32_t block_size = options_.simulate ? options_.engine.kv.block_size : 0;
   return parse_generation_request(kind, sv(req[http::field::content_type]), req.body(), options_.model,
-                                  options_.default_max_tokens, block_size);
+                                  options_.default_max_tokens, block_size, options_.engine.kv.record_events);
 }
 
 // Completions/chat: X-data-parallel-rank is checked before anything else (a value this port does not

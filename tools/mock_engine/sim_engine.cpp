@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "engine_metrics.hpp"
+#include "kv_event_publisher.hpp"
 
 namespace dplb::mock {
 namespace {
@@ -86,6 +87,45 @@ void sim_engine::shutdown() {
   accepting_.store(false, std::memory_order_release);
   clocks_.clear();  // the timers belong to thread 0's context, which goes before the engine
   streams_.clear();
+  kv_publisher_ = nullptr;
+}
+
+void sim_engine::publish_kv_events(kv_event_publisher& publisher, const kv_event_format& format, unsigned dp) {
+  kv_publisher_ = &publisher;
+  kv_format_ = format;
+  dp_ = dp;
+  kv_pending_.assign(schedulers_.size(), {});
+}
+
+void sim_engine::reset_prefix_cache(unsigned scheduler) {
+  assert(context_.get_executor().running_in_this_thread());
+  schedulers_[scheduler]->reset_prefix_cache();
+  if (kv_publisher_ == nullptr) return;
+  auto events = schedulers_[scheduler]->take_kv_events();
+  auto& pending = kv_pending_[scheduler];
+  pending.insert(pending.end(), std::make_move_iterator(events.begin()), std::make_move_iterator(events.end()));
+  flush_kv_events(scheduler);
+}
+
+void sim_engine::collect_kv_events(const clock_state& clock) {
+  if (kv_publisher_ == nullptr) return;
+  for (const auto engine : clock.engines) {
+    auto events = schedulers_[engine]->take_kv_events();
+    auto& pending = kv_pending_[engine];
+    if (pending.empty()) {
+      pending = std::move(events);
+    } else {
+      pending.insert(pending.end(), std::make_move_iterator(events.begin()), std::make_move_iterator(events.end()));
+    }
+  }
+}
+
+void sim_engine::flush_kv_events(unsigned engine) {
+  auto& pending = kv_pending_[engine];
+  if (kv_publisher_ == nullptr || pending.empty()) return;  // a step that changed nothing sends nothing
+  const auto ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  kv_publisher_->publish(engine, encode_event_batch(ts, pending, engine % dp_, kv_format_), pending.size());
+  pending.clear();
 }
 
 std::size_t sim_engine::cached_prefix(unsigned scheduler, std::span<const sim::block_hash> chain) const {
@@ -143,6 +183,7 @@ void sim_engine::kick(unsigned clock) {
   auto& c = *clocks_[clock];
   c.kick_pending = false;
   if (c.clock.begin_step(sim_now())) {
+    collect_kv_events(c);
     publish(c);
     arm(clock);
   }
@@ -178,8 +219,9 @@ void sim_engine::on_step_end(unsigned clock) {
       auto& m = *engines_[engine];
       m.sim_step_ns.fetch_add(step_ns, std::memory_order_relaxed);
       m.sim_lag_ns.fetch_add(lag_ns, std::memory_order_relaxed);
+      flush_kv_events(engine);
     }
-    c.clock.begin_step(end);
+    if (c.clock.begin_step(end)) collect_kv_events(c);
   }
   deliver(tokens_);
   publish(c);

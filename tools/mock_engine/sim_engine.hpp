@@ -22,12 +22,14 @@
 #include <vector>
 
 #include "batch_scheduler.hpp"
+#include "kv_event_encoder.hpp"
 #include "lockstep_clock.hpp"
 #include "mock_options.hpp"
 
 namespace dplb::mock {
 
 struct engine_metrics;
+class kv_event_publisher;
 class sim_engine;
 
 // One simulated request as its session sees it. The engine (thread 0) counts `produced`, which the
@@ -87,6 +89,17 @@ class sim_engine {
   // Thread 0 only: the schedulers are not thread-safe, and thread 0 is the one that changes them.
   std::size_t cached_prefix(unsigned scheduler, std::span<const sim::block_hash> chain) const;
 
+  // --kv-events-port: from now on every engine step that changed an engine's cache publishes one
+  // EventBatch (the step's events, in order) when the step ends, as vLLM publishes them after the
+  // step's model run; engine e's data_parallel_rank is its index on its port, e % dp. Before run().
+  // The engines' caches must record their events (kv_cache_config::record_events).
+  void publish_kv_events(kv_event_publisher& publisher, const kv_event_format& format, unsigned dp);
+
+  // vLLM's reset_prefix_cache on scheduler `scheduler` (the admin port's /kv-events/reset): no block stays
+  // cached, and AllBlocksCleared is published at once (after the events of the step in flight so far).
+  // Thread 0 only.
+  void reset_prefix_cache(unsigned scheduler);
+
  private:
   friend class sim_request;
   struct clock_state;
@@ -105,6 +118,8 @@ class sim_engine {
   void on_step_end(unsigned clock);
   void deliver(const std::vector<sim::token_event>& tokens);
   void publish(const clock_state& clock);
+  void collect_kv_events(const clock_state& clock);  // after a step began: its events wait for its end
+  void flush_kv_events(unsigned engine);              // one EventBatch of what the engine collected
   sim::sim_time sim_now() const;
   std::chrono::steady_clock::time_point wall_time(sim::sim_time t) const;
 
@@ -119,6 +134,10 @@ class sim_engine {
   std::vector<unsigned> clock_of_engine_;
   std::unordered_map<sim::request_id, std::shared_ptr<sim_stream>> streams_;  // submitted, not finished
   std::vector<sim::token_event> tokens_;                                      // reused by every step
+  kv_event_publisher* kv_publisher_ = nullptr;  // with --kv-events-port
+  kv_event_format kv_format_;
+  unsigned dp_ = 1;
+  std::vector<std::vector<sim::cache_event>> kv_pending_;  // [engine]: the events of its step in flight
   std::atomic<sim::request_id> next_id_{1};
   std::atomic<bool> accepting_{true};
 };

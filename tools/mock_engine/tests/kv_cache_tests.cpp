@@ -13,13 +13,13 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::vector<std::uint64_t> tokens(std::uint64_t first, std::size_t count) {
-  std::vector<std::uint64_t> t(count);
+std::vector<token_id> tokens(token_id first, std::size_t count) {
+  std::vector<token_id> t(count);
   std::iota(t.begin(), t.end(), first);
   return t;
 }
 
-std::vector<std::uint64_t> concat(std::vector<std::uint64_t> a, const std::vector<std::uint64_t>& b) {
+std::vector<token_id> concat(std::vector<token_id> a, const std::vector<token_id>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
 }
@@ -41,7 +41,7 @@ engine_config with_cache(std::uint32_t blocks) {
 }
 
 // A request's chain as the mock's session builds it: its prompt's tokens, 16 per block.
-chain_builder prompt_of(const std::vector<std::uint64_t>& t) {
+chain_builder prompt_of(const std::vector<token_id>& t) {
   chain_builder b(16);
   for (const auto token : t) b.add(token);
   return b;
