@@ -1,9 +1,12 @@
 """The rest of the deploy kit holds: deploy/compose.yaml is valid (`docker-compose config`), mounts files that
-exist, and starts dplb and the simulated ranks with options the real binaries accept; the Dockerfile's runtime
+exist, and starts dplb and the simulated ranks with options the real binaries accept; every vLLM engine in it
+publishes its KV-cache events (--kv-events-config) and each dplb backend that names a publisher (kv-events=,
+kv-replay=) points at the port its engine's rank binds, base + DP rank; the Dockerfile's runtime
 stage installs every library the binaries load, runs as a non-root user and checks /health; the systemd unit
 passes `systemd-analyze verify` and its security review rates it OK. No Docker daemon or registry is needed (none
 is reachable here): the image itself is not built."""
 
+import json
 import os
 import re
 import subprocess
@@ -47,6 +50,67 @@ check(len(ports) == 1, "the mock engine starts with the ranks' compose options")
 prometheus_targets = yaml.safe_load((deploy / "prometheus/prometheus.yml").read_text())["scrape_configs"]
 scraped = {t.split(":")[0] for job in prometheus_targets for group in job["static_configs"] for t in group["targets"]}
 check(scraped == {"dplb"} | set(hosts), f"Prometheus scrapes dplb and every rank: {sorted(scraped)}")
+
+
+# KV-cache events: which services publish them (vLLM's --kv-events-config) and on which ports.
+def option(args, name):
+    """The value of a command-line option, `name value` or `name=value`; None without it."""
+    for at, arg in enumerate(args):
+        if arg == name and at + 1 < len(args):
+            return args[at + 1]
+        if arg.startswith(name + "="):
+            return arg[len(name) + 1:]
+    return None
+
+
+def fragment(url):
+    """The options after '#' in a backend URL, `dp=4&kv-events=tcp://h:5557`, as a dict."""
+    return dict(option.split("=", 1) for option in url.partition("#")[2].split("&") if option)
+
+
+publishers = {}  # service: {"kv-events": base port, "kv-replay": base port or None, "ranks": [DP ranks], "block_size"}
+for name, service in services.items():
+    args = service.get("command") or []
+    args = args.split() if isinstance(args, str) else [str(a) for a in args]
+    text = option(args, "--kv-events-config")
+    if str(service.get("image", "")).startswith("vllm/"):
+        check(text is not None, f"{name} (vLLM) runs with --kv-events-config")
+    if text is None:
+        continue
+    kv = json.loads(text)
+    bases = {}
+    for key, field in (("kv-events", "endpoint"), ("kv-replay", "replay_endpoint")):
+        bound = re.fullmatch(r"tcp://(?:\*|0\.0\.0\.0):(\d+)", kv.get(field) or "")
+        bases[key] = int(bound.group(1)) if bound else None
+    size = int(option(args, "--data-parallel-size") or 1)
+    rank = option(args, "--data-parallel-rank")
+    ranks = [int(rank)] if rank is not None else list(range(size))
+    check(kv.get("enable_kv_cache_events") is True and kv.get("publisher") == "zmq" and bases["kv-events"] is not None,
+          f"{name} publishes its KV-cache events with ZMQ on tcp://*:PORT: {text}")
+    if bases["kv-replay"] is not None:
+        check(abs(bases["kv-replay"] - bases["kv-events"]) >= size,
+              f"{name}: its replay ports and event ports (base + 0..{size - 1} each) do not overlap")
+    publishers[name] = {**bases, "ranks": ranks, "block_size": int(option(args, "--block-size") or 16)}
+named = 0
+for url in backends.split(","):
+    options, host = fragment(url), re.match(r"http://([^:/#]+)", url).group(1)
+    dp = int(options.get("dp", 1))
+    for key in ("kv-events", "kv-replay"):
+        if key not in options:
+            continue
+        named += 1
+        target = re.fullmatch(r"tcp://([^:/]+):(\d+)", options[key])
+        engine = publishers.get(host)
+        # dplb connects the backend's j-th rank to PORT + j; that engine rank binds base + its DP rank.
+        check(target is not None and target.group(1) == host and engine is not None and engine[key] is not None
+              and len(engine["ranks"]) == dp
+              and all(int(target.group(2)) + j == engine[key] + rank for j, rank in enumerate(engine["ranks"])),
+              f"backend {url}: {key} reaches the publisher of each of its ranks (base + DP rank)")
+    if host in publishers and {"kv-events", "kv-replay"} & set(options):
+        check(int(option(dplb_args, "--block-size") or 16) == publishers[host]["block_size"],
+              f"dplb's --block-size is {host}'s --block-size (both 16 when unset)")
+print(f"KV-cache events: {len(publishers)} publishing services ({sorted(publishers)}), {named} kv-events/kv-replay "
+      "fragments in dplb's backends (the simulated ranks publish none)")
 
 # Dockerfile: the runtime stage has every library dplb and the mock engine load.
 dockerfile = (deploy / "Dockerfile").read_text()

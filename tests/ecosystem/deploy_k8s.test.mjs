@@ -2,7 +2,9 @@
 // @kubernetes-models/prometheus-operator for the ServiceMonitor), and each overlay is consistent as a whole:
 // selectors select the pods they mean, named ports and probes exist, the ConfigMap the dplb pods mount exists with
 // its key, that key is a configuration the real dplb accepts (--check-config), its backends are the engines the
-// overlay runs (names, count, #dp=N against --data-parallel-size), and dplb's pods are locked down.
+// overlay runs (names, count, #dp=N against --data-parallel-size), every engine publishes its KV-cache events and
+// dplb's kv-events=/kv-replay= fragments reach each rank's publisher (base port + DP rank, vLLM's rule) with the
+// engines' block size, and dplb's pods are locked down.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -49,6 +51,46 @@ const matches = (selector, labels) => Object.entries(selector).every(([k, v]) =>
 const podsOf = (objects) => objects.filter((o) => ['Deployment', 'StatefulSet'].includes(o.kind));
 const portNames = (workload) => workload.spec.template.spec.containers.flatMap((c) => (c.ports ?? []).map((p) => p.name));
 
+// The workloads whose pods a Service selects. A Service for one pod of a StatefulSet selects it by the label its
+// controller sets, pod-name.
+function selectedBy(service, objects) {
+  const podName = service.spec.selector['statefulset.kubernetes.io/pod-name'];
+  return podName
+    ? podsOf(objects).filter((w) => w.kind === 'StatefulSet' && podName.startsWith(`${w.metadata.name}-`) &&
+                                    Number(podName.slice(w.metadata.name.length + 1)) < w.spec.replicas)
+    : podsOf(objects).filter((w) => matches(service.spec.selector, w.spec.template.metadata.labels));
+}
+
+// The options after '#' in a backend URL, `dp=4&kv-events=tcp://h:5557`, as a Map.
+function fragment(url) {
+  const options = (url.split('#')[1] ?? '').split('&').filter(Boolean);
+  return new Map(options.map((option) => [option.slice(0, option.indexOf('=')), option.slice(option.indexOf('=') + 1)]));
+}
+
+// An engine's option as vLLM reads it: the word after `name` in its command line, an array of words or the script
+// of `sh -c` (where the value may be quoted); undefined without it.
+function engineOption(container, name) {
+  const words = [...(container.command ?? []), ...(container.args ?? [])];
+  if (words.includes(name)) return words[words.indexOf(name) + 1];
+  const match = words.join(' ').match(new RegExp(`${name}\\s+(?:'([^']*)'|"([^"]*)"|(\\S+))`));
+  return match ? (match[1] ?? match[2] ?? match[3]) : undefined;
+}
+
+// The configuration the dplb pods read: the ConfigMap key mounted where --config points.
+function dplbConfigText(objects) {
+  const dplb = objects.find((o) => o.kind === 'Deployment' && o.metadata.name === 'dplb');
+  const container = dplb.spec.template.spec.containers[0];
+  const configPath = container.args[container.args.indexOf('--config') + 1];
+  const mount = container.volumeMounts.find((m) => configPath.startsWith(`${m.mountPath}/`));
+  const volume = dplb.spec.template.spec.volumes.find((v) => v.name === mount.name);
+  const item = volume.configMap.items.find((i) => path.join(mount.mountPath, i.path) === configPath);
+  const configMap = objects.find((o) => o.kind === 'ConfigMap' && o.metadata.name === volume.configMap.name);
+  assert.ok(configMap, `ConfigMap ${volume.configMap.name} exists`);
+  const text = configMap.data[item.key];
+  assert.ok(text, `it has the key ${item.key}`);
+  return text;
+}
+
 test('the overlays are external-lb and internal-dp, and every YAML file belongs to one', () => {
   assert.deepEqual(overlays.sort(), ['external-lb', 'internal-dp']);
   const used = new Set(overlays.flatMap((o) => build(path.join(root, o)).map((object) => object.file)));
@@ -86,12 +128,7 @@ for (const overlay of overlays) {
       }
     }
     for (const service of objects.filter((o) => o.kind === 'Service')) {
-      // A Service for one pod of a StatefulSet selects it by the label its controller sets, pod-name.
-      const podName = service.spec.selector['statefulset.kubernetes.io/pod-name'];
-      const selected = podName
-        ? podsOf(objects).filter((w) => w.kind === 'StatefulSet' && podName.startsWith(`${w.metadata.name}-`) &&
-                                        Number(podName.slice(w.metadata.name.length + 1)) < w.spec.replicas)
-        : podsOf(objects).filter((w) => matches(service.spec.selector, w.spec.template.metadata.labels));
+      const selected = selectedBy(service, objects);
       assert.equal(selected.length, 1, `Service ${service.metadata.name} selects exactly one workload's pods`);
       for (const port of service.spec.ports) {
         if (typeof port.targetPort === 'string') assert.ok(portNames(selected[0]).includes(port.targetPort));
@@ -108,24 +145,14 @@ for (const overlay of overlays) {
   });
 
   test(`${overlay}: dplb mounts a configuration it accepts, naming the engines the overlay runs`, () => {
-    const dplb = objects.find((o) => o.kind === 'Deployment' && o.metadata.name === 'dplb');
-    const container = dplb.spec.template.spec.containers[0];
-    const configPath = container.args[container.args.indexOf('--config') + 1];
-    const mount = container.volumeMounts.find((m) => configPath.startsWith(`${m.mountPath}/`));
-    const volume = dplb.spec.template.spec.volumes.find((v) => v.name === mount.name);
-    const item = volume.configMap.items.find((i) => path.join(mount.mountPath, i.path) === configPath);
-    const configMap = objects.find((o) => o.kind === 'ConfigMap' && o.metadata.name === volume.configMap.name);
-    assert.ok(configMap, `ConfigMap ${volume.configMap.name} exists`);
-    const text = configMap.data[item.key];
-    assert.ok(text, `it has the key ${item.key}`);
-
+    const text = dplbConfigText(objects);
     const file = path.join(mkdtempSync(path.join(os.tmpdir(), 'dplb-k8s-')), 'dplb.json');
     writeFileSync(file, text);
     const summary = execFileSync(paths.dplb, ['--check-config', '--config', file], { encoding: 'utf8' });
     assert.match(summary, /configuration OK/);
 
     const config = JSON.parse(text);
-    const ranks = config.backends.reduce((sum, url) => sum + Number(url.match(/#dp=(\d+)/)?.[1] ?? 1), 0);
+    const ranks = config.backends.reduce((sum, url) => sum + Number(fragment(url).get('dp') ?? 1), 0);
     const engines = podsOf(objects).filter((w) => w.metadata.name !== 'dplb');
     const dataParallelSize = engines.map((w) => {
       const command = [...(w.spec.template.spec.containers[0].command ?? []), ...(w.spec.template.spec.containers[0].args ?? [])].join(' ');
@@ -142,6 +169,90 @@ for (const overlay of overlays) {
       const podName = service.spec.selector['statefulset.kubernetes.io/pod-name'];
       if (podName) assert.ok(podName.endsWith(`-${i}`), `backend ${i} (${host}) is rank ${i}'s pod, not ${podName}`);
     });
+  });
+
+  test(`${overlay}: every engine publishes its KV-cache events, and dplb's kv-events and kv-replay reach each rank's publisher`, () => {
+    const config = JSON.parse(dplbConfigText(objects));
+    const engines = podsOf(objects).filter((w) => w.metadata.name !== 'dplb');
+    const published = new Map();  // engine workload -> {endpoint, replay_endpoint: base ports}
+    for (const engine of engines) {
+      const name = engine.metadata.name;
+      const container = engine.spec.template.spec.containers[0];
+      const text = engineOption(container, '--kv-events-config');
+      assert.ok(text, `${name} runs with --kv-events-config`);
+      const kv = JSON.parse(text);
+      assert.equal(kv.enable_kv_cache_events, true, `${name}: enable_kv_cache_events`);
+      assert.equal(kv.publisher, 'zmq', `${name}: the ZMQ publisher`);
+      // The engine binds (every address, for the Services to reach it) on base + its DP rank.
+      const bases = {};
+      for (const field of ['endpoint', 'replay_endpoint']) {
+        if (kv[field] === undefined) continue;
+        const bound = kv[field].match(/^tcp:\/\/(?:\*|0\.0\.0\.0):(\d+)$/);
+        assert.ok(bound, `${name}: ${field} ${kv[field]} is tcp://*:PORT`);
+        bases[field] = Number(bound[1]);
+      }
+      assert.ok(bases.endpoint, `${name} publishes on a tcp endpoint`);
+      const size = Number(engineOption(container, '--data-parallel-size') ?? 1);
+      const ranges = Object.values(bases).map((base) => [base, base + size - 1]);
+      if (ranges.length === 2) {
+        assert.ok(Math.abs(bases.endpoint - bases.replay_endpoint) >= size,
+                  `${name}: events ${ranges[0].join('..')} and replay ${ranges[1].join('..')} do not overlap ` +
+                  `(bases ${size} apart at least)`);
+      }
+      for (const port of (container.ports ?? []).filter((p) => !(p.name ?? '').startsWith('kv-'))) {
+        assert.ok(ranges.every(([first, last]) => port.containerPort < first || port.containerPort > last),
+                  `${name}: its port ${port.name} (${port.containerPort}) is outside the publishers' ports`);
+      }
+      assert.equal(Number(engineOption(container, '--block-size') ?? 16), config.block_size ?? 16,
+                   `dplb's block_size is ${name}'s --block-size (both 16 when unset)`);
+      published.set(engine, bases);
+    }
+
+    for (const [i, url] of config.backends.entries()) {
+      const options = fragment(url);
+      const dp = Number(options.get('dp') ?? 1);
+      const host = new URL(url.replace(/#.*/, '')).hostname;
+      const service = objects.find((o) => o.kind === 'Service' && o.metadata.name === host);
+      const [engine] = selectedBy(service, objects);
+      const container = engine.spec.template.spec.containers[0];
+      // The DP ranks behind the backend, as the engine numbers them: pod k of a StatefulSet whose servers take the
+      // rank from their ordinal serves rank k; a server without --data-parallel-rank serves 0..N-1.
+      const podName = service.spec.selector['statefulset.kubernetes.io/pod-name'];
+      let engineRanks = [...Array(dp).keys()];
+      if (podName) {
+        assert.equal(engineOption(container, '--data-parallel-rank'), '${HOSTNAME##*-}',
+                     `${engine.metadata.name}: pod k serves rank k`);
+        engineRanks = [Number(podName.slice(engine.metadata.name.length + 1))];
+      } else {
+        assert.equal(engineOption(container, '--data-parallel-rank'), undefined,
+                     `${engine.metadata.name} serves all its ranks`);
+      }
+      assert.equal(engineRanks.length, dp, `backend ${i}: #dp=${dp} for ${engineRanks.length} rank(s)`);
+      for (const [key, field] of [['kv-events', 'endpoint'], ['kv-replay', 'replay_endpoint']]) {
+        const base = published.get(engine)[field];
+        const target = options.get(key);
+        if (base !== undefined) assert.ok(target, `backend ${i} (${url}) names ${key}: its engine has a ${field}`);
+        if (!target) continue;
+        const named = target.match(/^tcp:\/\/([^:/]+):(\d+)$/);
+        assert.ok(named, `backend ${i}: ${key}=${target} is tcp://HOST:PORT`);
+        assert.ok(base !== undefined, `backend ${i}: ${key} names ${engine.metadata.name}, which has no ${field}`);
+        const kvService = objects.find((o) => o.kind === 'Service' && o.metadata.name === named[1]);
+        assert.ok(kvService, `backend ${i}: ${key} host ${named[1]} is a Service of the overlay`);
+        assert.deepEqual(kvService.spec.selector, service.spec.selector,
+                         `backend ${i}: ${key} reaches the pods of the backend's own Service`);
+        engineRanks.forEach((rank, j) => {
+          // dplb connects its j-th rank of the backend to PORT + j; the Service must forward that port to the
+          // port the engine's rank binds, base + rank.
+          const port = kvService.spec.ports.find((p) => p.port === Number(named[2]) + j);
+          assert.ok(port, `${named[1]} has a port ${Number(named[2]) + j} (${key} of the backend's rank ${j})`);
+          const targetPort = typeof port.targetPort === 'string'
+            ? container.ports.find((p) => p.name === port.targetPort).containerPort
+            : port.targetPort ?? port.port;
+          assert.equal(targetPort, base + rank, `backend ${i}, rank ${j}: ${key} port ${port.port} reaches ` +
+                       `${engine.metadata.name}'s rank ${rank}, bound on ${base} + ${rank}`);
+        });
+      }
+    }
   });
 
   test(`${overlay}: the dplb pods run locked down, with readiness on /health and liveness on the port`, () => {

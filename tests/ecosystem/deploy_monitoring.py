@@ -1,8 +1,10 @@
 """The monitoring half of the deploy kit holds: `promtool check config` on deploy/prometheus/prometheus.yml (and the
 rule file it loads), `promtool check rules` and `promtool test rules` on the alert rules (each alert fires on the
 series that should fire it, and not on its neighbours), and the Grafana dashboard: valid JSON with the panels it
-promises, every PromQL expression parsed by promtool, and every metric that the rules and the dashboard name
-present in the real dplb's /metrics (a typo'd name would leave a panel empty and an alert silent forever)."""
+promises (the KV-cache event series among them), every PromQL expression parsed by promtool, and every metric that
+the rules and the dashboard name present in the real dplb's /metrics (a typo'd name would leave a panel empty and an
+alert silent forever): one dplb for the request, engine and queue series, and one whose backends name KV-cache event
+publishers (kv-events=) for the dplb_kv_* series."""
 
 import http.client
 import json
@@ -11,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ecosystem import DPLB, MOCK_ENGINE, OUTPUT, SOURCE, Checks, benchlib, post_json
+from ecosystem import DPLB, MOCK_ENGINE, OUTPUT, SOURCE, Checks, benchlib, free_port, post_json
 
 check = Checks()
 deploy = SOURCE / "deploy"
@@ -34,7 +36,8 @@ rules_text = (deploy / "prometheus/alerts.yml").read_text()
 alerts = re.findall(r"- alert: (\w+)", rules_text)
 tested = set(re.findall(r"alertname: (\w+)", (deploy / "prometheus/alerts_test.yml").read_text()))
 check(set(alerts) >= {"DplbNoUsableRank", "DplbRankDown", "DplbInflightSkewHigh", "DplbErrorRatioHigh",
-                      "DplbQueueGrowing", "DplbEngineStatsStale"}, f"the alerts cover rank down, skew, errors, queue, stale stats: {alerts}")
+                      "DplbQueueGrowing", "DplbEngineStatsStale", "DplbKvEventErrors"},
+      f"the alerts cover rank down, skew, errors, queue, stale stats, KV-cache event errors: {alerts}")
 check(set(alerts) == tested, f"every alert has a unit test: untested {set(alerts) - tested}")
 
 dashboard = json.loads((deploy / "grafana/dashboards/dplb.json").read_text())
@@ -42,8 +45,10 @@ panels = dashboard["panels"]
 exprs = [t["expr"] for p in panels for t in p["targets"]]
 titles = " | ".join(p["title"] for p in panels).lower()
 for want in ("in flight per rank", "skew", "by status", "time to first byte", "duration", "tokens per second",
-             "running and waiting", "kv-cache"):
+             "running and waiting", "kv-cache", "blocks indexed per rank", "kv-cache events per second"):
     check(want in titles, f"the dashboard has a panel for {want}")
+for metric in ("dplb_kv_blocks", "dplb_kv_events_total", "dplb_kv_event_errors_total"):
+    check(any(re.search(rf"\b{metric}\b", e) for e in exprs), f"the dashboard queries {metric}")
 check(len({p["id"] for p in panels}) == len(panels), "panel ids are unique")
 datasource_uid = re.search(r"uid: (\S+)", (deploy / "grafana/provisioning/datasources/prometheus.yml").read_text()).group(1)
 check(all(t["datasource"]["uid"] == datasource_uid for p in panels for t in p["targets"]),
@@ -76,11 +81,29 @@ try:
         if "dplb_engine_running{" in text:
             break
         text = benchlib.scrape(f"http://127.0.0.1:{port}/metrics")
+    dplb.stop()
+    # Backends that name KV-cache event publishers (none listens there: dplb's subscribers keep trying), one plain
+    # and one with replay, under the policy that uses them: the dplb_kv_* series, one per rank.
+    events = [free_port(), free_port()]
+    backends = [f"http://127.0.0.1:{ports[0]}#kv-events=tcp://127.0.0.1:{events[0]}",
+                f"http://127.0.0.1:{ports[1]}#kv-events=tcp://127.0.0.1:{events[1]}&kv-replay=tcp://127.0.0.1:{free_port()}"]
+    dplb, kv_text = None, ""
+    try:
+        dplb, port = benchlib.start_dplb(DPLB, "prefix-aware", [], OUTPUT / "monitoring-dplb-kv.log",
+                                         extra=[a for b in backends for a in ("--backend", b)])
+    except Exception as error:  # a dplb that refuses them fails a check, with its words, rather than the script
+        check(False, f"dplb starts with backends that name KV-cache event publishers: {error}")
+    else:
+        kv_text = benchlib.scrape(f"http://127.0.0.1:{port}/metrics")
+        for _ in range(100):  # until the per-rank KV series are there (bounded)
+            if "dplb_kv_blocks{" in kv_text:
+                break
+            kv_text = benchlib.scrape(f"http://127.0.0.1:{port}/metrics")
 finally:
     for process in (dplb, mock):
         if process:
             process.stop()
-exported = set(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{| )", text, re.M))
+exported = set(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{| )", text + "\n" + kv_text, re.M))
 used = set(re.findall(r"\b(dplb_[a-z_]+)\b", rules_text + "\n".join(exprs)))
 check(bool(used), f"the rules and the dashboard use {len(used)} dplb metrics")
 missing = sorted(used - exported)
