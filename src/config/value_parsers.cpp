@@ -271,6 +271,12 @@ using namespace detail;
 std::string parse_backend(std::string_view text, backend_spec& spec) {
   std::string& out = spec.url;
   static constexpr std::string_view example = "expected a URL like http://127.0.0.1:8100";
+  // The options after '#' are read apart from the URL: a kv-events endpoint may hold an IPv6 literal in
+  // brackets, which RFC 3986 does not allow in a fragment.
+  const std::size_t hash = text.find('#');
+  const std::optional<std::string_view> fragment =
+      hash == std::string_view::npos ? std::nullopt : std::optional(text.substr(hash + 1));
+  text = text.substr(0, hash);
   const auto parsed = boost::urls::parse_uri(text);
   if (!parsed) return std::string(example);
   const boost::urls::url_view u = *parsed;
@@ -313,11 +319,9 @@ std::string parse_backend(std::string_view text, backend_spec& spec) {
     port = *p;
   }
   out = "http://" + host + ":" + std::to_string(port);
-  if (u.has_fragment()) {
-    if (u.encoded_fragment().empty()) {
-      return "an empty '#' is not supported; expected #dp=N, #weight=W or #kv-events=tcp://HOST:PORT";
-    }
-    return parse_backend_options(u.encoded_fragment(), spec);
+  if (fragment) {
+    if (fragment->empty()) return "an empty '#' is not supported; expected #dp=N, #weight=W or #kv-events=tcp://HOST:PORT";
+    return parse_backend_options(*fragment, spec);
   }
   return {};
 }

@@ -59,8 +59,8 @@ struct backend_spec {
   // `#kv-events=tcp://H:P`: the engines' KV-cache event publishers (rank j on P + j); dplb indexes what
   // each rank caches from them. `#kv-replay=tcp://H:P`: their replay sockets, asked for what a sequence
   // gap lost. Both optional; kv_replay only with kv_events.
-  std::optional<zmq_endpoint> kv_events;
-  std::optional<zmq_endpoint> kv_replay;
+  std::optional<zmq_endpoint> kv_events = std::nullopt;
+  std::optional<zmq_endpoint> kv_replay = std::nullopt;
 
   bool operator==(const backend_spec&) const = default;
 };

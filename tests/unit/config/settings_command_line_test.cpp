@@ -142,7 +142,19 @@ TEST_CASE("invalid backend URLs are refused, naming --backend and the value", "[
       {"http:///v1", "expected a URL like http://127.0.0.1:8100"},
       {"http://h:8100/v1", "a path is not supported"},
       {"http://h:8100?x=1", "a query is not supported"},
-      {"http://h:8100#top", "unknown option 'top'; expected #dp=N, #weight=W or #dp=N&weight=W"},
+      {"http://h:8100#top", "unknown option 'top'; expected #dp=N, #weight=W, #kv-events=tcp://HOST:PORT or "
+                            "#kv-replay=tcp://HOST:PORT after the URL, joined by '&'"},
+      {"http://h:8100#kv-events=h:5557", "kv-events must be tcp://HOST:PORT"},
+      {"http://h:8100#kv-events=ipc:///tmp/x", "kv-events must be tcp://HOST:PORT"},
+      {"http://h:8100#kv-events=tcp://h", "kv-events must be tcp://HOST:PORT"},
+      {"http://h:8100#kv-events=tcp://h:0", "kv-events must be tcp://HOST:PORT"},
+      {"http://h:8100#kv-events=tcp://*:5557", "kv-events: '*' is not an IP address or host name"},
+      {"http://h:8100#kv-events=tcp://h:5557/x", "kv-events must be tcp://HOST:PORT"},
+      {"http://h:8100#kv-events", "kv-events must be tcp://HOST:PORT"},
+      {"http://h:8100#kv-events=tcp://h:1&kv-events=tcp://h:2", "kv-events is given twice"},
+      {"http://h:8100#kv-replay=tcp://h:5558", "kv-replay needs kv-events"},
+      {"http://h:8100#kv-events=tcp://h:5557&kv-replay=tcp://h", "kv-replay must be tcp://HOST:PORT"},
+      {"http://h:8100#dp=8&kv-events=tcp://h:65530", "the KV-event port 65530 + 7 (rank j publishes on PORT+j) is beyond 65535"},
       {"http://h:8100#", "an empty '#' is not supported"},
       {"http://h:8100#dp=0", "dp must be the number of DP ranks behind the URL, 1 to 1024"},
       {"http://h:8100#dp=1025", "dp must be the number of DP ranks behind the URL, 1 to 1024"},
@@ -188,6 +200,42 @@ TEST_CASE("#dp=N puts N ranks behind one URL and #weight=W weights each of them"
   CHECK_THAT(error_of({"--backend", "http://a:1#dp=1024,http://b:2#dp=1024,http://c:3#dp=1024,http://d:4#dp=1024,"
                                     "http://e:5#dp=1"}),
              Catch::Contains("more than 4096 DP ranks"));
+}
+
+TEST_CASE("#kv-events= and #kv-replay= name the engines' event publishers, rank j on PORT+j", "[config][kv]") {
+  const auto s = run({"--backend", "http://a:1#dp=4&kv-events=tcp://A:5557&kv-replay=tcp://10.0.0.1:5657",
+                      "--backend", "http://b:2#kv-events=tcp://[::1]:6000", "--backend", "http://c:3"});
+  REQUIRE(s.backends.size() == 3);
+  REQUIRE(s.backends[0].kv_events);
+  CHECK(s.backends[0].dp == 4);
+  CHECK(*s.backends[0].kv_events == cfg::zmq_endpoint{"a", 5557});  // host names are case-insensitive
+  CHECK(s.backends[0].kv_events->for_rank(3) == "tcp://a:5560");
+  REQUIRE(s.backends[0].kv_replay);
+  CHECK(s.backends[0].kv_replay->for_rank(0) == "tcp://10.0.0.1:5657");
+  REQUIRE(s.backends[1].kv_events);
+  CHECK(s.backends[1].kv_events->for_rank(0) == "tcp://[::1]:6000");
+  CHECK_FALSE(s.backends[1].kv_replay);
+  CHECK_FALSE(s.backends[2].kv_events);
+  CHECK(cfg::any_backend_has_kv_events(s));
+  CHECK_FALSE(cfg::any_backend_has_kv_events(run({"--backend", "http://c:3"})));
+  // The order of the fragment's options does not matter.
+  const auto t = run({"--backend", "http://a:1#kv-events=tcp://a:5557&dp=2"});
+  CHECK(t.backends[0].dp == 2);
+  CHECK(t.backends[0].kv_events->for_rank(1) == "tcp://a:5558");
+}
+
+TEST_CASE("--block-size, --kv-index-blocks and --tokenize", "[config][kv]") {
+  const auto defaults = run({"--backend", "http://a:1"});
+  CHECK(defaults.block_size == 16);
+  CHECK(defaults.kv_index_blocks == 262'144);
+  CHECK(defaults.tokenize == cfg::tokenize_mode::off);
+  const auto s = run({"--backend", "http://a:1", "--block-size", "64", "--kv-index-blocks", "1000", "--tokenize", "engine"});
+  CHECK(s.block_size == 64);
+  CHECK(s.kv_index_blocks == 1000);
+  CHECK(s.tokenize == cfg::tokenize_mode::engine);
+  CHECK_THAT(error_of({"--backend", "http://a:1", "--block-size", "0"}), Catch::Contains("invalid --block-size '0'"));
+  CHECK_THAT(error_of({"--backend", "http://a:1", "--kv-index-blocks", "2000000"}), Catch::Contains("invalid --kv-index-blocks"));
+  CHECK_THAT(error_of({"--backend", "http://a:1", "--tokenize", "yes"}), Catch::Contains("invalid --tokenize 'yes'"));
 }
 
 TEST_CASE("the engine-aware options parse and refuse what they cannot use", "[config]") {

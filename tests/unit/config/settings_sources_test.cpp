@@ -310,7 +310,7 @@ TEST_CASE("unknown config keys are errors that name the key", "[config]") {
     const std::string file = dir.write_json("dplb.json", json{{"backends", {a_backend}}, {"tls_certificate", "x.pem"}});
     const std::string msg = error_of({"--config", file});
     CHECK_THAT(msg, Catch::StartsWith("unknown key 'tls_certificate' in config file '" + file + "'; known keys: "));
-    CHECK_THAT(msg, Catch::Contains("listen, backends, policy, stats_interval, kv_pressure_weight, default_max_tokens, load_bound, prefix_min_match, prefix_index_blocks, affinity_header, slow_start, threads, log_level, log_format"));
+    CHECK_THAT(msg, Catch::Contains("listen, backends, policy, stats_interval, kv_pressure_weight, default_max_tokens, load_bound, prefix_min_match, prefix_index_blocks, block_size, kv_index_blocks, tokenize, affinity_header, slow_start, threads, log_level, log_format"));
     CHECK_THAT(msg, Catch::Contains("upstream_max_idle_per_rank"));
   }
   SECTION("the file cannot name another config file") {

@@ -3,15 +3,10 @@
 // poll with a deadline), never a sleep: a subscriber first waits until a probe message reaches it (the
 // PUB/SUB slow joiner), and the probe's seq=-1 leaves the numbering at 0 for the engine's own batches.
 
-#include <sys/socket.h>
-#include <netinet/in.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <random>
 #include <regex>
 #include <string>
 #include <variant>
@@ -20,6 +15,7 @@
 
 #include "dplb/kv/chain_hash.hpp"
 #include "dplb/kv/kv_event.hpp"
+#include "free_ports.hpp"
 #include "http_client.hpp"
 #include "processes.hpp"
 #include "timing_slack.hpp"
@@ -29,32 +25,6 @@ using json = nlohmann::json;
 using namespace std::chrono_literals;
 
 namespace {
-
-// Whether a TCP port on loopback is free now.
-bool port_free(std::uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  ::close(fd);
-  return free;
-}
-
-// A base port whose `count` ports are all free: the events ports must be fixed (dplb is told them), so
-// the test picks them, away from the ephemeral range.
-std::uint16_t free_port_range(unsigned count) {
-  static std::mt19937 random(std::random_device{}());
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const auto base = static_cast<std::uint16_t>(std::uniform_int_distribution<int>(20000, 30000)(random));
-    bool all = true;
-    for (unsigned i = 0; i < count && all; ++i) all = port_free(static_cast<std::uint16_t>(base + i));
-    if (all) return base;
-  }
-  throw std::runtime_error("no free port range");
-}
 
 struct message {
   std::string topic;
