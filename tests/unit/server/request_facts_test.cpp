@@ -319,3 +319,23 @@ TEST_CASE("token ids feed the chain 4 bytes each: a block is 64 ids", "[request-
   const auto g = inspect_request_body(R"({"model": "m", "prompt": [)" + ids + ",7,8,9]}", true);
   CHECK(std::equal(f.prefix_chain.begin(), f.prefix_chain.end(), g.prefix_chain.begin()));
 }
+
+TEST_CASE("token ids for the KV-cache events: a prompt of ids, a batch's first, and cache_salt", "[request-facts][kv]") {
+  // Only when asked (prefix-aware), as the prefix chain.
+  CHECK(inspect_request_body(R"({"prompt":[1,2,3]})").prompt_token_ids.empty());
+  const auto flat = inspect_request_body(R"({"model":"m","prompt":[1,2,4294967295],"cache_salt":"s1"})", true);
+  CHECK(flat.prompt_token_ids == std::vector<std::uint32_t>{1, 2, 4294967295u});
+  CHECK(flat.cache_salt == "s1");
+  const auto batch = inspect_request_body(R"({"prompt":[[5,6],[7,8,9]]})", true);
+  CHECK(batch.prompt_token_ids == std::vector<std::uint32_t>{5, 6});
+  CHECK(batch.prompt_tokens == 5);  // the cost still counts the whole batch
+  // The last "prompt" wins; text, an id beyond 32 bits or a negative one leave no ids to match.
+  CHECK(inspect_request_body(R"({"prompt":[1,2],"prompt":[3]})", true).prompt_token_ids == std::vector<std::uint32_t>{3});
+  CHECK(inspect_request_body(R"({"prompt":[1,2],"prompt":"text"})", true).prompt_token_ids.empty());
+  CHECK(inspect_request_body(R"({"prompt":[1,4294967296]})", true).prompt_token_ids.empty());
+  CHECK(inspect_request_body(R"({"prompt":[1,-2]})", true).prompt_token_ids.empty());
+  CHECK(inspect_request_body(R"({"prompt":[1,"two"]})", true).prompt_token_ids.empty());
+  CHECK(inspect_request_body(R"({"messages":[{"role":"user","content":"hi"}]})", true).prompt_token_ids.empty());
+  CHECK(inspect_request_body(R"({"prompt":[1],"cache_salt":7})", true).cache_salt.empty());
+  CHECK(inspect_request_body(R"({"prompt":[1],"cache_salt":"a","cache_salt":null})", true).cache_salt.empty());
+}
