@@ -53,6 +53,13 @@ json rank_json(const upstream::rank_status& r) {
   for (const auto& [bit, name] : flag_names) {
     if ((r.flags & bit) != 0) names.push_back(name);
   }
+  json kv_events = nullptr;
+  if (r.kv_events) {
+    kv_events = json{{"blocks", r.kv_events->blocks},
+                     {"events", r.kv_events->events},
+                     {"errors", r.kv_events->errors},
+                     {"lag_seconds", r.kv_events->lag_seconds ? json(*r.kv_events->lag_seconds) : json(nullptr)}};
+  }
   json engine = nullptr;
   if (r.engine) {
     engine = json{{"running", r.engine->load.running},
@@ -76,7 +83,8 @@ json rank_json(const upstream::rank_status& r) {
               {"errors_total", r.server_errors},
               {"upstream_errors_total", r.upstream_errors},
               {"tokens_inflight", r.tokens_inflight},
-              {"engine", std::move(engine)}};
+              {"engine", std::move(engine)},
+              {"kv_events", std::move(kv_events)}};
 }
 
 json backend_json(const upstream::backend_status& b) {

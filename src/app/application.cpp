@@ -283,6 +283,7 @@ struct application::impl {
           });
       kv_feed = std::make_unique<upstream::kv_event_feed>(topology, balancer, *kv_index, *kv_subscriber);
       shared.kv_events = kv_index.get();
+      registry.observe_kv_events(kv_index.get());
       metrics.observe_kv_events(*kv_index, settings.tokenize == config::tokenize_mode::engine);
     }
     if (!settings.affinity_header.empty()) balancer.enable_affinity(settings.load_bound, &routing);

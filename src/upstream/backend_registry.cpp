@@ -60,9 +60,21 @@ rank_status backend_registry::status_of_rank(std::size_t rank) const {
                   .responses = outcomes.responses,
                   .server_errors = outcomes.server_errors,
                   .upstream_errors = outcomes.upstream_errors,
-                  .engine = std::nullopt};
+                  .engine = std::nullopt,
+                  .kv_events = std::nullopt};
   if (const auto stats = balancer_.engine_stats_of(rank); stats.ever) {
     out.engine = rank_status::engine_reading{stats.load, stats.age};
+  }
+  if (const auto* feed = kv_events_ != nullptr ? kv_events_->feed(rank) : nullptr;
+      feed != nullptr && feed->configured.load(std::memory_order_relaxed)) {
+    rank_status::kv_reading kv{.blocks = feed->blocks.load(std::memory_order_relaxed),
+                               .events = feed->events.load(std::memory_order_relaxed),
+                               .errors = feed->errors.load(std::memory_order_relaxed),
+                               .lag_seconds = std::nullopt};
+    if (const double ts = feed->last_batch_ts.load(std::memory_order_relaxed); ts > 0) {
+      kv.lag_seconds = std::max(0.0, feed->last_batch_arrival.load(std::memory_order_relaxed) - ts);
+    }
+    out.kv_events = kv;
   }
   return out;
 }

@@ -31,6 +31,7 @@
 
 #include "dplb/balancer/policy.hpp"
 #include "dplb/config/settings.hpp"
+#include "dplb/kv/event_index.hpp"
 #include "dplb/upstream/backend.hpp"
 
 namespace dplb::balancer {
@@ -84,6 +85,14 @@ struct rank_status {
     std::chrono::steady_clock::duration age{};
   };
   std::optional<engine_reading> engine;  // its engine's last good stats read; none yet without one
+  // What its KV-cache events gave dplb's index (a rank whose backend has #kv-events=); none otherwise.
+  struct kv_reading {
+    std::uint64_t blocks = 0;  // indexed now
+    std::uint64_t events = 0;  // applied so far
+    std::uint64_t errors = 0;  // skipped so far
+    std::optional<double> lag_seconds;  // arrival minus the engine's timestamp of the last batch; none before one
+  };
+  std::optional<kv_reading> kv_events;
 };
 
 struct backend_status {
@@ -132,6 +141,9 @@ class backend_registry {
   std::string_view policy_name(std::size_t cluster) const;
   std::uint32_t inflight_skew() const noexcept;  // the widest within one cluster (dplb_inflight_skew)
 
+  // The KV-cache event index whose per-rank figures rank_status shows (null: none). Before serving.
+  void observe_kv_events(const kv::event_index* index) { kv_events_ = index; }
+
   // The admin's per-rank changes. Draining sets only the draining flag (the health checks own the others,
   // so neither undoes the other's verdict) and its gauge; both are logged.
   void set_draining(std::size_t rank, bool on);
@@ -156,6 +168,7 @@ class backend_registry {
                            std::size_t& new_ranks) const;
   const backend& apply(prepared_add change);
   void set_state(const backend& b, backend_state state);
+  const kv::event_index* kv_events_ = nullptr;
   const backend& revive(const backend& b, const config::backend_spec& spec);
 
   topology& topology_;

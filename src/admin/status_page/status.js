@@ -122,12 +122,21 @@ function renderRank(r, clusters, maxInflight) {
   cells['error-rate'].textContent = percent(rates.errors);
   cells['error-rate'].classList.toggle('hot', rates.errors > 0);
   const e = r.engine;
+  const lines = [];
   if (!e) {
-    setLines(cells.load, [['no stats read', 'sub']]);
+    lines.push(['no stats read', 'sub']);
   } else {
-    const age = e.age_seconds > 10 ? [[`read ${duration(e.age_seconds)} ago`, 'sub']] : [];
-    setLines(cells.load, [[`${e.running} running · ${e.waiting} waiting · KV ${(100 * e.kv_cache_usage).toFixed(0)} %`], ...age]);
+    lines.push([`${e.running} running · ${e.waiting} waiting · KV ${(100 * e.kv_cache_usage).toFixed(0)} %`]);
+    if (e.age_seconds > 10) lines.push([`read ${duration(e.age_seconds)} ago`, 'sub']);
   }
+  // What the rank's KV-cache events gave dplb's index: blocks held, and how late the last batch arrived.
+  const kv = r.kv_events;
+  if (kv) {
+    const lag = kv.lag_seconds === null ? 'no event yet' : `lag ${(1000 * kv.lag_seconds).toFixed(0)} ms`;
+    const errors = kv.errors > 0 ? ` · ${integer(kv.errors)} skipped` : '';
+    lines.push([`index ${integer(kv.blocks)} blocks · ${lag}${errors}`, 'sub']);
+  }
+  setLines(cells.load, lines);
   return rates;
 }
 
