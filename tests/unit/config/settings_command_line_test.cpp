@@ -224,7 +224,7 @@ TEST_CASE("#kv-events= and #kv-replay= name the engines' event publishers, rank 
   CHECK(t.backends[0].kv_events->for_rank(1) == "tcp://a:5558");
 }
 
-TEST_CASE("--block-size, --kv-index-blocks and --tokenize", "[config][kv]") {
+TEST_CASE("the options --block-size, --kv-index-blocks and --tokenize", "[config][kv]") {
   const auto defaults = run({"--backend", "http://a:1"});
   CHECK(defaults.block_size == 16);
   CHECK(defaults.kv_index_blocks == 262'144);

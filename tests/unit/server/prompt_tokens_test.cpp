@@ -37,7 +37,7 @@ TEST_CASE("tokenize body: nothing to ask for token ids, non-objects and bodies w
   CHECK_FALSE(tokenize_request_body("{not json"));
 }
 
-TEST_CASE("tokenize answer: the ids, bounded; anything else is no answer", "[tokenize]") {
+TEST_CASE("tokenize answer: the ids, bounded, and anything else is no answer", "[tokenize]") {
   const auto ids = tokens_of_tokenize_answer(R"({"count":3,"max_model_len":8192,"tokens":[1,2,4294967295]})", 10);
   REQUIRE(ids);
   CHECK(*ids == std::vector<std::uint32_t>{1, 2, 4294967295u});

@@ -150,7 +150,7 @@ std::vector<message> replay(zmq::context_t& context, std::uint16_t port, std::in
 }  // namespace
 
 TEST_CASE("mock kv events: a request's prompt blocks arrive as BlockStored with /tokenize's ids, numbered "
-          "from 0; replay, raw publish and reset",
+          "from 0, and replay, raw publish and reset",
           "[mock][kv-events]") {
   const unsigned engines = 2;
   const auto events = free_port_range(engines);
@@ -250,7 +250,7 @@ TEST_CASE("mock kv events: a request's prompt blocks arrive as BlockStored with 
   CHECK(metrics.at("mock_kv_event_batches_dropped_total{engine=\"0\"}") == 0);
 }
 
-TEST_CASE("mock kv events: engine j of a port is data_parallel_rank j on base + i * dp + j; array "
+TEST_CASE("mock kv events: engine j of a port is data_parallel_rank j on base + i * dp + j, with the array "
           "encoding, integer hashes, a topic and cache_salt",
           "[mock][kv-events]") {
   const unsigned engines = 4;  // --ranks 2 --dp 2

@@ -384,7 +384,7 @@ TEST_CASE("/tokenize: the ids completions and chat prefill, shared with their bl
   CHECK(refused(json{{"prompt", "x"}}.dump(), "text/plain") == 400);
 }
 
-TEST_CASE("generation: ids out of 32 bits and a bad cache_salt get 400; a salt seeds the chain",
+TEST_CASE("generation: ids out of 32 bits and a bad cache_salt get 400, and a salt seeds the chain",
           "[kv-events][tokenize]") {
   const auto parse = [](const json& j) {
     return parse_generation_request(api_kind::completions, "application/json", j.dump(), "m", 16, 16, true);
