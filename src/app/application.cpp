@@ -279,7 +279,13 @@ struct application::impl {
       kv_subscriber = std::make_unique<kv::event_subscriber>(
           *kv_index, kv::subscriber_options{},
           [this](const std::function<void()>& body, const std::function<bool(std::chrono::milliseconds)>& pause) {
-            supervisor.run_thread(support::task::kv_events, body, pause);
+            supervisor.run_thread(
+                support::task::kv_events,
+                [&body] {
+                  support::fault_point(support::task::kv_events);  // the test hook, before a run's first poll
+                  body();
+                },
+                pause);
           });
       kv_feed = std::make_unique<upstream::kv_event_feed>(topology, balancer, *kv_index, *kv_subscriber);
       shared.kv_events = kv_index.get();

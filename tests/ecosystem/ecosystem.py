@@ -68,9 +68,14 @@ def run(*args, check_status=True):
 
 
 def library_packages(binary):
-    """{shared library a binary loads: the Debian package names that satisfy it (its package and what that provides)}."""
+    """{shared library a binary links (its DT_NEEDED entries, as ldd resolves them): the Debian package names that
+    satisfy it (its package and what that provides)}. The libraries those load in turn come with their packages'
+    own dependencies (libzmq5 brings libsodium23, libpgm and the rest), so only the binary's own are checked."""
+    needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", run("readelf", "-d", binary)))
     owners = {}
-    for library in re.findall(r"=> (/\S+)", run("ldd", binary)):
+    for soname, library in re.findall(r"^\s*(\S+) => (/\S+)", run("ldd", binary), re.M):
+        if soname not in needed:
+            continue
         owner = run("dpkg", "-S", os.path.realpath(library), check_status=False)
         if "no path found" in owner:
             owner = run("dpkg", "-S", library, check_status=False)

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "await.hpp"
+#include "free_ports.hpp"
 #include "http_client.hpp"
 #include "processes.hpp"
 #include "temp_file.hpp"
@@ -165,6 +166,37 @@ TEST_CASE("every task's error counter is exported at 0 from the start", "[superv
     INFO("task " << t);
     CHECK(errors_of(metrics, t) == 0);
   }
+  CHECK(errors_of(metrics, "kv_events") == 0);
+}
+
+TEST_CASE("the KV-cache events subscriber that throws is logged, counted and reading again", "[supervision][kv-events]") {
+  // (apart from the test above: the subscriber runs only with a prefix-aware cluster or a backend with events)
+  const auto events_port = free_port_range(1);
+  mock_engine engine(1, {"--simulate", "--time-scale", "100", "--kv-events-port", std::to_string(events_port)});
+  std::optional<dplb_proxy> started;
+  {
+    scoped_environment faults("DPLB_TEST_THROW_ONCE", "kv_events");
+    started.emplace(std::vector<std::string>{engine.urls()[0] + "#kv-events=tcp://127.0.0.1:" + std::to_string(events_port)},
+                    std::vector<std::string>{"--policy", "prefix-aware"});
+  }
+  auto& proxy = *started;
+  const std::regex failure(R"(internal error in task kv_events: fault injected by the test hook .*; restarting it in \d+ ms)");
+  CHECK(proxy.process().wait_for_line(failure, slack(5s)));
+  // Reading again: what the engine caches reaches dplb's index (a new prompt each time: until dplb's socket
+  // has joined, the engine's events are lost, and a cached prompt stores nothing again).
+  int prompt = 0;
+  const auto stored = await_until(
+      [&] {
+        ++prompt;
+        const std::string ids = "[" + std::to_string(prompt) + ",2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]";
+        REQUIRE(http_post_json(engine.ports()[0], "/v1/completions",
+                               R"({"model":"mock-model","max_tokens":1,"prompt":)" + ids + "}")
+                    .status == 200);
+        return scrape_metrics(proxy.port());
+      },
+      [](const auto& m) { return metric_sum(m, "dplb_kv_blocks{", {"rank=\"0\""}) >= 1; }, slack(5s));
+  CHECK(metric_sum(stored, "dplb_kv_blocks{", {"rank=\"0\""}) >= 1);
+  CHECK(errors_of(stored, "kv_events") == 1);
 }
 
 TEST_CASE("a name in DPLB_TEST_THROW_ONCE that is no task's stops dplb at start-up", "[supervision]") {
