@@ -82,7 +82,10 @@ constexpr std::array option_table{
         .meaning = "Engine base URL, http://HOST:PORT (port 80 if omitted), optionally followed by "
                    "#dp=N (N DP ranks behind the URL, as `vllm serve --data-parallel-size N` serves them: dplb "
                    "tells each request's rank in X-data-parallel-rank: 0..N-1) and/or #weight=W (each of its "
-                   "ranks gets W times the share of a weight-1 rank), e.g. http://h:8000#dp=4&weight=2. "
+                   "ranks gets W times the share of a weight-1 rank), e.g. http://h:8000#dp=4&weight=2, and/or "
+                   "#kv-events=tcp://HOST:PORT (its engines' KV-cache event publishers, vLLM's --kv-events-config "
+                   "endpoint, rank j on PORT+j: prefix-aware then routes by what each rank caches) with optional "
+                   "&kv-replay=tcp://HOST:PORT (their replay endpoint, for events a gap lost). "
                    "Repeatable, and a value may be a comma-separated list; ranks are numbered in this order "
                    "over all backends (A#dp=2 then B: ranks 0 and 1 on A, 2 on B). Required, unless the config "
                    "file defines clusters (see --config).",
