@@ -138,7 +138,15 @@ void event_subscriber::take_up_sources(std::vector<std::unique_ptr<connection>>&
     c->socket.set(zmq::sockopt::reconnect_ivl, 100);
     c->socket.set(zmq::sockopt::reconnect_ivl_max, 5'000);
     c->socket.set(zmq::sockopt::subscribe, "");  // every topic: vLLM's default topic is empty
-    c->socket.connect(source.endpoint);  // asynchronous: ZMQ connects, and reconnects, in the background
+    c->socket.set(zmq::sockopt::ipv6, 1);         // an [IPv6] endpoint, or a name that resolves to one
+    try {
+      c->socket.connect(source.endpoint);  // asynchronous: ZMQ resolves, connects and reconnects in the background
+    } catch (const zmq::error_t& e) {
+      // Only an endpoint ZMQ cannot parse gets here (the configuration checked its form): the rank goes
+      // without events rather than the others with it.
+      spdlog::error("rank {}: cannot read KV-cache events from {}: {}", source.rank, source.endpoint, e.what());
+      continue;
+    }
     index_.set_configured(source.rank, true);
     spdlog::info("rank {}: reading KV-cache events from {}{}", source.rank, source.endpoint,
                  source.replay.empty() ? "" : " (replay " + source.replay + ")");
@@ -157,7 +165,12 @@ bool replay_into(zmq::context_t& context, const std::string& endpoint, std::size
   zmq::socket_t dealer(context, zmq::socket_type::dealer);
   dealer.set(zmq::sockopt::linger, 0);
   dealer.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(max_payload_bytes));
-  dealer.connect(endpoint);
+  dealer.set(zmq::sockopt::ipv6, 1);
+  try {
+    dealer.connect(endpoint);
+  } catch (const zmq::error_t&) {
+    return false;
+  }
   // As a REQ socket would send it: an empty delimiter, then the start (vLLM's ROUTER expects both).
   const auto start = big_endian(from);
   std::array<zmq::const_buffer, 2> request{zmq::const_buffer(nullptr, 0), zmq::buffer(start)};
