@@ -4,18 +4,30 @@
 
 namespace dplb::balancer {
 
-prefix_aware::match_rule prefix_aware::match(const pick_context& request, std::size_t ranks) {
+prefix_aware::match_rule prefix_aware::match(const pick_context& request, std::span<const rank_view> ranks) {
   if (options_.events != nullptr && !request.kv_chain.empty() && options_.events->any_configured()) {
-    options_.events->match(request.kv_chain, ranks, matched_);
-    return {static_cast<std::uint32_t>(std::max<std::size_t>(options_.event_min_match_blocks, 1)), options_.block_size};
+    const auto enough = static_cast<std::uint32_t>(std::max<std::size_t>(options_.event_min_match_blocks, 1));
+    options_.events->match(request.kv_chain, ranks.size(), matched_);
+    last_evidence_ = evidence::events;
+    const bool held = std::ranges::any_of(ranks, [&](const rank_view& h) {
+      return h.usable && matched_[static_cast<std::size_t>(&h - ranks.data())] >= enough;
+    });
+    if (!held) {
+      // The events' shorter matches still break rule 2's ties; the pending routes may reach the threshold.
+      pending_.match(request.kv_chain, ranks.size(), pending_routes::clock::now(), pending_matched_);
+      for (std::size_t r = 0; r < ranks.size(); ++r) matched_[r] = std::max(matched_[r], pending_matched_[r]);
+      last_evidence_ = evidence::pending;
+    }
+    return {enough, options_.block_size};
   }
-  index_.match(request.prefix_chain, ranks, matched_);
+  last_evidence_ = evidence::approximate;
+  index_.match(request.prefix_chain, ranks.size(), matched_);
   return {static_cast<std::uint32_t>(std::max<std::size_t>(options_.min_match_blocks, 1)),
           static_cast<std::uint32_t>(prefix_block_tokens)};
 }
 
 std::optional<std::size_t> prefix_aware::choose(const pick_context& request, std::span<const rank_view> ranks) {
-  const auto [enough, tokens_per_block] = match(request, ranks.size());
+  const auto [enough, tokens_per_block] = match(request, ranks);
   const auto match_of = [&](const rank_view& h) { return matched_[static_cast<std::size_t>(&h - ranks.data())]; };
   const load_bound bound(ranks, options_.load_bound);
   std::uint32_t best_usable = 0;
@@ -55,12 +67,15 @@ std::optional<std::size_t> prefix_aware::choose(const pick_context& request, std
   if (stats_) stats_->matched_tokens.observe(static_cast<double>(matched) * tokens_per_block);
   index_.insert(*chosen, request.prefix_chain);
   publish_size(*chosen);
+  // Placed without the events' evidence: remembered until they can show it (a removal they report for a pick
+  // made on their evidence takes effect at once).
+  if (last_evidence_ == evidence::pending) pending_.remember(*chosen, request.kv_chain, pending_routes::clock::now());
   return chosen;
 }
 
 std::optional<std::size_t> prefix_aware::preferred(const pick_context& request, std::span<const rank_view> ranks) {
   if (request.prefix_chain.empty() && request.kv_chain.empty()) return std::nullopt;
-  const auto enough = match(request, ranks.size()).enough;
+  const auto enough = match(request, ranks).enough;
   const load_bound bound(ranks, options_.load_bound);
   std::optional<std::size_t> best;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
@@ -79,6 +94,7 @@ void prefix_aware::on_state_change(std::size_t rank, std::uint8_t flags) {
   // any more (if the admin adds the same backend back, its ranks start with an empty index).
   if ((flags & rank_flag::removed) != 0) {
     index_.forget(rank);
+    pending_.forget(rank);
     publish_size(rank);
   }
 }

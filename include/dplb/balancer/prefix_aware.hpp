@@ -1,6 +1,7 @@
 #pragma once
 #include <vector>
 
+#include "dplb/balancer/pending_routes.hpp"
 #include "dplb/kv/event_index.hpp"
 
 #include "dplb/balancer/policy.hpp"
@@ -25,6 +26,8 @@ struct prefix_aware_options {
 //  - precise: the engines' KV-cache events (options.events), when some backend publishes them and the
 //    request's token ids are known (pick_context::kv_chain): what each rank holds, whoever put it there,
 //    and nothing an engine evicted;
+//    When no usable rank holds a long enough match, the requests of its chain this policy placed by load in
+//    the last pending_ttl (pending_routes.hpp) stand in: the events show a block only once its prefill ran;
 //  - approximate otherwise: a prefix_index of what this policy routed (pick_context::prefix_chain).
 // Then:
 //  1. The rank whose blocks match the longest prefix of the request's prompt, if the match is at least
@@ -58,13 +61,21 @@ class prefix_aware final : public policy {
     std::uint32_t enough;
     std::uint32_t tokens_per_block;
   };
-  match_rule match(const pick_context& request, std::size_t ranks);
+  match_rule match(const pick_context& request, std::span<const rank_view> ranks);
+
+  // How long a route placed by load stands in for the events (queueing and prefill of a long prompt).
+  static constexpr std::chrono::milliseconds pending_ttl{10'000};
+  static constexpr std::size_t pending_capacity = 1 << 16;  // blocks remembered, over all ranks
 
   const prefix_aware_options options_;
   prefix_index index_;
   routing_stats* stats_;  // may be null (tests)
   rotation ties_;
   std::vector<std::uint32_t> matched_;  // reused by every pick
+  pending_routes pending_{pending_ttl, pending_capacity};
+  std::vector<std::uint32_t> pending_matched_;  // reused by every pick that consults pending_
+  // How the last match() matched: from the events' evidence, from the pending routes, or neither (approximate).
+  enum class evidence { events, pending, approximate } last_evidence_ = evidence::approximate;
 };
 
 }  // namespace dplb::balancer

@@ -122,3 +122,53 @@ TEST_CASE("prefix-aware with events: a hot prefix keeps its rank within the load
   CHECK(ranks[0].inflight == 13);  // ceil(1.25 x 40 / 4)
   for (const auto& r : ranks) CHECK(r.inflight <= 13);
 }
+
+TEST_CASE("prefix-aware with events: a prompt placed by load is followed until the events can show it", "[prefix][kv]") {
+  kv::event_index index(1024, 8);
+  index.set_configured(0, true);
+  prefix_aware policy(with_events(index), nullptr);
+  std::vector<rank_view> ranks(4);
+  const auto group = tokens(6, 3000);
+  const auto chain = request_chain(group);
+  pick_context request;
+  request.kv_chain = chain;
+  // Nothing cached: the first goes by load; the next ones of the group follow it while its prefill is
+  // pending (the events say nothing yet), though each pick alone would rotate.
+  const auto first = *policy.choose(request, ranks);
+  for (int i = 0; i < 3; ++i) CHECK(policy.choose(request, ranks) == first);
+  // Once the events show the group elsewhere (another replica's request, a client), they decide.
+  const std::size_t other = (first + 2) % 4;
+  store(index, other, group, 300);
+  CHECK(policy.choose(request, ranks) == other);
+  // A removal the events report for a pick made on their evidence takes effect at once: by load again.
+  kv::decode_result removed;
+  kv::block_removed r;
+  for (std::uint64_t k = 300; k < 306; ++k) r.block_hashes.push_back(kv::engine_key_of_int(k));
+  removed.batch.events.emplace_back(std::move(r));
+  index.apply(other, removed, 0);
+  CHECK(index.feed(other)->blocks.load() == 0);
+  // (the pending route to `first` still stands: it was placed by load, and nothing showed it cached there)
+  CHECK(policy.choose(request, ranks) == first);
+}
+
+TEST_CASE("pending routes: expire after their ttl, are bounded, and follow the latest route", "[prefix][kv]") {
+  using clock = pending_routes::clock;
+  pending_routes routes(std::chrono::milliseconds(100), 8);
+  const std::vector<std::uint64_t> chain{1, 2, 3, 4};
+  const auto t0 = clock::now();
+  routes.remember(2, chain, t0);
+  std::vector<std::uint32_t> m;
+  routes.match(chain, 4, t0, m);
+  CHECK(m == std::vector<std::uint32_t>{0, 0, 4, 0});
+  routes.match(chain, 4, t0 + std::chrono::milliseconds(100), m);
+  CHECK(m == std::vector<std::uint32_t>{0, 0, 0, 0});  // expired
+  routes.remember(1, std::vector<std::uint64_t>{1, 2}, t0);
+  routes.match(chain, 4, t0, m);
+  CHECK(m == std::vector<std::uint32_t>{0, 2, 0, 0});  // blocks 1 and 2 now lead to rank 1; 3 and 4 to rank 2
+  routes.remember(3, std::vector<std::uint64_t>{10, 11, 12, 13, 14, 15, 16, 17}, t0);
+  CHECK(routes.size() <= 8);
+  routes.match(chain, 4, t0, m);
+  CHECK(m == std::vector<std::uint32_t>{0, 0, 0, 0});  // the oldest went first
+  routes.forget(3);
+  CHECK(routes.size() == 0);
+}
