@@ -56,7 +56,8 @@ Workloads (--workloads):
           about a third stays. The precise replicas read the same events, so both send a group where it is
           cached: one home, as with one replica. At 40 per second the prefix-aware rows run under capacity
           (cached: ~25 ms of prefill and decode per request per engine; a miss adds 1,000 x 120 us = 120 ms) and
-          least-inflight past it; at 56 the approximate one-replica row nears its capacity and queues build.
+          least-inflight past it; at 56 one replica of either kind still keeps up, the approximate pair of
+          replicas (hit rate down by its duplicates) does not.
           The other pressure shape, more prefixes than the 4 caches hold together (--pressure-groups 48
           --pressure-kv-blocks 768: 2,976 blocks of prefixes against 3,072, less the running requests'), makes
           every row evict; there a group's fixed home (the approximate index) beats following the cache
