@@ -149,12 +149,14 @@ def start_mock(mock, args, log_path):
     return proc, ports, admin
 
 
-def start_dplb(dplb, policy, backend_ports, log_path, extra=(), dp=1):
+def start_dplb(dplb, policy, backend_ports, log_path, extra=(), dp=1, fragments=None):
     """A dplb on an ephemeral port in front of 127.0.0.1:<each of backend_ports>: (process, its port). With dp > 1
-    each port serves that many DP engines (`--backend URL#dp=N`, vLLM's internal LB)."""
+    each port serves that many DP engines (`--backend URL#dp=N`, vLLM's internal LB). fragments, one per port:
+    more of each backend's URL fragment (e.g. "kv-events=tcp://127.0.0.1:P&kv-replay=tcp://127.0.0.1:R")."""
     args = [dplb, "--listen", "127.0.0.1:0", "--policy", policy, "--log-level", "info"]
-    for port in backend_ports:
-        args += ["--backend", f"http://127.0.0.1:{port}" + (f"#dp={dp}" if dp > 1 else "")]
+    for i, port in enumerate(backend_ports):
+        parts = ([f"dp={dp}"] if dp > 1 else []) + ([fragments[i]] if fragments and fragments[i] else [])
+        args += ["--backend", f"http://127.0.0.1:{port}" + ("#" + "&".join(parts) if parts else "")]
     proc = Process(args + list(extra), log_path)
     try:
         port = int(proc.await_line(r"listening on 127\.0\.0\.1:(\d+)").group(1))
@@ -162,6 +164,27 @@ def start_dplb(dplb, policy, backend_ports, log_path, extra=(), dp=1):
         proc.stop()
         raise
     return proc, port
+
+
+def free_port_block(count, avoid=(), low=20000, high=30000, tries=200):
+    """The first of `count` consecutive ports on 127.0.0.1, drawn at random in [low, high), none of them in use
+    now (each bound and released) nor in `avoid`: for listeners whose ports must be known in advance (the mock's
+    KV-event sockets). Another process may still take one before its owner binds it; the window is short."""
+    import random
+    import socket
+    for _ in range(tries):
+        first = random.randrange(low, high - count)
+        block = range(first, first + count)
+        if any(p in avoid for p in block):
+            continue
+        try:
+            for p in block:
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return first
+    raise RuntimeError(f"no {count} free consecutive ports in [{low}, {high})")
 
 
 def start_bench(bench, port, args, result_path, log_path, timeout_s=300):

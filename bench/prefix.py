@@ -7,8 +7,12 @@ its own clock as the DP ranks of a dense model, each with its own KV cache and p
 front of it (`--backend http://127.0.0.1:PORT#dp=4 --policy P`), and one dplb-bench client. The "oracle" row
 has no dplb: the client talks to a mock started with `--dp-balance oracle --load-bound 1.25`, which sends each
 request to the engine whose simulated cache holds the longest prefix of it, within the load bound; it is the
-ceiling a prefix-aware router can aim at. Rows whose dplb policy or mock mode this build lacks are skipped
-(dplb --help, dplb-mock-engine --help), so the script runs before and after they land.
+ceiling a prefix-aware router can aim at. The "prefix-aware-events" row is dplb's prefix-aware fed by the mock's
+KV-cache events (`--kv-events-port P --kv-replay-port R` on free fixed ports; the backend
+`http://127.0.0.1:PORT#dp=4&kv-events=tcp://127.0.0.1:P&kv-replay=tcp://127.0.0.1:R`, `--tokenize engine`, both
+block sizes 16); dplb starts before the client, and what its SUB socket missed it replays. Rows whose dplb
+policy or mock mode this build lacks are skipped (dplb --help, dplb-mock-engine --help), so the script runs
+before and after they land.
 
 Engines (every row): --prefill-us-per-token 120 (prefill-heavy: a cached prefix saves most of a request's cost),
 --kv-blocks 1024 of 16 tokens (16,384 tokens) each, --max-num-seqs 32, --threads 1.
@@ -30,6 +34,34 @@ Workloads (--workloads):
   unrelated  prompts that share nothing (1,600 unique words each, 64 output tokens), closed loop with
           --unrelated-concurrency in flight: prefix-aware must place them as least-inflight does (its
           throughput within noise of least-inflight's).
+  pressure  cache pressure, precise against approximate prefix routing, one and two dplb replicas: 32 groups of
+          1,000-word prefixes (--pressure-groups, --pressure-prefix-len), the groups' 100-word queries and 64
+          output tokens, Poisson at each of --pressure-rates (default 40 and 56 per simulated s), 1,200 requests
+          per run, engines of --pressure-kv-blocks 1024 at --pressure-time-scale 4 (two dplb replicas, a front,
+          /tokenize and the client share the 2 cores; 10 lags). Rows (--pressure-policies, --replica-policies):
+          least-inflight, prefix-aware (the approximate index: what this dplb routed where, never what the
+          engines evicted nor what another router sent), prefix-aware-events (the precise one: dplb prefix-aware
+          with the backend's kv-events and kv-replay, --tokenize engine, the mock publishing vLLM's KV-cache
+          events on fixed free ports), the oracle, and prefix-aware/2, prefix-aware-events/2: two replicas of
+          that dplb in front of the same engines, the client's requests split evenly between them by a
+          round-robin dplb in front of the replicas (plain backends: it sends no X-data-parallel-rank).
+          Sizing (16-token blocks): a prefix is 62 full blocks; a request holds 11 more of its own ((1,000 +
+          100 + 64) / 16 -> 73, less 62), so 32 running hold 352. The 32 prefixes are 1,984 blocks. Kept apart,
+          8 groups per engine, an engine needs 8 x 62 + 352 = 848 of its 1,024: every prefix stays cached with
+          about 3 prefixes of room for the load bound's spills, and the 4 caches (4,096) hold them all. Every
+          group on two engines (two replicas, each placing a group where its own first request went, neither
+          knowing the other's) is 16 per engine: 992 + 352 = 1,344 > 1,024, so an engine keeps about 10 of its
+          16 ((1,024 - 352) / 62) and evicts the rest in turn; the approximate replicas keep sending each group
+          to both homes, evicted or not. Every group everywhere (least-inflight) is 1,984 + 352 per engine:
+          about a third stays. The precise replicas read the same events, so both send a group where it is
+          cached: one home, as with one replica. At 40 per second the prefix-aware rows run under capacity
+          (cached: ~25 ms of prefill and decode per request per engine; a miss adds 1,000 x 120 us = 120 ms) and
+          least-inflight past it; at 56 one replica of either kind still keeps up, the approximate pair of
+          replicas (hit rate down by its duplicates) does not.
+          The other pressure shape, more prefixes than the 4 caches hold together (--pressure-groups 48
+          --pressure-kv-blocks 768: 2,976 blocks of prefixes against 3,072, less the running requests'), makes
+          every row evict; there a group's fixed home (the approximate index) beats following the cache
+          (docs/benchmarks.md section 6 has the figures and why).
   chat    multi-turn sessions (dplb-bench --sessions --turns, chat endpoint): --chat-sessions sessions of
           --chat-turns turns; each session's first user message starts with one of 8 shared 1,000-word
           system prompts (--prefix-groups 8 --prefix-len 1000), every turn adds 100 new words, answers are 64
@@ -47,8 +79,12 @@ Measured per run:
     vllm:prefix_cache_queries_total (tokens), from the mock's /metrics at the end;
   - requests per engine (mock_requests_routed_total), prompt tokens prefilled, preemptions, and the mock's
     step-end lag over its steps' wall time (the scaled figures hold while it is small).
+  - dplb's own figures (its /metrics, each replica's): prefix picks taken, overridden (over the load bound),
+    missed; with KV-cache events, events read, errors, index resets, replayed, blocks indexed at the end and
+    /tokenize outcomes. A precise run whose replica read no event, indexed nothing or tokenized nothing fails.
 Ratios: tok/s policy / least-inflight, TTFT least-inflight / policy (above 1: the policy better), and the share
-of the oracle's tok/s; medians over the repeats.
+of the oracle's tok/s; medians over the repeats. For pressure also precise / approximate (tok/s, TTFT p90), the
+precise share of the oracle, and each prefix-aware row's hit rate with two replicas against one.
 
 Standard library only; every process started here is stopped by its pid, also on errors and Ctrl-C.
 """
@@ -58,20 +94,37 @@ import statistics
 import subprocess
 import time
 
-from benchlib import (add_run_arguments, compared_policies, finish_bench, log, metric_by_engine, quantile, run_cells,
-                      scrape, start_bench, start_dplb, start_mock)
+from benchlib import (add_run_arguments, compared_policies, finish_bench, free_port_block, log, metric_by_engine,
+                      quantile, run_cells, scrape, start_bench, start_dplb, start_mock)
 
 ENGINES = 4
 ORACLE = "oracle"
+EVENTS = "prefix-aware-events"  # dplb prefix-aware fed by the engines' KV-cache events, --tokenize engine
+TWO = "/2"  # a policy's two-replica row: "prefix-aware/2"
 POLICIES = "round-robin least-inflight least-load prefix-aware"
+PRESSURE_POLICIES = f"least-inflight prefix-aware {EVENTS} {ORACLE}"
+REPLICA_POLICIES = f"prefix-aware {EVENTS}"
+WORKLOADS = ("groups", "chat", "unrelated", "pressure")
 SESSION_HEADER = "x-session-id"
 ENGINE_ARGS = ["--prefill-us-per-token", "120", "--threads", "1"]
+PRESSURE_GROUPS = 32
+PRESSURE_PREFIX_LEN = 1000
+PRESSURE_KV_BLOCKS = 1024
+PRESSURE_RATES = "40 56"
+PRESSURE_NUM_PROMPTS = 1200
+PRESSURE_TIME_SCALE = 4.0
 
 
 def groups_args(opts):
     return ["--prefix-groups", str(opts.groups), "--prefix-len", str(opts.prefix_len), "--random-input-len",
             str(opts.query_len), "--random-output-len", str(opts.output_len), "--num-prompts", str(opts.num_prompts),
             "--max-concurrency", str(opts.max_concurrency)]
+
+
+def pressure_args(opts):
+    return ["--prefix-groups", str(opts.pressure_groups), "--prefix-len", str(opts.pressure_prefix_len),
+            "--random-input-len", str(opts.query_len), "--random-output-len", str(opts.output_len), "--num-prompts",
+            str(opts.pressure_num_prompts), "--max-concurrency", str(opts.max_concurrency)]
 
 
 def unrelated_args(opts):
@@ -93,6 +146,37 @@ def oracle_offered(mock):
     return "--dp-balance" in text
 
 
+def events_offered(dplb, mock):
+    """True when this dplb reads KV-cache events (--tokenize in its --help) and this mock publishes them."""
+    def helps(binary, flag):
+        return flag in subprocess.run([binary, "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      timeout=30).stdout
+    return helps(dplb, "--tokenize") and helps(mock, "--kv-events-port")
+
+
+def labelled_sum(text, name, label=""):
+    """Sum of a metric's samples whose labels contain `label` (e.g. 'outcome="ok"'), in Prometheus text."""
+    total = 0.0
+    for line in text.splitlines():
+        if (line.startswith(name + "{") or line.startswith(name + " ")) and label in line.split(" ")[0]:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def dplb_figures(metrics_text):
+    """What one dplb says of its prefix picks and, with KV-cache events, of its event index."""
+    return {"taken": labelled_sum(metrics_text, "dplb_prefix_decisions_total", 'outcome="taken"'),
+            "overridden": labelled_sum(metrics_text, "dplb_prefix_decisions_total", 'outcome="overridden"'),
+            "missed": labelled_sum(metrics_text, "dplb_prefix_decisions_total", 'outcome="missed"'),
+            "kv_blocks": labelled_sum(metrics_text, "dplb_kv_blocks"),
+            "kv_events": labelled_sum(metrics_text, "dplb_kv_events_total"),
+            "kv_event_errors": labelled_sum(metrics_text, "dplb_kv_event_errors_total"),
+            "kv_resets": labelled_sum(metrics_text, "dplb_kv_index_resets_total"),
+            "kv_replayed": labelled_sum(metrics_text, "dplb_kv_events_replayed_total"),
+            "tokenize_ok": labelled_sum(metrics_text, "dplb_tokenize_requests_total", 'outcome="ok"'),
+            "tokenize_failed": labelled_sum(metrics_text, "dplb_tokenize_requests_total", 'outcome="failed"')}
+
+
 def engine_figures(metrics_text):
     """Per-engine counters of the mock's /metrics (one port, --dp engines): lists indexed by engine."""
     def per_engine(name):
@@ -109,25 +193,52 @@ def engine_figures(metrics_text):
 
 
 def run_one(opts, workdir, workload, rate, policy, repeat):
-    tag = f"{workload}-{rate}-{policy}-{repeat}"
+    tag = f"{workload}-{rate}-{policy.replace('/', '_')}-{repeat}"
     oracle = policy == ORACLE
-    mock_args = (["--ranks", "1", "--dp", str(ENGINES), "--simulate", "--time-scale", str(opts.time_scale),
-                  "--kv-blocks", str(opts.kv_blocks), "--max-num-seqs", str(opts.max_num_seqs)] + ENGINE_ARGS
+    base_policy, replicas = (policy[:-len(TWO)], 2) if policy.endswith(TWO) else (policy, 1)
+    events = base_policy == EVENTS
+    kv_blocks = opts.pressure_kv_blocks if workload == "pressure" else opts.kv_blocks
+    scale = opts.pressure_time_scale if workload == "pressure" else opts.time_scale
+    mock_args = (["--ranks", "1", "--dp", str(ENGINES), "--simulate", "--time-scale", str(scale),
+                  "--kv-blocks", str(kv_blocks), "--max-num-seqs", str(opts.max_num_seqs)] + ENGINE_ARGS
                  + (["--dp-balance", "oracle", "--load-bound", str(opts.load_bound)] if oracle else [])
                  + opts.mock_args.split())
+    fragments = None
+    if events:
+        # The KV-event ports must be known before the mock starts (dplb is told them): two blocks of ENGINES
+        # free ports, engine e publishing on events + e and replaying on replay + e.
+        events_port = free_port_block(ENGINES)
+        replay_port = free_port_block(ENGINES, avoid=range(events_port, events_port + ENGINES))
+        mock_args += ["--kv-events-port", str(events_port), "--kv-replay-port", str(replay_port)]
+        fragments = [f"kv-events=tcp://127.0.0.1:{events_port}&kv-replay=tcp://127.0.0.1:{replay_port}"]
     mock, ports, admin = start_mock(opts.mock, mock_args, workdir / f"{tag}.mock.log")
-    proxy = None
+    proxies = []
+    dplb_ports = []
     try:
         port = ports[0]
         if not oracle:
             extra = ["--threads", "1"]
-            if policy == "prefix-aware":
+            if base_policy in ("prefix-aware", EVENTS):
                 extra += opts.prefix_aware_args.split()
                 if workload == "chat" and opts.affinity:
                     extra += ["--affinity-header", SESSION_HEADER]
-            proxy, port = start_dplb(opts.dplb, policy, ports, workdir / f"{tag}.dplb.log", extra, dp=ENGINES)
-        rate_args = ["--request-rate", "inf" if rate == "inf" else str(float(rate) * opts.time_scale)]
-        workload_args = {"groups": groups_args, "chat": chat_args, "unrelated": unrelated_args}[workload](opts)
+            if events:
+                extra += ["--tokenize", "engine"]
+            for r in range(replicas):
+                proxy, dplb_port = start_dplb(opts.dplb, "prefix-aware" if events else base_policy, ports,
+                                              workdir / f"{tag}.dplb-{r}.log", extra, dp=ENGINES, fragments=fragments)
+                proxies.append(proxy)
+                dplb_ports.append(dplb_port)
+            port = dplb_ports[0]
+            if replicas > 1:
+                # The client's requests split evenly between the replicas: a round-robin dplb in front of them
+                # (plain backends: it adds no X-data-parallel-rank), as an L4 balancer would spread clients.
+                front, port = start_dplb(opts.dplb, "round-robin", dplb_ports, workdir / f"{tag}.front.log",
+                                         ["--threads", "1"])
+                proxies.append(front)
+        rate_args = ["--request-rate", "inf" if rate == "inf" else str(float(rate) * scale)]
+        workload_args = {"groups": groups_args, "chat": chat_args, "unrelated": unrelated_args,
+                         "pressure": pressure_args}[workload](opts)
         args = workload_args + rate_args + [
             "--ignore-eos", "--seed", str(opts.seed + repeat)]
         result_path = workdir / f"{tag}.json"
@@ -136,25 +247,35 @@ def run_one(opts, workdir, workload, rate, policy, repeat):
                               result_path)
         wall = time.monotonic() - started
         engines = engine_figures(scrape(f"http://127.0.0.1:{admin}/metrics?rank=0"))
+        routers = [dplb_figures(scrape(f"http://127.0.0.1:{p}/metrics")) for p in dplb_ports]
     finally:
-        if proxy:
+        for proxy in reversed(proxies):
             proxy.stop()
         mock.stop()
 
-    ttfts = [t * opts.time_scale for t in result["ttfts"] if t is not None]
+    if events:
+        # The precise rows must really have run on the events: every replica read some and holds blocks.
+        for i, figures in enumerate(routers):
+            if figures["kv_events"] == 0 or figures["kv_blocks"] == 0 or figures["tokenize_ok"] == 0:
+                raise RuntimeError(f"{tag}: dplb replica {i} saw no KV-cache events or tokenized nothing: {figures}")
+            if figures["tokenize_failed"] or figures["kv_event_errors"] or figures["kv_resets"]:
+                log(f"prefix: {tag}: replica {i}: {figures}")
+    ttfts = [t * scale for t in result["ttfts"] if t is not None]
     queries = sum(engines["queries"])
     # The mock must keep up for the scaled figures to hold: its step ends' wall lag against the wall time the
     # engines' steps take (mock_step_seconds_total is simulated).
-    busy_wall = sum(engines["busy_s"]) / opts.time_scale
+    busy_wall = sum(engines["busy_s"]) / scale
     return {
         "workload": workload, "rate": rate, "policy": policy, "repeat": repeat, "wall_s": wall,
-        "output_tok_s": result["output_throughput"] / opts.time_scale,
+        "replicas": replicas,
+        "output_tok_s": result["output_throughput"] / scale,
         "ttft_p50_s": quantile(ttfts, 0.5) if ttfts else None,
         "ttft_p90_s": quantile(ttfts, 0.9) if ttfts else None,
         "hit_rate": sum(engines["hits"]) / queries if queries else 0.0,
-        "duration_s": result["duration"] * opts.time_scale,
+        "duration_s": result["duration"] * scale,
         "lag_share": sum(engines["lag_s"]) / busy_wall if busy_wall else 0.0,
         "completed": result["completed"], "failed": result["failed"],
+        "dplb": routers,
         **engines,
     }
 
@@ -165,7 +286,8 @@ def main():
     parser.add_argument("--policies", default=POLICIES + " " + ORACLE,
                         help="dplb policies, and 'oracle' (the mock's own balancing); those this build lacks are "
                         "skipped")
-    parser.add_argument("--workloads", default="groups chat unrelated", help="among: groups chat unrelated")
+    parser.add_argument("--workloads", default="groups chat unrelated pressure",
+                        help="among: " + " ".join(WORKLOADS))
     parser.add_argument("--rates", default="12 24 36",
                         help="groups: requests per simulated second, one run each ('inf': all at once)")
     parser.add_argument("--num-prompts", type=int, default=480, help="groups: requests per run")
@@ -183,6 +305,23 @@ def main():
     parser.add_argument("--chat-groups", type=int, default=8, help="chat: shared system prompts")
     parser.add_argument("--chat-prefix-len", type=int, default=1000, help="chat: words of each system prompt")
     parser.add_argument("--chat-input-len", type=int, default=100, help="chat: new words per turn")
+    parser.add_argument("--pressure-groups", type=int, default=PRESSURE_GROUPS)
+    parser.add_argument("--pressure-prefix-len", type=int, default=PRESSURE_PREFIX_LEN,
+                        help="pressure: words of each group's prefix")
+    parser.add_argument("--pressure-kv-blocks", type=int, default=PRESSURE_KV_BLOCKS,
+                        help="pressure: KV-cache blocks per engine, of 16 tokens")
+    parser.add_argument("--pressure-rates", default=PRESSURE_RATES,
+                        help="pressure: requests per simulated second, one run each")
+    parser.add_argument("--pressure-num-prompts", type=int, default=PRESSURE_NUM_PROMPTS,
+                        help="pressure: requests per run")
+    parser.add_argument("--pressure-time-scale", type=float, default=PRESSURE_TIME_SCALE,
+                        help="pressure: the mock's --time-scale (lower than the others': two dplb replicas, a "
+                        "front and /tokenize share the cores)")
+    parser.add_argument("--pressure-policies", default=PRESSURE_POLICIES,
+                        help=f"pressure: the one-replica rows (dplb policies, {EVENTS}, {ORACLE})")
+    parser.add_argument("--replica-policies", default=REPLICA_POLICIES,
+                        help="pressure: policies also run with two dplb replicas, the client's requests split "
+                        "between them ('' for none)")
     parser.add_argument("--kv-blocks", type=int, default=1024, help="per engine, of 16 tokens")
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--time-scale", type=float, default=10.0)
@@ -195,21 +334,32 @@ def main():
     add_run_arguments(parser, repeats=1)
     opts = parser.parse_args()
 
+    special = (ORACLE, EVENTS)
     wanted = opts.policies.split()
-    opts.policies = " ".join(p for p in wanted if p != ORACLE)
-    policies = compared_policies(opts, "prefix")
-    if ORACLE in wanted:
+    pressure_wanted = opts.pressure_policies.split()
+    replica_wanted = opts.replica_policies.split()
+    opts.policies = " ".join(dict.fromkeys(p for p in wanted + pressure_wanted + replica_wanted if p not in special))
+    offered = set(compared_policies(opts, "prefix"))
+    if ORACLE in wanted + pressure_wanted:
         if oracle_offered(opts.mock):
-            policies.append(ORACLE)
+            offered.add(ORACLE)
         else:
             log(f"prefix: skipping {ORACLE}: {opts.mock} has no --dp-balance")
+    if EVENTS in wanted + pressure_wanted + replica_wanted:
+        if events_offered(opts.dplb, opts.mock):
+            offered.add(EVENTS)
+        else:
+            log(f"prefix: skipping {EVENTS}: {opts.dplb} has no --tokenize or {opts.mock} no --kv-events-port")
     workloads = opts.workloads.split()
     for workload in workloads:
-        if workload not in ("groups", "chat", "unrelated"):
-            raise SystemExit(f"prefix: unknown workload {workload} (known: groups chat unrelated)")
-    rates = {"groups": opts.rates.split(), "chat": ["inf"], "unrelated": ["inf"]}
+        if workload not in WORKLOADS:
+            raise SystemExit(f"prefix: unknown workload {workload} (known: {' '.join(WORKLOADS)})")
+    rates = {"groups": opts.rates.split(), "chat": ["inf"], "unrelated": ["inf"], "pressure": opts.pressure_rates.split()}
+    policies = {w: [p for p in wanted if p in offered] for w in WORKLOADS}
+    policies["pressure"] = ([p for p in pressure_wanted if p in offered]
+                            + [p + TWO for p in replica_wanted if p in offered and p != ORACLE])
     cells = [(workload, rate, policy, repeat) for workload in workloads for rate in rates[workload]
-             for repeat in range(opts.repeats) for policy in policies]
+             for repeat in range(opts.repeats) for policy in policies[workload]]
     run_cells("prefix", cells, lambda workdir, *cell: run_one(opts, workdir, *cell), opts,
               lambda records, elapsed: report(opts, workloads, rates, policies, records, elapsed))
 
@@ -226,7 +376,13 @@ def report(opts, workloads, rates, policies, records, elapsed):
              f"(requests per simulated s). chat: {opts.chat_sessions} sessions x {opts.chat_turns} turns, "
              f"{opts.chat_concurrency} at a time, {opts.chat_groups} shared {opts.chat_prefix_len}-word system "
              f"prompts, {opts.chat_input_len} new words per turn"
-             + (f", prefix-aware with --affinity-header {SESSION_HEADER}" if opts.affinity else "") + ".",
+             + (f", prefix-aware with --affinity-header {SESSION_HEADER}" if opts.affinity else "") + ". "
+             f"pressure: {opts.pressure_groups} groups of {opts.pressure_prefix_len}-word prefixes, "
+             f"{opts.query_len}-word queries, {opts.output_len} output tokens, {opts.pressure_num_prompts} requests "
+             f"per run, Poisson, --kv-blocks {opts.pressure_kv_blocks} per engine, --time-scale "
+             f"{opts.pressure_time_scale:g}. {EVENTS}: dplb prefix-aware fed "
+             "by the engines' KV-cache events (--tokenize engine); prefix-aware alone is the approximate index of "
+             f"what dplb routed; P{TWO}: policy P on two dplb replicas, the client's requests split between them.",
              "",
              "Output tok/s and TTFT (s) simulated (the client's, scaled by the time scale); hit rate = prefix-cache "
              "hit tokens / queried tokens over the engines; ratios to least-inflight (tok/s: policy / "
@@ -236,38 +392,77 @@ def report(opts, workloads, rates, policies, records, elapsed):
              "| workload | rate | policy | output tok/s | TTFT p50 | TTFT p90 | hit rate | requests per engine "
              "| tok/s ratio | TTFT p50 ratio | TTFT p90 ratio | oracle share |",
              "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+
+    def cell_of(workload, rate):
+        return {p: [r for r in records if r["workload"] == workload and r["rate"] == rate and r["policy"] == p]
+                for p in policies[workload]}
+
+    def value(cell, policy, key):
+        vals = [r[key] for r in cell.get(policy, []) if r[key] is not None]
+        return med(vals) if vals else None
+
+    def ratio(num, den):
+        return f"{num / den:.3f}" if num and den else "-"
+
     for workload in workloads:
         for rate in rates[workload]:
-            cell = {p: [r for r in records if r["workload"] == workload and r["rate"] == rate and r["policy"] == p]
-                    for p in policies}
-
-            def value(policy, key):
-                vals = [r[key] for r in cell.get(policy, []) if r[key] is not None]
-                return med(vals) if vals else None
-
-            def ratio(num, den):
-                return f"{num / den:.3f}" if num and den else "-"
-
-            for policy in policies:
+            cell = cell_of(workload, rate)
+            for policy in policies[workload]:
                 if not cell[policy]:
                     continue
-                tput, p50, p90 = value(policy, "output_tok_s"), value(policy, "ttft_p50_s"), value(policy, "ttft_p90_s")
+                tput, p50, p90 = (value(cell, policy, k) for k in ("output_tok_s", "ttft_p50_s", "ttft_p90_s"))
                 routed = "/".join(str(int(med(r["routed"][e] for r in cell[policy]))) for e in range(ENGINES))
                 lines.append(
                     f"| {workload} | {rate} | {policy} | {tput:,.0f} | {p50:.2f} | {p90:.2f} "
-                    f"| {value(policy, 'hit_rate'):.3f} | {routed} "
-                    f"| {ratio(tput, value('least-inflight', 'output_tok_s'))} "
-                    f"| {ratio(value('least-inflight', 'ttft_p50_s'), p50)} "
-                    f"| {ratio(value('least-inflight', 'ttft_p90_s'), p90)} "
-                    f"| {ratio(tput, value(ORACLE, 'output_tok_s'))} |")
-    lines += ["", "Every run's output tok/s, by seed (runs of one seed send the same requests):", ""]
+                    f"| {value(cell, policy, 'hit_rate'):.3f} | {routed} "
+                    f"| {ratio(tput, value(cell, 'least-inflight', 'output_tok_s'))} "
+                    f"| {ratio(value(cell, 'least-inflight', 'ttft_p50_s'), p50)} "
+                    f"| {ratio(value(cell, 'least-inflight', 'ttft_p90_s'), p90)} "
+                    f"| {ratio(tput, value(cell, ORACLE, 'output_tok_s'))} |")
+    if "pressure" in workloads:
+        lines += ["", f"pressure: precise ({EVENTS}) against approximate (prefix-aware), the bars: tok/s >= 1.2x, "
+                  "TTFT p90 <= 0.5x, >= 95% of the oracle's tok/s; with two replicas precise keeps >= 90% of its "
+                  "one-replica hit rate. dplb's picks (taken: where the prefix is; overridden: that rank over the "
+                  "load bound; missed: no rank had it), summed over replicas, medians over runs.", "",
+                  "| rate | precise / approximate tok/s | TTFT p90 precise / approximate | precise share of the oracle "
+                  "| hit rate 1 replica | hit rate 2 replicas | 2 / 1 | approximate hit 1 / 2 replicas (2 / 1) "
+                  "| picks taken/overridden/missed, precise 1 / 2 replicas | approximate 1 / 2 replicas |",
+                  "|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
+        for rate in rates["pressure"]:
+            cell = cell_of("pressure", rate)
+
+            def picks(policy):
+                if not cell.get(policy):
+                    return "-"
+                return "/".join(str(int(med(sum(d[k] for d in r["dplb"]) for r in cell[policy])))
+                                for k in ("taken", "overridden", "missed"))
+
+            precise_hit, precise_hit2 = value(cell, EVENTS, "hit_rate"), value(cell, EVENTS + TWO, "hit_rate")
+            approx_hit, approx_hit2 = value(cell, "prefix-aware", "hit_rate"), value(cell, "prefix-aware" + TWO, "hit_rate")
+            lines.append(
+                f"| {rate} | {ratio(value(cell, EVENTS, 'output_tok_s'), value(cell, 'prefix-aware', 'output_tok_s'))} "
+                f"| {ratio(value(cell, EVENTS, 'ttft_p90_s'), value(cell, 'prefix-aware', 'ttft_p90_s'))} "
+                f"| {ratio(value(cell, EVENTS, 'output_tok_s'), value(cell, ORACLE, 'output_tok_s'))} "
+                f"| {precise_hit or 0:.3f} | {precise_hit2 or 0:.3f} | {ratio(precise_hit2, precise_hit)} "
+                f"| {approx_hit or 0:.3f} / {approx_hit2 or 0:.3f} ({ratio(approx_hit2, approx_hit)}) "
+                f"| {picks(EVENTS)} / {picks(EVENTS + TWO)} | {picks('prefix-aware')} / {picks('prefix-aware' + TWO)} |")
+    lines += ["", "Every run's output tok/s (hit rate), by seed (runs of one seed send the same requests):", ""]
     for workload in workloads:
         for rate in rates[workload]:
-            for policy in policies:
+            for policy in policies[workload]:
                 runs = sorted((r for r in records if r["workload"] == workload and r["rate"] == rate
                                and r["policy"] == policy), key=lambda r: r["repeat"])
                 if runs:
-                    lines.append(f"- {workload}, {rate}, {policy}: " + ", ".join(f"{r['output_tok_s']:,.0f}" for r in runs))
+                    lines.append(f"- {workload}, {rate}, {policy}: "
+                                 + ", ".join(f"{r['output_tok_s']:,.0f} ({r['hit_rate']:.3f})" for r in runs))
+    events_runs = [d for r in records if r["policy"].startswith(EVENTS) for d in r.get("dplb", [])]
+    if events_runs:
+        lines += ["", f"{EVENTS}, over every replica of every run: KV-cache events read "
+                  f"{sum(d['kv_events'] for d in events_runs):,.0f}, event errors {sum(d['kv_event_errors'] for d in events_runs):.0f}, "
+                  f"index resets {sum(d['kv_resets'] for d in events_runs):.0f}, events replayed "
+                  f"{sum(d['kv_replayed'] for d in events_runs):,.0f}, blocks indexed at the end at least "
+                  f"{min(d['kv_blocks'] for d in events_runs):,.0f} per replica; /tokenize ok "
+                  f"{sum(d['tokenize_ok'] for d in events_runs):,.0f}, failed {sum(d['tokenize_failed'] for d in events_runs):.0f}."]
     lines += ["", f"Failed requests: {sum(r['failed'] for r in records)}; preemptions: "
               f"{sum(sum(r['preemptions']) for r in records):.0f}; the mock's step-end lag, at most "
               f"{max(r['lag_share'] for r in records):.1%} of its steps' wall time (the scaled figures hold while "
