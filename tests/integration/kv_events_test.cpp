@@ -230,13 +230,13 @@ TEST_CASE("kv events: garbage is counted and skipped, and a lost batch or a rest
   CHECK(metric_sum(restart, "dplb_kv_index_resets_total{", {label(0)}) == 0);  // the other rank kept its own
 }
 
-TEST_CASE("kv events: a burst of unrelated prompts, and of a prefix nothing caches yet, lands exactly even",
+TEST_CASE("kv events: a burst of unrelated prompts lands exactly even, and a prefix nothing caches yet follows its first request within the bound",
           "[kv-events]") {
   evented_engine e(4, 1, {"--start-after", "64"});
   dplb_proxy proxy(e.backends(), {"--policy", "prefix-aware", "--load-bound", "1.25"});
   for (std::size_t r = 0; r < 4; ++r) await_subscribed(e, proxy, r, r, 0);
-  // 64 requests in flight at once (no engine step runs before the 64th arrives): 24 unrelated prompts, and
-  // 40 sharing a prefix.
+  // 64 requests in flight at once (no engine step runs before the 64th arrives): 24 unrelated prompts, placed
+  // exactly as least-inflight places them, then 40 sharing a prefix.
   std::vector<std::unique_ptr<http_connection>> held;
   const auto send = [&](const json& prompt) {
     held.push_back(std::make_unique<http_connection>(proxy.port(), 30s));
@@ -249,15 +249,23 @@ TEST_CASE("kv events: a burst of unrelated prompts, and of a prefix nothing cach
   for (std::size_t r = 0; r < 4; ++r) CHECK(metric_sum(m, "dplb_rank_inflight{", {label(r)}) == 6);
   const auto hot = ids(8, 900'000);
   for (int i = 0; i < 40; ++i) send(concat(hot, ids(1, 950'000 + 100 * static_cast<std::uint32_t>(i))));
-  // Nothing of `hot` is cached yet (no step runs before the 64th request arrives), so nothing matches: every
-  // request is placed by load, and the 64 land exactly 16 per rank.
+  // Nothing of `hot` is cached yet (no step runs before the 64th request arrives): the events show nothing, so
+  // its first request is placed by load and the others follow it while its prefill is pending, up to the load
+  // bound: ceil(1.25 x 64 / 4) = 20 on that rank at most, the rest by load.
   for (auto& c : held) {
     const auto reply = c->read_responses(1, 30s);
     CHECK(reply.final_responses().size() == 1);
   }
   const auto all = scrape_metrics(proxy.port());
-  for (std::size_t r = 0; r < 4; ++r) CHECK(metric_sum(all, "dplb_requests_total{", {label(r)}) == 16);
-  CHECK(metric_sum(all, "dplb_prefix_decisions_total{", {"outcome=\"taken\""}) == 0);
+  double most = 0;
+  for (std::size_t r = 0; r < 4; ++r) {
+    const double picks = metric_sum(all, "dplb_requests_total{", {label(r)});
+    CHECK(picks <= 20);
+    CHECK(picks >= 6);
+    most = std::max(most, picks);
+  }
+  CHECK(most >= 16);  // the hot prefix gathered where it went first
+  CHECK(metric_sum(all, "dplb_requests_total{") == 64);
 }
 
 TEST_CASE("kv events: a hot prefix the events place on one rank keeps within --load-bound", "[kv-events]") {
