@@ -5,7 +5,14 @@
 namespace dplb::balancer {
 
 prefix_aware::match_rule prefix_aware::match(const pick_context& request, std::span<const rank_view> ranks) {
-  if (options_.events != nullptr && !request.kv_chain.empty() && options_.events->any_configured()) {
+  // The events speak for a request whose tokens are known, where some usable rank (of its cluster) publishes
+  // them; a cluster whose ranks publish none keeps the approximate index.
+  const auto publishes = [&](const rank_view& h) {
+    const auto* feed = options_.events->feed(static_cast<std::size_t>(&h - ranks.data()));
+    return h.usable && feed != nullptr && feed->configured.load(std::memory_order_relaxed);
+  };
+  if (options_.events != nullptr && !request.kv_chain.empty() && options_.events->any_configured() &&
+      std::ranges::any_of(ranks, publishes)) {
     const auto enough = static_cast<std::uint32_t>(std::max<std::size_t>(options_.event_min_match_blocks, 1));
     options_.events->match(request.kv_chain, ranks.size(), matched_);
     last_evidence_ = evidence::events;

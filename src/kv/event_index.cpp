@@ -9,32 +9,34 @@ event_index::event_index(std::size_t blocks_per_rank, std::size_t capacity)
       index_(blocks_per_rank),
       feeds_(std::make_unique<rank_feed[]>(capacity_)) {}
 
-void event_index::apply(std::size_t rank, const decode_result& decoded, double arrival) {
+void event_index::apply(std::size_t rank, const decode_result& decoded, double arrival, bool live) {
   if (rank >= capacity_) return;
   rank_feed& feed = feeds_[rank];
   if (!decoded.ok()) {
     count_unreadable(rank);
     return;
   }
-  apply_counts counts;
-  {
+  // One event at a time under the lock: a pick (which waits for it holding the balancer's lock) waits for
+  // one event at most, never for a whole batch.
+  for (const kv_event& e : decoded.batch.events) {
+    apply_counts counts;
     const std::lock_guard lock(mutex_);
-    index_.apply(rank, decoded.batch, counts);
-    publish_blocks_locked(rank);
-    for (const kv_event& e : decoded.batch.events) {
-      const auto* stored = std::get_if<block_stored>(&e);
-      if (stored && stored->lora_name && !stored->lora_name->empty() && adapters_.size() < max_adapters &&
-          adapters_.insert(*stored->lora_name).second) {
-        any_adapter_.store(true, std::memory_order_relaxed);
-      }
+    index_.apply(rank, e, counts);
+    const auto* stored = std::get_if<block_stored>(&e);
+    if (stored && stored->lora_name && !stored->lora_name->empty() && adapters_.size() < max_adapters &&
+        adapters_.insert(*stored->lora_name).second) {
+      any_adapter_.store(true, std::memory_order_relaxed);
     }
+    publish_blocks_locked(rank);
   }
   // Every event read counts as applied, those the index ignores by rule included (another medium, another
   // KV cache group, a stored run whose parent was dropped): they were valid and had their effect, none.
   feed.events.fetch_add(decoded.batch.events.size(), std::memory_order_relaxed);
   if (decoded.skipped_events() > 0) feed.errors.fetch_add(decoded.skipped_events(), std::memory_order_relaxed);
-  feed.last_batch_ts.store(decoded.batch.ts, std::memory_order_relaxed);
-  feed.last_batch_arrival.store(arrival, std::memory_order_relaxed);
+  if (live) {
+    feed.last_batch_ts.store(decoded.batch.ts, std::memory_order_relaxed);
+    feed.last_batch_arrival.store(arrival, std::memory_order_relaxed);
+  }
 }
 
 void event_index::count_unreadable(std::size_t rank) {

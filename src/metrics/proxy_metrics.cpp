@@ -367,10 +367,12 @@ std::vector<prometheus::MetricFamily> proxy_metrics::kv_event_families() const {
                                prometheus::MetricType::Gauge);
   auto resets = scraped_family("dplb_kv_index_resets_total",
                                "Times the rank's index was dropped whole: gap (events lost, not replayed), restart "
-                               "(the publisher started again), unhealthy, removed",
+                               "(the publisher's sequence went back), unhealthy, removed, disconnect (the publisher's "
+                               "connection dropped)",
                                prometheus::MetricType::Counter);
   auto replayed = scraped_family("dplb_kv_events_replayed_total",
-                                 "Event batches recovered from the rank's replay socket after a sequence gap",
+                                 "Event batches read from the rank's replay socket: after a sequence gap, and when dplb first hears the rank "
+                                 "(or hears it again after a restart, a disconnection or an unhealthy spell)",
                                  prometheus::MetricType::Counter);
   auto lag = scraped_family("dplb_kv_event_lag_seconds",
                             "Arrival of the rank's last event batch minus the engine's timestamp on it (clocks "

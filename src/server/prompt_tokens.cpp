@@ -16,19 +16,47 @@ constexpr std::array<std::string_view, 7> chat_template_fields{
     "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template",
     "chat_template_kwargs",  "tools",                  "documents"};
 
+// The deepest nesting of arrays and objects in a JSON text, strings skipped; stops counting past `limit`.
+// nlohmann's parser is iterative, but copying and dumping a tree recurse once per level: a body nested tens of
+// thousands deep (tens of KB) would overflow a worker's stack. Real messages nest a handful of levels.
+std::size_t nesting_depth(std::string_view text, std::size_t limit) {
+  std::size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 }  // namespace
 
 std::optional<std::string> tokenize_request_body(std::string_view body) {
-  const json request = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (body.size() > max_tokenized_body_bytes || nesting_depth(body, max_tokenized_nesting) > max_tokenized_nesting) {
+    return std::nullopt;
+  }
+  json request = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (!request.is_object()) return std::nullopt;
   json out = json::object();
   if (const auto model = request.find("model"); model != request.end() && model->is_string()) out["model"] = *model;
   // "prompt" wins over "messages", as for the request's other facts.
   if (const auto prompt = request.find("prompt"); prompt != request.end()) {
-    const json* text = &*prompt;
+    json* text = &*prompt;
     if (prompt->is_array() && !prompt->empty()) text = &prompt->front();
     if (!text->is_string()) return std::nullopt;  // token ids, or nothing a tokenizer reads
-    out["prompt"] = *text;
+    out["prompt"] = std::move(*text);
     if (const auto special = request.find("add_special_tokens"); special != request.end()) {
       out["add_special_tokens"] = *special;
     }
@@ -36,9 +64,9 @@ std::optional<std::string> tokenize_request_body(std::string_view body) {
   }
   const auto messages = request.find("messages");
   if (messages == request.end() || !messages->is_array()) return std::nullopt;
-  out["messages"] = *messages;
+  out["messages"] = std::move(*messages);
   for (const auto field : chat_template_fields) {
-    if (const auto value = request.find(field); value != request.end()) out[std::string(field)] = *value;
+    if (const auto value = request.find(field); value != request.end()) out[std::string(field)] = std::move(*value);
   }
   return out.dump();
 }

@@ -470,7 +470,9 @@ class session {
     // Kept by the session: the pick may wait in the queue, and the chain must live as long.
     prefix_chain_ = std::move(facts.prefix_chain);
     request.prefix_chain = prefix_chain_;
-    if (shared_.kv_events != nullptr && shared_.kv_events->any_configured()) {
+    // Only a prefix-aware cluster matches the events (least-tokens reads the body too, for its costs alone).
+    if (shared_.kv_events != nullptr && shared_.kv_events->any_configured() &&
+        shared_.balancer.policy_of(request.cluster).name() == "prefix-aware") {
       kv_.model = std::move(facts.model);
       kv_.salt = std::move(facts.cache_salt);
       if (!facts.prompt_token_ids.empty()) {
@@ -506,12 +508,14 @@ class session {
     if (tokens) chain_kv_blocks(*tokens, request);
   }
 
-  // The engine server that tokenizes for the request: its pinned rank's, else a usable rank's of its
-  // cluster, taking turns so that no one engine tokenizes for all.
+  // The engine server that tokenizes for the request: its pinned rank's (if usable), else a usable rank's of
+  // its cluster, taking turns so that no one engine tokenizes for all.
   const upstream::backend* tokenizer_for(const balancer::pick_context& request) {
     const auto ranks = shared_.topology.ranks();
     const auto backends = shared_.topology.backends();
-    if (request.pinned_rank) return &backends[ranks[*request.pinned_rank].backend];
+    if (request.pinned_rank && shared_.balancer.usable(*request.pinned_rank)) {
+      return &backends[ranks[*request.pinned_rank].backend];
+    }
     for (std::size_t step = 0; step < ranks.size(); ++step) {
       const auto& r = ranks[(next_tokenizer + step) % ranks.size()];
       if (r.cluster == request.cluster && shared_.balancer.usable(r.rank)) {

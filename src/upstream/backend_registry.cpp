@@ -178,6 +178,10 @@ const backend& backend_registry::apply(prepared_add change) {
   health_.add_ranks();
   spdlog::info("backend {} added: ranks {}..{}, weight {}", added.url, added.first_rank, added.first_rank + added.dp - 1,
                spec.weight);
+  if (added.kv_events && kv_events_ == nullptr) {
+    spdlog::warn("backend {}: its KV-cache events are not read: this dplb started with no prefix-aware cluster and no "
+                 "backend with #kv-events=, so it runs no events subscriber; restart it to read them", added.url);
+  }
   return added;
 }
 

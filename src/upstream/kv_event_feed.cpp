@@ -21,7 +21,10 @@ void kv_event_feed::refresh() {
   unhealthy_.resize(ranks, false);
   for (std::size_t r = 0; r < ranks; ++r) {
     const bool unhealthy = (balancer_.flags(r) & balancer::rank_flag::unhealthy) != 0;
-    if (unhealthy && !unhealthy_[r]) index_.clear_rank(r, kv::reset_reason::unhealthy);
+    if (unhealthy && !unhealthy_[r]) {
+      index_.clear_rank(r, kv::reset_reason::unhealthy);
+      subscriber_.resync(r);  // what the engine still buffers is caught up on, when it speaks again
+    }
     unhealthy_[r] = unhealthy;
   }
 }

@@ -32,10 +32,11 @@ enum class reset_reason : std::uint8_t {
   restart,    // the publisher's sequence went back: the engine restarted with an empty cache
   unhealthy,  // the rank failed its health checks: its engine may be gone or restarting
   removed,    // the backend was removed, or its event source changed
+  disconnect, // the publisher's connection dropped: what follows may be another engine's
 };
-inline constexpr std::size_t reset_reason_count = 4;
+inline constexpr std::size_t reset_reason_count = 5;
 constexpr std::string_view name_of(reset_reason r) {
-  constexpr std::string_view names[reset_reason_count] = {"gap", "restart", "unhealthy", "removed"};
+  constexpr std::string_view names[reset_reason_count] = {"gap", "restart", "unhealthy", "removed", "disconnect"};
   return names[static_cast<std::size_t>(r)];
 }
 
@@ -61,8 +62,9 @@ class event_index {
 
   // Applies one batch of a rank's events, in order, and counts them: every event of the batch that was read
   // (applied, or ignored by rule: another medium or KV cache group) counts in `events`, every skipped one
-  // (unknown type, wrong shape) in `errors`. `arrival`: when the message arrived (system clock seconds).
-  void apply(std::size_t rank, const decode_result& decoded, double arrival);
+  // (unknown type, wrong shape) in `errors`. `arrival`: when the message arrived (system clock seconds); a
+  // replayed batch (`live` false) leaves the lag alone, as it is old by nature.
+  void apply(std::size_t rank, const decode_result& decoded, double arrival, bool live = true);
   // A message that could not be read at all (not msgpack, not an EventBatch, a bad sequence frame).
   void count_unreadable(std::size_t rank);
   // Drops everything a rank holds, and counts why.

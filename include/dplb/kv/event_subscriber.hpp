@@ -6,17 +6,23 @@
 // Staying true to the engines' caches:
 //  - Each message carries the publisher's sequence number. The first one seen is taken as it comes (dplb
 //    joins a running engine); with a replay socket configured, what the engine still buffers before it is
-//    asked for first, so a dplb that starts (or restarts) next to a warm engine knows its cache at once.
+//    asked for first ("catching up"), so a dplb that starts (or restarts) next to a warm engine knows its
+//    cache at once.
 //  - A gap (a number skipped: ZMQ drops messages at its high-water mark) asks the replay socket for the
 //    missing batches; without one, or when the replay cannot fill the whole gap in time, the rank's index
 //    is dropped and rebuilt from the live events (dplb_kv_index_resets_total{reason="gap"}).
 //  - A number at or below the last one means the publisher restarted (its engine's cache is empty): the
-//    rank's index is dropped (reason "restart") and the batch applied.
+//    rank's index is dropped (reason "restart"), and the new engine's history caught up on as at the start.
+//  - The publisher's connection dropping (ZMQ's monitor: the engine stopped or restarted, or the network
+//    failed) drops the index too (reason "disconnect"): what comes after may be another engine's, numbered
+//    anew from any point. The next message is then taken as the first.
 //  - A message that is not three frames, a sequence frame that is not 8 bytes, or a payload that is not an
 //    EventBatch is counted (dplb_kv_event_errors_total) and skipped; the rank keeps its index.
-// Bounded: ZMQ_MAXMSGSIZE refuses a frame over the decoder's payload bound before it is read whole, each
-// socket keeps at most `receive_queue` messages (ZMQ's high-water mark: beyond, a gap), and a replay waits at
-// most `replay_timeout` for its answer.
+// Bounded: ZMQ_MAXMSGSIZE refuses a frame over the decoder's payload bound before it is read whole, a message
+// keeps 3 frames at most (more are read and dropped), each socket queues at most `receive_queue` messages
+// (ZMQ's high-water mark: beyond, a gap), and a replay waits at most `replay_timeout` for its answer; a replay
+// socket that does not answer at all is not asked again for `replay_backoff`. A publisher is trusted as its
+// backend is: within those bounds, what it sends is held until read.
 //
 // Threading contract: the constructor, set_sources(), start() and stop() may be called from any thread;
 // everything else happens on the subscriber's thread. `index` outlives the subscriber.
@@ -26,9 +32,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,6 +57,7 @@ struct event_source {
 struct subscriber_options {
   std::chrono::milliseconds poll_period{50};       // how soon a change of sources or a stop is seen
   std::chrono::milliseconds replay_timeout{1'000};  // the longest wait for one replay's whole answer
+  std::chrono::milliseconds replay_backoff{30'000};  // no replay asked of a socket that did not answer, this long
   int receive_queue = 10'000;                       // messages per socket (ZMQ_RCVHWM)
 };
 
@@ -62,8 +71,10 @@ class sequence_tracker {
     restart,  // at or below the last: the publisher started again
   };
   verdict observe(std::int64_t seq);
-  // The number the next message should carry (valid after the first observe).
-  std::int64_t expected() const { return last_ ? *last_ + 1 : 0; }
+  // The number the next message should carry (0 before the first observe; saturated at the largest).
+  std::int64_t expected() const {
+    return !last_ ? 0 : *last_ == std::numeric_limits<std::int64_t>::max() ? *last_ : *last_ + 1;
+  }
   void reset() { last_.reset(); }
 
  private:
@@ -85,6 +96,9 @@ class event_subscriber {
   // The ranks to read from now (a rank not listed is disconnected and its index dropped). Taken up by the
   // thread within one poll period; an unchanged source keeps its socket and its place in the sequence.
   void set_sources(std::vector<event_source> sources);
+  // The rank's next message is taken as the first (caught up on from its replay socket): for a rank whose
+  // index was dropped from outside (it turned unhealthy).
+  void resync(std::size_t rank);
   void start();
   void stop();
 
@@ -92,6 +106,11 @@ class event_subscriber {
   struct connection;
   void run();
   void take_up_sources(std::vector<std::unique_ptr<connection>>& open);
+  void on_message(connection& c, std::int64_t seq, std::span<const std::byte> payload);
+  void on_disconnect(connection& c);
+  // Applies what c's replay socket still buffers in [from, to) (see the .cpp); false when a gap stays open.
+  enum class replay_result { complete, nothing, partial };
+  replay_result replay(connection& c, std::int64_t from, std::int64_t to, bool from_any_start);
   bool pause(std::chrono::milliseconds delay);
 
   event_index& index_;
@@ -99,8 +118,9 @@ class event_subscriber {
   loop_runner run_loop_;
   struct zmq_state;
   std::unique_ptr<zmq_state> zmq_;
-  std::mutex mutex_;  // guards wanted_ and changed_
+  std::mutex mutex_;  // guards wanted_, changed_ and resync_
   std::vector<event_source> wanted_;
+  std::vector<std::size_t> resync_;
   bool changed_ = false;
   std::atomic<bool> stopping_{false};
   std::thread thread_;

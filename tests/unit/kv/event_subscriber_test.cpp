@@ -77,10 +77,33 @@ std::vector<chain_hash> chain_of(const std::vector<token_id>& toks) {
 // keeping what it sent for replays; and, optionally, its replay ROUTER served on a thread of its own.
 class fake_publisher {
  public:
-  explicit fake_publisher(zmq::context_t& context) : pub_(context, zmq::socket_type::pub) {
+  explicit fake_publisher(zmq::context_t& context) : context_(context), pub_(context, zmq::socket_type::pub) {
     pub_.set(zmq::sockopt::linger, 0);
     pub_.bind("tcp://127.0.0.1:*");
     endpoint_ = pub_.get(zmq::sockopt::last_endpoint);
+  }
+
+  // The engine restarts: its socket closes, a new one binds the same endpoint, numbering from `seq`.
+  void restart(std::int64_t seq) {
+    pub_.close();
+    pub_ = zmq::socket_t(context_, zmq::socket_type::pub);
+    pub_.set(zmq::sockopt::linger, 0);
+    // ZMQ closes the old listener on its I/O thread: the port is free again a moment later.
+    REQUIRE(eventually([&] {
+      try {
+        pub_.bind(endpoint_);
+        return true;
+      } catch (const zmq::error_t&) {
+        return false;
+      }
+    }));
+    forget_history(seq);
+  }
+  // A new engine's numbering and replay buffer (its socket kept, as if its restart went unseen).
+  void forget_history(std::int64_t seq) {
+    next_ = seq;
+    const std::lock_guard lock(mutex_);
+    buffer_.clear();
   }
   ~fake_publisher() {
     serving_ = false;
@@ -146,6 +169,7 @@ class fake_publisher {
   int replays() const { return replays_.load(); }
 
  private:
+  zmq::context_t& context_;
   zmq::socket_t pub_;
   std::string endpoint_;
   std::string topic_;
@@ -164,7 +188,10 @@ struct fixture {
   std::optional<event_subscriber> subscriber;
 
   void subscribe(std::string replay = {}) {
-    subscriber.emplace(index, subscriber_options{std::chrono::milliseconds(5), std::chrono::milliseconds(2'000), 1'000});
+    subscriber.emplace(index, subscriber_options{.poll_period = std::chrono::milliseconds(5),
+                                                 .replay_timeout = std::chrono::milliseconds(2'000),
+                                                 .replay_backoff = std::chrono::milliseconds(30'000),
+                                                 .receive_queue = 1'000});
     subscriber->set_sources({{0, publisher.endpoint(), std::move(replay)}});
     subscriber->start();
   }
@@ -315,4 +342,59 @@ TEST_CASE("sequence tracker: first, next, gap and restart", "[kv][subscriber]") 
   CHECK(t.observe(9) == sequence_tracker::verdict::restart);
   CHECK(t.observe(0) == sequence_tracker::verdict::restart);
   CHECK(t.observe(1) == sequence_tracker::verdict::next);
+}
+
+TEST_CASE("subscriber: a publisher that disconnects drops the rank's index, and its successor is heard anew",
+          "[kv][subscriber]") {
+  fixture f;
+  f.subscribe();
+  f.join();
+  const auto old_prompt = tokens(2, 100);
+  f.publisher.send(stored_batch(old_prompt, 20));
+  REQUIRE(eventually([&] { return f.matched(old_prompt) == 2; }));
+  // The new engine numbers from a point that looks like the next one: only the disconnection tells.
+  f.publisher.restart(f.publisher.send(removed_batch(999'998), std::nullopt, /*lost=*/true) + 1);
+  REQUIRE(eventually([&] { return f.resets(reset_reason::disconnect) == 1; }));
+  CHECK(f.matched(old_prompt) == 0);
+  f.join();
+  const auto fresh = tokens(2, 700);
+  f.publisher.send(stored_batch(fresh, 70));
+  REQUIRE(eventually([&] { return f.matched(fresh) == 2; }));
+  CHECK(f.resets(reset_reason::gap) == 0);
+  CHECK(f.resets(reset_reason::restart) == 0);
+}
+
+TEST_CASE("subscriber: a message of more than three frames is counted and dropped whole", "[kv][subscriber]") {
+  fixture f;
+  f.subscribe();
+  f.join();
+  const auto errors = f.feed().errors.load();
+  std::vector<std::string> frames{"", big_endian(1'000), stored_batch(tokens(1, 5), 1)};
+  for (int i = 0; i < 1'000; ++i) frames.push_back("x");
+  f.publisher.send_frames(frames);
+  REQUIRE(eventually([&] { return f.feed().errors.load() == errors + 1; }));
+  CHECK(f.matched(tokens(1, 5)) == 0);
+  CHECK(f.resets(reset_reason::gap) == 0);  // not read as a message: its number was not taken
+}
+
+TEST_CASE("subscriber: after a restart, the new engine's buffered history is caught up on", "[kv][subscriber]") {
+  fixture f;
+  const auto replay = f.publisher.serve_replays(f.context);
+  f.subscribe(replay);
+  f.join();
+  const auto old_prompt = tokens(2, 100);
+  f.publisher.send(stored_batch(old_prompt, 20));
+  REQUIRE(eventually([&] { return f.matched(old_prompt) == 2; }));
+  // The engine starts again at 0 (same socket here: no disconnection seen), stores a prompt dplb misses,
+  // and then sends one it hears: the restart drops the old index and replays the new history.
+  f.publisher.forget_history(0);
+  f.publisher.send(removed_batch(999'997), std::nullopt, /*lost=*/true);  // 0
+  const auto missed = tokens(2, 400);
+  f.publisher.send(stored_batch(missed, 40), std::nullopt, /*lost=*/true);  // 1
+  const auto heard = tokens(1, 800);
+  f.publisher.send(stored_batch(heard, 80));  // 2: below the last number heard, a restart
+  REQUIRE(eventually([&] { return f.matched(heard) == 1; }));
+  CHECK(f.matched(missed) == 2);
+  CHECK(f.matched(old_prompt) == 0);
+  CHECK(f.resets(reset_reason::restart) == 1);
 }

@@ -49,3 +49,14 @@ TEST_CASE("tokenize answer: the ids, bounded, and anything else is no answer", "
   CHECK_FALSE(tokens_of_tokenize_answer(R"({"object":"error","message":"x"})", 10));
   CHECK_FALSE(tokens_of_tokenize_answer("<html>", 10));
 }
+
+TEST_CASE("tokenize body: a body nested too deep or too large is not sent", "[tokenize]") {
+  // Deep nesting would make the tree's copy and dump recurse once per level: refused before parsing.
+  const std::string deep = R"({"model":"m","messages":)" + std::string(100'000, '[') + std::string(100'000, ']') + "}";
+  CHECK_FALSE(tokenize_request_body(deep));
+  // Brackets inside strings are text, not nesting.
+  const std::string text_brackets = R"({"model":"m","prompt":")" + std::string(1'000, '[') + R"("})";
+  CHECK(tokenize_request_body(text_brackets));
+  const std::string large = R"({"model":"m","prompt":")" + std::string(dplb::server::max_tokenized_body_bytes, 'a') + R"("})";
+  CHECK_FALSE(tokenize_request_body(large));
+}
