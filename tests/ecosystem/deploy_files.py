@@ -41,9 +41,12 @@ check(checked.returncode == 0 and "configuration OK" in checked.stdout,
       f"dplb accepts its compose options and environment (--check-config): {checked.stdout.strip()}")
 # The ranks' options, on loopback and an ephemeral port here instead of 0.0.0.0:8000.
 rank_args = list(services["rank0"]["command"])
-for option in ("--host", "--port"):
-    at = rank_args.index(option)
-    del rank_args[at:at + 2]
+for option in ("--host", "--port", "--kv-events-port", "--kv-replay-port"):
+    if option in rank_args:
+        at = rank_args.index(option)
+        del rank_args[at:at + 2]
+events_base = benchlib.free_port_block(2)
+rank_args += ["--kv-events-port", str(events_base), "--kv-replay-port", str(events_base + 1)]
 mock, ports, _ = benchlib.start_mock(MOCK_ENGINE, rank_args + ["--host", "127.0.0.1"], OUTPUT / "compose-rank.log")
 mock.stop()
 check(len(ports) == 1, "the mock engine starts with the ranks' compose options")
@@ -75,6 +78,14 @@ for name, service in services.items():
     text = option(args, "--kv-events-config")
     if str(service.get("image", "")).startswith("vllm/"):
         check(text is not None, f"{name} (vLLM) runs with --kv-events-config")
+    if text is None and option(args, "--kv-events-port") is not None:
+        # The simulated ranks (dplb-mock-engine): engine e of the process on --kv-events-port + e (and replay),
+        # as vLLM's DP rank j on its base + j.
+        engines = int(option(args, "--ranks") or 1) * int(option(args, "--dp") or 1)
+        publishers[name] = {"kv-events": int(option(args, "--kv-events-port")),
+                            "kv-replay": int(option(args, "--kv-replay-port")) if option(args, "--kv-replay-port") else None,
+                            "ranks": list(range(engines)), "block_size": int(option(args, "--block-size") or 16)}
+        continue
     if text is None:
         continue
     kv = json.loads(text)
@@ -110,7 +121,7 @@ for url in backends.split(","):
         check(int(option(dplb_args, "--block-size") or 16) == publishers[host]["block_size"],
               f"dplb's --block-size is {host}'s --block-size (both 16 when unset)")
 print(f"KV-cache events: {len(publishers)} publishing services ({sorted(publishers)}), {named} kv-events/kv-replay "
-      "fragments in dplb's backends (the simulated ranks publish none)")
+      "fragments in dplb's backends")
 
 # Dockerfile: the runtime stage has every library dplb and the mock engine load.
 dockerfile = (deploy / "Dockerfile").read_text()
