@@ -288,6 +288,7 @@ struct application::impl {
                 pause);
           });
       kv_feed = std::make_unique<upstream::kv_event_feed>(topology, balancer, *kv_index, *kv_subscriber);
+      kv_feed->refresh();  // the ranks' event series are in the metrics from the first scrape
       shared.kv_events = kv_index.get();
       registry.observe_kv_events(kv_index.get());
       metrics.observe_kv_events(*kv_index, settings.tokenize == config::tokenize_mode::engine);
@@ -535,7 +536,6 @@ int application::run() {
   }
   s.side_channels.start();
   if (s.kv_feed) {
-    s.kv_feed->refresh();
     s.kv_subscriber->start();
     if (config::any_backend_has_kv_events(s.settings) && !config::any_cluster_uses(s.settings, "prefix-aware")) {
       spdlog::warn("backends publish KV-cache events (#kv-events=) but no cluster uses --policy prefix-aware: "

@@ -16,7 +16,11 @@ std::vector<kv::event_source> kv_event_sources(const topology& topology, const b
 }
 
 void kv_event_feed::refresh() {
-  subscriber_.set_sources(kv_event_sources(topology_, balancer_));
+  auto sources = kv_event_sources(topology_, balancer_);
+  // Shown in the metrics from now on, before the subscriber's thread has opened the socket (it clears the
+  // mark of a rank that loses its source).
+  for (const auto& source : sources) index_.set_configured(source.rank, true);
+  subscriber_.set_sources(std::move(sources));
   const std::size_t ranks = std::min(topology_.ranks().size(), balancer_.rank_count());
   unhealthy_.resize(ranks, false);
   for (std::size_t r = 0; r < ranks; ++r) {

@@ -179,6 +179,14 @@ TEST_CASE("kv events: DP ranks behind one URL publish on base + j, and each is i
   const auto url = e.engine.urls()[0] + "#dp=4&kv-events=tcp://127.0.0.1:" + std::to_string(e.events_port) +
                    "&kv-replay=tcp://127.0.0.1:" + std::to_string(e.replay_port);
   dplb_proxy proxy({url}, {"--policy", "prefix-aware"});
+  // Every rank's event series is there from the first scrape, at 0.
+  const auto first = scrape_metrics(proxy.port());
+  for (std::size_t j = 0; j < 4; ++j) {
+    INFO("rank " << j);
+    CHECK(first.count("dplb_kv_blocks{" + label(j) + "}") == 1);
+    CHECK(first.count("dplb_kv_events_total{" + label(j) + "}") == 1);
+    CHECK(first.count("dplb_kv_event_errors_total{" + label(j) + "}") == 1);
+  }
   for (std::size_t j = 0; j < 4; ++j) await_subscribed(e, proxy, j, 0, j);
   const auto prefix = ids(8, 5000);
   {
