@@ -12,55 +12,46 @@ admin_answer bad_request(std::string_view message, std::string_view param = {}) 
   return {400, "application/json", error_body(message, "BadRequestError", 400, param)};
 }
 
-// The value of `name` in a query string ("rank=2&x=y"), checked against `count`.
+// The value of `name` in a query string ("rank=2&x=y"): its first occurrence; none when absent.
+std::optional<std::string_view> parameter(std::string_view query, std::string_view name) {
+  while (!query.empty()) {
+    const auto amp = query.find('&');
+    const auto pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
+    if (pair.size() > name.size() && pair.starts_with(name) && pair[name.size()] == '=') {
+      return pair.substr(name.size() + 1);
+    }
+  }
+  return std::nullopt;
+}
+
+// The value of `name` in a query string, checked against `count`.
 std::variant<unsigned, admin_answer> index_of(std::string_view query, std::string_view name, unsigned count) {
   const std::string expected =
       std::string(name) + " must be an integer in [0, " + std::to_string(count - 1) + "]";
-  const std::string prefix = std::string(name) + "=";
-  while (!query.empty()) {
-    const auto amp = query.find('&');
-    const auto pair = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
-    if (!pair.starts_with(prefix)) continue;
-    const auto text = pair.substr(prefix.size());
-    unsigned index = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), index);
-    if (ec != std::errc() || end != text.data() + text.size() || index >= count) {
-      return bad_request(expected + ", got \"" + std::string(text) + "\"", name);
-    }
-    return index;
+  const auto text = parameter(query, name);
+  if (!text) return bad_request("missing ?" + std::string(name) + "=<i>: " + expected, name);
+  unsigned index = 0;
+  const auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), index);
+  if (ec != std::errc() || end != text->data() + text->size() || index >= count) {
+    return bad_request(expected + ", got \"" + std::string(*text) + "\"", name);
   }
-  return bad_request("missing ?" + std::string(name) + "=<i>: " + expected, name);
+  return index;
 }
 
 // Whether the query string names `name` at all.
-bool has_parameter(std::string_view query, std::string_view name) {
-  const std::string prefix = std::string(name) + "=";
-  while (!query.empty()) {
-    const auto amp = query.find('&');
-    if (query.substr(0, amp).starts_with(prefix)) return true;
-    query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
-  }
-  return false;
-}
+bool has_parameter(std::string_view query, std::string_view name) { return parameter(query, name).has_value(); }
 
 // seq=<S>, a signed 64-bit integer, if present.
 std::variant<std::optional<std::int64_t>, admin_answer> seq_of(std::string_view query) {
-  constexpr std::string_view prefix = "seq=";
-  while (!query.empty()) {
-    const auto amp = query.find('&');
-    const auto pair = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
-    if (!pair.starts_with(prefix)) continue;
-    const auto text = pair.substr(prefix.size());
-    std::int64_t seq = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seq);
-    if (ec != std::errc() || end != text.data() + text.size()) {
-      return bad_request("seq must be a signed 64-bit integer, got \"" + std::string(text) + "\"", "seq");
-    }
-    return std::optional<std::int64_t>(seq);
+  const auto text = parameter(query, "seq");
+  if (!text) return std::optional<std::int64_t>{};
+  std::int64_t seq = 0;
+  const auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), seq);
+  if (ec != std::errc() || end != text->data() + text->size()) {
+    return bad_request("seq must be a signed 64-bit integer, got \"" + std::string(*text) + "\"", "seq");
   }
-  return std::optional<std::int64_t>{};
+  return std::optional<std::int64_t>(seq);
 }
 
 admin_answer method_not_allowed(std::string_view allowed) {
