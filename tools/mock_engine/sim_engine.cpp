@@ -121,8 +121,9 @@ void sim_engine::collect_kv_events(const clock_state& clock) {
 }
 
 void sim_engine::flush_kv_events(unsigned engine) {
+  if (kv_publisher_ == nullptr) return;  // (kv_pending_ is sized only with a publisher)
   auto& pending = kv_pending_[engine];
-  if (kv_publisher_ == nullptr || pending.empty()) return;  // a step that changed nothing sends nothing
+  if (pending.empty()) return;  // a step that changed nothing sends nothing
   const auto ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   kv_publisher_->publish(engine, encode_event_batch(ts, pending, engine % dp_, kv_format_), pending.size());
   pending.clear();
