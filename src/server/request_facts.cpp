@@ -121,12 +121,19 @@ class facts_handler {
     if (chain_) prefix_.feed(s);
   }
   // The first prompt's token ids, as the engine will cache them: a flat "prompt": [ids], or the first
-  // array of a batch [[ids], ...]. An id beyond 32 bits, or anything but an id, makes them unusable.
+  // array of a batch [[ids], ...]. An id beyond 32 bits, anything but an id, or ids and arrays of ids mixed at
+  // the top (which vLLM refuses) make them unusable.
   std::vector<std::uint32_t> ids_;
   bool ids_usable_ = true;
   std::size_t id_arrays_ = 0;  // arrays of ids entered in the batch
+  bool flat_ids_ = false;      // an id seen at the top of the prompt array
   void keep_id(const whole_number& n, bool in_batch) {
-    if (!chain_ || (in_batch && id_arrays_ != 1)) return;
+    if (!chain_) return;
+    if (!in_batch) {
+      flat_ids_ = true;
+      if (id_arrays_ > 0) ids_usable_ = false;
+    }
+    if (in_batch && id_arrays_ != 1) return;
     if (n.negative || n.magnitude > std::numeric_limits<std::uint32_t>::max()) {
       ids_usable_ = false;
       return;
@@ -235,6 +242,7 @@ bool facts_handler::key(std::string_view k) {
           ids_.clear();
           ids_usable_ = true;
           id_arrays_ = 0;
+          flat_ids_ = false;
           break;
         case place::messages:
           messages_seen_ = true;
@@ -288,6 +296,7 @@ bool facts_handler::start_array() {
       return enter(frame::prompt_batch);
     case place::prompt_item:
       ++id_arrays_;
+      if (flat_ids_) ids_usable_ = false;
       return enter(frame::prompt_ids);
     case place::prompt_id: prompt_ids_only_ = false; return skip();
     case place::messages: return enter(frame::messages);

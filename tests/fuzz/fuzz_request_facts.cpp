@@ -94,6 +94,29 @@ std::pair<std::uint64_t, bool> prompt_of(const json& prompt) {
   return {tokens, ids_only};
 }
 
+// The token ids the KV-cache events are matched on (request_facts::prompt_token_ids): a prompt of ids, all
+// at the top (flat) or all arrays (a batch: its first), each a non-negative id of at most 32 bits; none
+// otherwise.
+std::vector<std::uint32_t> reference_ids(const json& body) {
+  const auto prompt = body.find("prompt");
+  if (prompt == body.end() || !prompt->is_array() || prompt->empty() || !prompt_of(*prompt).second) return {};
+  const bool arrays = std::ranges::all_of(*prompt, [](const json& item) { return item.is_array(); });
+  const bool flat = std::ranges::none_of(*prompt, [](const json& item) { return item.is_array(); });
+  if (!arrays && !flat) return {};
+  std::vector<std::uint32_t> out;
+  for (const auto& id : arrays ? prompt->front() : *prompt) {
+    const auto value = non_negative(id);
+    if (!value || *value > std::numeric_limits<std::uint32_t>::max()) return {};
+    out.push_back(static_cast<std::uint32_t>(*value));
+  }
+  return out;
+}
+
+std::string reference_salt(const json& body) {
+  const auto salt = body.find("cache_salt");
+  return salt != body.end() && salt->is_string() ? salt->get<std::string>() : std::string();
+}
+
 std::uint64_t messages_tokens(const json& messages) {
   if (!messages.is_array()) return 0;
   std::uint64_t tokens = 0;
@@ -238,13 +261,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   request_facts with_chain = dplb::server::inspect_request_body(body, /*prefix_chain=*/true);
   const auto chain = std::move(with_chain.prefix_chain);
   with_chain.prefix_chain.clear();
+  // What only a chain's asker reads (the KV-cache events' inputs), checked against the DOM below.
+  with_chain.prompt_token_ids.clear();
+  with_chain.cache_salt.clear();
   if (with_chain != got) fail("asking for the prefix chain changed the other facts", got, with_chain);
   if (!dom->is_object()) {
     if (!chain.empty()) fail("a prefix chain from a body that is not a JSON object", got, with_chain);
     return 0;
   }
   const std::string canonical = dom->dump();  // no repeated keys
-  if (dplb::server::inspect_request_body(canonical, true).prefix_chain != reference_chain(*dom)) {
+  const auto canonical_facts = dplb::server::inspect_request_body(canonical, true);
+  if (canonical_facts.prompt_token_ids != reference_ids(*dom) || canonical_facts.cache_salt != reference_salt(*dom)) {
+    std::fprintf(stderr, "fuzz_request_facts: the token ids or the cache_salt differ from the DOM reference on %s\n",
+                 canonical.c_str());
+    __builtin_trap();
+  }
+  if (canonical_facts.prefix_chain != reference_chain(*dom)) {
     std::fprintf(stderr, "fuzz_request_facts: the prefix chain differs from the DOM reference on %s\n",
                  canonical.c_str());
     __builtin_trap();

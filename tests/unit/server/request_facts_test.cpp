@@ -339,3 +339,10 @@ TEST_CASE("token ids for the KV-cache events: a prompt of ids, a batch's first, 
   CHECK(inspect_request_body(R"({"prompt":[1],"cache_salt":7})", true).cache_salt.empty());
   CHECK(inspect_request_body(R"({"prompt":[1],"cache_salt":"a","cache_salt":null})", true).cache_salt.empty());
 }
+
+TEST_CASE("token ids: ids and arrays of ids mixed at the top of a prompt give none", "[request-facts][kv]") {
+  CHECK(inspect_request_body(R"({"prompt":[[1,2],3]})", true).prompt_token_ids.empty());
+  CHECK(inspect_request_body(R"({"prompt":[3,[1,2]]})", true).prompt_token_ids.empty());
+  CHECK(inspect_request_body(R"({"prompt":[[],[1,2]]})", true).prompt_token_ids.empty());  // the first is empty
+  CHECK(inspect_request_body(R"({"prompt":[-0,1]})", true).prompt_token_ids == std::vector<std::uint32_t>{0, 1});
+}
