@@ -204,6 +204,11 @@ struct fixture {
       return eventually([&] { return feed().events.load() > before; }, std::chrono::milliseconds(20));
     }));
   }
+  // Publishes `toks` as stored under keys first_key, ... and waits until the index matches all of them.
+  void store(const std::vector<token_id>& toks, std::uint64_t first_key) {
+    publisher.send(stored_batch(toks, first_key));
+    REQUIRE(eventually([&] { return matched(toks) == toks.size() / block; }));
+  }
   const rank_feed& feed() const { return *index.feed(0); }
   std::uint32_t matched(const std::vector<token_id>& toks) const {
     std::vector<std::uint32_t> m;
@@ -221,8 +226,7 @@ TEST_CASE("subscriber: stored events reach the index and removals take blocks aw
   f.join();
   CHECK(f.feed().configured.load());
   const auto prompt = tokens(3, 500);
-  f.publisher.send(stored_batch(prompt, 10));
-  REQUIRE(eventually([&] { return f.matched(prompt) == 3; }));
+  f.store(prompt, 10);
   CHECK(f.feed().blocks.load() == 3);
   f.publisher.send(removed_batch(12));  // the last block
   REQUIRE(eventually([&] { return f.matched(prompt) == 2; }));
@@ -235,12 +239,10 @@ TEST_CASE("subscriber: a gap without a replay socket drops the rank's index, the
   f.subscribe();
   f.join();
   const auto before = tokens(2, 100);
-  f.publisher.send(stored_batch(before, 20));
-  REQUIRE(eventually([&] { return f.matched(before) == 2; }));
+  f.store(before, 20);
   f.publisher.send(removed_batch(20), std::nullopt, /*lost=*/true);  // what it said is lost
   const auto after = tokens(2, 200);
-  f.publisher.send(stored_batch(after, 30));
-  REQUIRE(eventually([&] { return f.matched(after) == 2; }));
+  f.store(after, 30);
   CHECK(f.resets(reset_reason::gap) == 1);
   CHECK(f.matched(before) == 0);  // dropped: its removal may have been the lost message
 }
@@ -251,8 +253,7 @@ TEST_CASE("subscriber: a gap is filled from the replay socket, in order, and not
   f.subscribe(replay);
   f.join();
   const auto kept = tokens(2, 100);
-  f.publisher.send(stored_batch(kept, 20));
-  REQUIRE(eventually([&] { return f.matched(kept) == 2; }));
+  f.store(kept, 20);
   // (join() may have caught up from the replay socket already: what it sends from here is counted)
   const auto replayed_before = f.feed().replayed.load();
   const auto replays_before = f.publisher.replays();
@@ -260,8 +261,7 @@ TEST_CASE("subscriber: a gap is filled from the replay socket, in order, and not
   f.publisher.send(stored_batch(lost, 40), std::nullopt, /*lost=*/true);
   f.publisher.send(removed_batch(21), std::nullopt, /*lost=*/true);
   const auto live = tokens(1, 600);
-  f.publisher.send(stored_batch(live, 60));
-  REQUIRE(eventually([&] { return f.matched(live) == 1; }));
+  f.store(live, 60);
   CHECK(f.resets(reset_reason::gap) == 0);
   CHECK(f.feed().replayed.load() - replayed_before == 2);
   CHECK(f.matched(lost) == 2);  // the first lost batch, replayed
@@ -274,8 +274,7 @@ TEST_CASE("subscriber: a publisher restart (the sequence goes back) drops the ra
   f.subscribe();
   f.join();
   const auto old_prompt = tokens(2, 100);
-  f.publisher.send(stored_batch(old_prompt, 20));
-  REQUIRE(eventually([&] { return f.matched(old_prompt) == 2; }));
+  f.store(old_prompt, 20);
   const auto fresh = tokens(2, 700);
   f.publisher.send(stored_batch(fresh, 70), /*seq=*/0);
   REQUIRE(eventually([&] { return f.matched(fresh) == 2; }));
@@ -288,8 +287,7 @@ TEST_CASE("subscriber: garbage is counted and skipped, and the rank keeps its in
   f.subscribe();
   f.join();
   const auto prompt = tokens(2, 100);
-  f.publisher.send(stored_batch(prompt, 20));
-  REQUIRE(eventually([&] { return f.matched(prompt) == 2; }));
+  f.store(prompt, 20);
   const auto errors = f.feed().errors.load();
   f.publisher.send("not msgpack at all");                        // a payload that is no EventBatch
   f.publisher.send_frames({"", "short", "x"});                   // a sequence frame that is not 8 bytes
@@ -300,8 +298,7 @@ TEST_CASE("subscriber: garbage is counted and skipped, and the rank keeps its in
   f.publisher.send({reinterpret_cast<const char*>(bytes.data()), bytes.size()});  // an unknown event type
   REQUIRE(eventually([&] { return f.feed().errors.load() == errors + 4; }));
   const auto more = tokens(1, 900);
-  f.publisher.send(stored_batch(more, 90));
-  REQUIRE(eventually([&] { return f.matched(more) == 1; }));
+  f.store(more, 90);
   CHECK(f.matched(prompt) == 2);
   CHECK(f.resets(reset_reason::gap) == 0);
   CHECK(f.resets(reset_reason::restart) == 0);
@@ -324,8 +321,7 @@ TEST_CASE("subscriber: a rank that loses its source is disconnected and its inde
   f.subscribe();
   f.join();
   const auto prompt = tokens(2, 100);
-  f.publisher.send(stored_batch(prompt, 20));
-  REQUIRE(eventually([&] { return f.matched(prompt) == 2; }));
+  f.store(prompt, 20);
   f.subscriber->set_sources({});
   REQUIRE(eventually([&] { return !f.feed().configured.load(); }));
   CHECK(f.matched(prompt) == 0);
@@ -350,16 +346,14 @@ TEST_CASE("subscriber: a publisher that disconnects drops the rank's index, and 
   f.subscribe();
   f.join();
   const auto old_prompt = tokens(2, 100);
-  f.publisher.send(stored_batch(old_prompt, 20));
-  REQUIRE(eventually([&] { return f.matched(old_prompt) == 2; }));
+  f.store(old_prompt, 20);
   // The new engine numbers from a point that looks like the next one: only the disconnection tells.
   f.publisher.restart(f.publisher.send(removed_batch(999'998), std::nullopt, /*lost=*/true) + 1);
   REQUIRE(eventually([&] { return f.resets(reset_reason::disconnect) == 1; }));
   CHECK(f.matched(old_prompt) == 0);
   f.join();
   const auto fresh = tokens(2, 700);
-  f.publisher.send(stored_batch(fresh, 70));
-  REQUIRE(eventually([&] { return f.matched(fresh) == 2; }));
+  f.store(fresh, 70);
   CHECK(f.resets(reset_reason::gap) == 0);
   CHECK(f.resets(reset_reason::restart) == 0);
 }
@@ -383,8 +377,7 @@ TEST_CASE("subscriber: after a restart, the new engine's buffered history is cau
   f.subscribe(replay);
   f.join();
   const auto old_prompt = tokens(2, 100);
-  f.publisher.send(stored_batch(old_prompt, 20));
-  REQUIRE(eventually([&] { return f.matched(old_prompt) == 2; }));
+  f.store(old_prompt, 20);
   // The engine starts again at 0 (same socket here: no disconnection seen), stores a prompt dplb misses,
   // and then sends one it hears: the restart drops the old index and replays the new history.
   f.publisher.forget_history(0);
