@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-30}
 build_dir=${DPLB_FUZZ_BUILD_DIR:-build-fuzz}
-targets=(fuzz_request_head fuzz_usage_scanner fuzz_request_facts fuzz_engine_samples fuzz_kv_events)
+targets=(fuzz_request_head fuzz_usage_scanner fuzz_request_facts fuzz_engine_samples fuzz_kv_events fuzz_pd_bodies)
 
 DPLB_SETUP_FUZZ=1 ./scripts/setup.sh
 CC=clang CXX=clang++ cmake -S . -B "$build_dir" -G Ninja -DDPLB_FUZZ=ON -DDPLB_BUILD_TESTS=OFF \
@@ -29,6 +29,7 @@ for target in "${targets[@]}"; do
     fuzz_request_facts) extra=(-dict=tests/fuzz/request_facts.dict) ;;
     fuzz_engine_samples) extra=(-dict=tests/fuzz/engine_samples.dict) ;;
     fuzz_kv_events) extra=(-dict=tests/fuzz/kv_events.dict) ;;
+    fuzz_pd_bodies) extra=(-dict=tests/fuzz/request_facts.dict) ;;
   esac
   log=$work/$target/log
   start=$(date +%s)

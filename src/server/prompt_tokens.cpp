@@ -5,6 +5,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "dplb/support/json_text.hpp"
+
 namespace dplb::server {
 
 namespace {
@@ -16,35 +18,13 @@ constexpr std::array<std::string_view, 7> chat_template_fields{
     "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template",
     "chat_template_kwargs",  "tools",                  "documents"};
 
-// The deepest nesting of arrays and objects in a JSON text, strings skipped; stops counting past `limit`.
-// nlohmann's parser is iterative, but copying and dumping a tree recurse once per level: a body nested tens of
-// thousands deep (tens of KB) would overflow a worker's stack. Real messages nest a handful of levels.
-std::size_t nesting_depth(std::string_view text, std::size_t limit) {
-  std::size_t depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > limit) return deepest;
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
 }  // namespace
 
 std::optional<std::string> tokenize_request_body(std::string_view body) {
-  if (body.size() > max_tokenized_body_bytes || nesting_depth(body, max_tokenized_nesting) > max_tokenized_nesting) {
+  // nlohmann's parser is iterative, but copying and dumping a tree recurse once per level: a body nested tens
+  // of thousands deep (tens of KB) would overflow a worker's stack. Real messages nest a handful of levels.
+  if (body.size() > max_tokenized_body_bytes ||
+      support::json_nesting_depth(body, max_tokenized_nesting) > max_tokenized_nesting) {
     return std::nullopt;
   }
   json request = json::parse(body, nullptr, /*allow_exceptions=*/false);
