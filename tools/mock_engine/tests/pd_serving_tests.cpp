@@ -172,3 +172,15 @@ TEST_CASE("mock pd: /internal/kv-pull answers 404 in vLLM's shape for an unknown
   CHECK(r.body == R"({"detail":"Not Found"})");
   CHECK(scrape_metrics(plain.ports()[0]).count(held_key) == 0);
 }
+
+TEST_CASE("mock pd: the transfer's time grows with the blocks pulled, before the first token", "[mock][pd]") {
+  mock_engine prefill(1, {"--kv-role", "prefill"});
+  mock_engine decode(1, {"--kv-role", "decode", "--kv-transfer-us-per-block", "100000"});
+  const json client = {{"model", "mock-model"}, {"prompt", long_prompt()}, {"max_tokens", 1}};
+  const auto answer = run_leg1(prefill, client, "slow");
+  const auto start = steady::now();
+  const auto r = send(decode.ports()[0], post("/v1/completions", leg2(client, answer), "slow"));
+  REQUIRE(r.status == 200);
+  // 3 blocks at 100 ms each: a lower bound only (a loaded machine may take longer, never less).
+  CHECK(steady::now() - start >= std::chrono::milliseconds(300));
+}
