@@ -58,7 +58,7 @@ TEST_CASE("kv transfer: leg 2's params are read whole", "[kv_transfer]") {
   CHECK(json::parse(kv_transfer_answer(*kv).dump()) == leg2_params);
 }
 
-TEST_CASE("kv transfer: absent or null params are none; ignored unless asked for", "[kv_transfer]") {
+TEST_CASE("kv transfer: absent or null params are none, and none are read unless asked for", "[kv_transfer]") {
   for (const auto& body : {json{{"prompt", "a"}}, json{{"prompt", "a"}, {"kv_transfer_params", nullptr}}}) {
     const auto parsed = parse_completion(body);
     REQUIRE(std::holds_alternative<generation_request>(parsed));

@@ -64,7 +64,7 @@ json run_leg1(const mock_engine& prefill, const json& client, const std::string&
 
 }  // namespace
 
-TEST_CASE("mock pd: leg 1 answers kv_transfer_params and holds the blocks; leg 2 pulls them and streams",
+TEST_CASE("mock pd: leg 1 answers kv_transfer_params and holds the blocks, leg 2 pulls them and streams",
           "[mock][pd]") {
   mock_engine prefill(1, {"--kv-role", "prefill"});
   mock_engine decode(1, {"--kv-role", "decode", "--kv-transfer-us-per-block", "100"});
