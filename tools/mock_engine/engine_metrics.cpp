@@ -218,6 +218,19 @@ std::string render_metrics(const port_metrics& p, std::string_view port_label,
                     "KV-cache event batches dropped because the publisher's queue was full (their sequence numbers are skipped).",
                     counted(&engine_metrics::kv_batches_dropped));
   }
+  if (!engines.empty() && engines.front().metrics.kv_transfer) {
+    w.engine_series("mock_kv_transfers_total", "counter",
+                    "Decode: requests whose KV blocks were pulled from a prefill engine.",
+                    counted(&engine_metrics::kv_transfers));
+    w.engine_series("mock_kv_transfer_errors_total", "counter",
+                    "Decode: requests whose KV pull failed (unknown or already read, prefill unreachable).",
+                    counted(&engine_metrics::kv_transfer_errors));
+    w.engine_series("mock_kv_blocks_held", "gauge", "Prefill: KV blocks held for a decode engine to pull.",
+                    counted(&engine_metrics::kv_blocks_held));
+    w.engine_series("mock_kv_holds_expired_total", "counter",
+                    "Prefill: holds freed unread after --kv-hold-timeout-ms.",
+                    counted(&engine_metrics::kv_holds_expired));
+  }
   return w.take();
 }
 

@@ -77,6 +77,16 @@ struct engine_metrics {
   bool kv_events = false;
   std::atomic<std::uint64_t> kv_events_published{0};
   std::atomic<std::uint64_t> kv_batches_dropped{0};
+
+  // Prefill/decode disaggregation (--kv-role prefill or decode; kv_transfer.hpp). `kv_transfer` is set
+  // once at start-up; the series are rendered only then. Decode side: blocks pulled successfully
+  // (mock_kv_transfers_total) and pulls that failed (mock_kv_transfer_errors_total); prefill side: blocks
+  // held for a pull now (mock_kv_blocks_held) and holds freed by the timeout (mock_kv_holds_expired_total).
+  bool kv_transfer = false;
+  std::atomic<std::uint64_t> kv_transfers{0};
+  std::atomic<std::uint64_t> kv_transfer_errors{0};
+  std::atomic<std::int64_t> kv_blocks_held{0};
+  std::atomic<std::uint64_t> kv_holds_expired{0};
 };
 
 // Values a test imposes on an engine's gauges (the admin port's /metrics/override); unset: the real one.

@@ -86,6 +86,23 @@ Endpoints (per rank):
   Anything else: 404 {"detail":"Not Found"}.
 Limits: request head 64 KiB (431), request body 64 MiB (413); each body read and write: 60 s.
 
+Prefill/decode roles (--kv-role; vLLM's NixlConnector seen from HTTP; not with --simulate yet):
+  prefill: a completions/chat request with "kv_transfer_params":{"do_remote_decode":true,..} and
+      stream false is answered as usual plus a top-level "kv_transfer_params":{"do_remote_prefill":true,
+      "do_remote_decode":false,"remote_block_ids":[..],"remote_engine_id":"mock-<pid>-<e>",
+      "remote_request_id":"<x-request-id or prefill>-kv<n>","remote_host":H,"remote_port":P,"tp_size":1}
+      (H:P the rank that served it; one synthetic block per 16 prompt tokens). The blocks are held
+      until pulled once or --kv-hold-timeout-ms passes.
+  decode: a request with "kv_transfer_params":{"do_remote_prefill":true,..} (the prefill answer's
+      object) first pulls the blocks with POST http://H:P/internal/kv-pull, waits
+      --kv-transfer-us-per-block per block, then generates as usual; a failed pull answers 400
+      {"error":{"message":"KV transfer of request .. failed: ..","type":"BadRequestError",..}}.
+  Requests without kv_transfer_params are served whole in both roles. Every rank of a prefill or
+  decode mock answers POST /internal/kv-pull {"remote_engine_id":..,"remote_request_id":..} with
+  200 {"blocks":N,"prompt_tokens":M} (freeing the hold) or 404 NotFoundError. /metrics adds
+  mock_kv_transfers_total, mock_kv_transfer_errors_total (decode), mock_kv_blocks_held,
+  mock_kv_holds_expired_total (prefill).
+
 Simulated serving (--simulate; off by default, and then none of this applies):
   Each rank runs a continuous-batching engine shaped after vLLM's V1 scheduler instead of pacing each
   request on its own timer (--ttft-ms and --itl-ms must then be 0). Requests queue; each step, every
@@ -331,6 +348,28 @@ void read_kv_events(const po::variables_map& vm, mock_options& options) {
   options.engine.kv.record_events = true;
 }
 
+// --kv-role and the flags of its roles.
+void read_kv_role(const po::variables_map& vm, mock_options& options) {
+  const auto role = vm["kv-role"].as<std::string>();
+  if (role == "both") {
+    options.role = kv_role::both;
+  } else if (role == "prefill") {
+    options.role = kv_role::prefill;
+  } else if (role == "decode") {
+    options.role = kv_role::decode;
+  } else {
+    throw std::invalid_argument("--kv-role must be prefill, decode or both, got '" + role + "'");
+  }
+  options.kv_hold_timeout = std::chrono::milliseconds(bounded(vm, "kv-hold-timeout-ms", 1, 86'400'000));
+  options.kv_transfer_per_block = microseconds_option(vm, "kv-transfer-us-per-block");
+  if (!vm["kv-hold-timeout-ms"].defaulted() && options.role != kv_role::prefill) {
+    throw std::invalid_argument("--kv-hold-timeout-ms needs --kv-role prefill");
+  }
+  if (!vm["kv-transfer-us-per-block"].defaulted() && options.role != kv_role::decode) {
+    throw std::invalid_argument("--kv-transfer-us-per-block needs --kv-role decode");
+  }
+}
+
 }  // namespace
 
 command_line_result parse_command_line(int argc, const char* const* argv, std::ostream& out,
@@ -433,6 +472,17 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
     ("kv-buffer-steps", po::value<std::int64_t>()->value_name("N")->default_value(10000),
      "batches kept per engine for replay, in [0, 1000000] (vLLM's buffer_steps)");
   described.add(kv_events);
+  po::options_description disaggregation("Prefill/decode disaggregation (see below; not with --simulate yet)");
+  disaggregation.add_options()
+    ("kv-role", po::value<std::string>()->value_name("ROLE")->default_value("both"),
+     "prefill, decode or both (the default: kv_transfer_params are ignored, as before)")
+    ("kv-hold-timeout-ms", po::value<std::int64_t>()->value_name("MS")->default_value(defaults.kv_hold_timeout.count()),
+     "prefill: blocks not pulled by a decode engine within MS are freed (vLLM's "
+     "VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s)")
+    ("kv-transfer-us-per-block", po::value<double>()->value_name("US")->default_value(
+       as_us(defaults.kv_transfer_per_block), us_text(defaults.kv_transfer_per_block)),
+     "decode: time a pulled block adds before the first token, microseconds");
+  described.add(disaggregation);
   // clang-format on
 
   try {
@@ -466,6 +516,7 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
     options.threads = static_cast<unsigned>(bounded(vm, "threads", 1, 256));
     options.admin_port = static_cast<std::uint16_t>(bounded(vm, "admin-port", 0, 65535));
     read_balance(vm, options);
+    read_kv_role(vm, options);
 
     options.simulate = vm["simulate"].as<bool>();
     if (!options.simulate) {
@@ -481,6 +532,11 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
     if (options.ttft.count() != 0 || options.itl.count() != 0) {
       throw std::invalid_argument(
           "--ttft-ms and --itl-ms do not apply with --simulate (the step costs set the pace)");
+    }
+    if (options.role != kv_role::both) {
+      // The simulated side (blocks held in the simulated cache, a decode that skips the prefill) is
+      // not written yet; a half-simulated transfer would mislead a benchmark.
+      throw std::invalid_argument("--kv-role prefill and decode do not work with --simulate yet");
     }
     options.dp_lockstep = vm["dp-lockstep"].as<bool>();
     options.time_scale = vm["time-scale"].as<double>();

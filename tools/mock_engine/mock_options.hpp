@@ -13,6 +13,14 @@
 
 namespace dplb::mock {
 
+// The engine's part in prefill/decode disaggregation (--kv-role; kv_transfer.hpp): vLLM's NixlConnector
+// roles, seen from the HTTP side. `both` ignores kv_transfer_params altogether (the mock as before).
+enum class kv_role {
+  both,     // no disaggregation: every request is served whole
+  prefill,  // do_remote_decode requests: prefill, answer kv_transfer_params, hold the blocks for a pull
+  decode,   // do_remote_prefill requests: pull the blocks from the prefill engine, then generate
+};
+
 // How a port picks the engine of a request that names none (--dp-balance; dp_routing.hpp).
 enum class dp_balance {
   least_inflight,  // the fewest requests in flight, the lowest index on a tie (vLLM's internal LB, simplified)
@@ -68,6 +76,14 @@ struct mock_options {
   kv_event_encoding kv_events_encoding = kv_event_encoding::map;
   bool kv_events_int_hashes = false;  // block hashes as integers, not 32-byte bins
   std::uint64_t kv_buffer_steps = 10000;  // batches kept per engine for replay (vLLM's buffer_steps)
+
+  // Prefill/decode disaggregation (kv_transfer.hpp). A prefill engine holds a prefill's blocks until a
+  // decode engine pulls them or kv_hold_timeout passes (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s).
+  // A decode engine waits kv_transfer_per_block per pulled block before its first token (wall time,
+  // divided by --time-scale with --simulate).
+  kv_role role = kv_role::both;
+  std::chrono::milliseconds kv_hold_timeout{480'000};
+  std::chrono::nanoseconds kv_transfer_per_block{20'000};
 };
 
 // Either options to run with, or the process exit status (0 after --help, 2 after a bad command line).

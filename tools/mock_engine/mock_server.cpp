@@ -26,6 +26,7 @@
 #include "engine_metrics.hpp"
 #include "faults.hpp"
 #include "kv_event_publisher.hpp"
+#include "kv_transfer.hpp"
 #include "rank_state.hpp"
 #include "session.hpp"
 #include "sim_engine.hpp"
@@ -190,6 +191,9 @@ struct mock_server::impl final : admin_handler {
   // With --simulate. Outlives the contexts: sessions destroyed with them still reach it (to learn that
   // it is shut down).
   std::unique_ptr<sim_engine> simulation;
+  // With --kv-role prefill: the blocks held for decode engines. Outlives the contexts, whose expiry
+  // timers and sessions use it.
+  std::unique_ptr<kv_hold_table> kv_holds;
   std::vector<tcp::endpoint> endpoints;                                // rank i's bound address and port
   std::vector<std::vector<std::unique_ptr<rank_listener>>> listeners;  // [rank][thread]
   std::vector<std::unique_ptr<asio::io_context>> contexts;             // [thread]; 0 runs the admin port
@@ -329,6 +333,14 @@ mock_server::mock_server(const mock_options& options) : impl_(std::make_unique<i
         s.ports.push_back(endpoint.port());
         s.endpoints.push_back(endpoint);
       }
+    }
+  }
+
+  if (options.role != kv_role::both) {
+    if (options.role == kv_role::prefill) s.kv_holds = std::make_unique<kv_hold_table>(options.kv_hold_timeout);
+    for (auto& rank : s.ranks) {
+      rank.kv_holds = s.kv_holds.get();
+      for (auto& engine : rank.engines) engine.metrics.kv_transfer = true;
     }
   }
 

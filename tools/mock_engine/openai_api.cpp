@@ -219,7 +219,7 @@ std::variant<generation_request, api_error> parse_generation_request(api_kind ki
                                                                      std::string_view served_model,
                                                                      std::uint64_t default_max_tokens,
                                                                      std::uint32_t block_size,
-                                                                     bool keep_tokens) {
+                                                                     bool keep_tokens, bool read_kv_transfer) {
   auto parsed_json = parse_json_request(content_type, body, served_model);
   if (auto* error = std::get_if<api_error>(&parsed_json)) return std::move(*error);
   const auto& request = std::get<json>(parsed_json);
@@ -257,6 +257,11 @@ std::variant<generation_request, api_error> parse_generation_request(api_kind ki
   if (auto error = tokenize_input(kind, *input, sink)) return std::move(*error);
   parsed.prompt_tokens = sink.count;
   if (chain) parsed.prompt_chain = std::move(*chain);
+  if (read_kv_transfer) {
+    auto kv_transfer = read_kv_transfer_params(request);
+    if (auto* error = std::get_if<std::string>(&kv_transfer)) return bad_request(*error);
+    parsed.kv_transfer = std::move(std::get<std::optional<kv_transfer_params>>(kv_transfer));
+  }
   return parsed;
 }
 
@@ -342,8 +347,8 @@ std::string response_renderer::usage_event(std::uint64_t prompt_tokens,
   return sse(event);
 }
 
-std::string response_renderer::full_response(std::uint64_t prompt_tokens,
-                                             std::uint64_t completion_tokens) const {
+std::string response_renderer::full_response(std::uint64_t prompt_tokens, std::uint64_t completion_tokens,
+                                             const kv_transfer_params* kv_transfer) const {
   std::string text;
   text.reserve(token_text.size() * completion_tokens);
   for (std::uint64_t i = 0; i < completion_tokens; ++i) text += token_text;
@@ -376,6 +381,7 @@ std::string response_renderer::full_response(std::uint64_t prompt_tokens,
     body["choices"] = ordered_json::array({std::move(choice)});
     body["usage"] = std::move(full_usage);
   }
+  if (kv_transfer != nullptr) body["kv_transfer_params"] = kv_transfer_answer(*kv_transfer);
   return dump(body);
 }
 

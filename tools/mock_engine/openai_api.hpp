@@ -3,12 +3,14 @@
 // generation endpoints send. Pure functions over strings; the session only moves the bytes.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
 
 #include "kv_block_pool.hpp"
+#include "kv_transfer.hpp"
 
 namespace dplb::mock {
 
@@ -24,6 +26,8 @@ struct generation_request {
   std::uint64_t max_tokens = 1;     // tokens to generate, >= 1; all of them are generated
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // kv_transfer_params, read only for --kv-role prefill or decode (the other role's flags included).
+  std::optional<kv_transfer_params> kv_transfer;
 };
 
 // A vLLM error answer: HTTP status and the JSON body.
@@ -47,13 +51,15 @@ inline constexpr std::uint64_t max_model_len = 8192;
 // the cache_salt; keeping the tokens if `keep_tokens`, for the KV-cache events): the tokens are the ids
 // a prompt gives, else one pseudo-token per whitespace-separated word (sim::word_token), over the
 // prompt's parts or the messages' contents in order (roles are not tokens).
+// With read_kv_transfer it also reads kv_transfer_params (read_kv_transfer_params; a bad one is a 400).
 std::variant<generation_request, api_error> parse_generation_request(api_kind kind,
                                                                      std::string_view content_type,
                                                                      std::string_view body,
                                                                      std::string_view served_model,
                                                                      std::uint64_t default_max_tokens,
                                                                      std::uint32_t block_size = 0,
-                                                                     bool keep_tokens = false);
+                                                                     bool keep_tokens = false,
+                                                                     bool read_kv_transfer = false);
 
 // POST /tokenize, vLLM's: the body's `messages` (as chat tokenizes them), else its `prompt` (as
 // completions does), become the token ids the engine would prefill, the same ids its KV-cache events
@@ -75,8 +81,10 @@ class response_renderer {
   std::string role_event() const;            // chat only: delta {role:assistant, content:""}
   std::string token_event(bool last) const;  // one " tok"; last carries finish_reason "length"
   std::string usage_event(std::uint64_t prompt_tokens, std::uint64_t completion_tokens) const;
-  std::string full_response(std::uint64_t prompt_tokens,
-                            std::uint64_t completion_tokens) const;  // non-stream
+  // Non-stream. A prefill engine's answer also carries `kv_transfer` as its top-level
+  // "kv_transfer_params" (kv_transfer_answer), as vLLM's does.
+  std::string full_response(std::uint64_t prompt_tokens, std::uint64_t completion_tokens,
+                            const kv_transfer_params* kv_transfer = nullptr) const;
 
  private:
   api_kind kind_;

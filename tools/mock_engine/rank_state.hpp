@@ -17,6 +17,7 @@
 namespace dplb::mock {
 
 class sim_engine;
+class kv_hold_table;
 
 struct engine_state {
   engine_state(unsigned engine_index, std::string engine_label, unsigned simulation_index)
@@ -68,6 +69,9 @@ struct rank_state {
   // Set through the admin port: /metrics answers exactly this text instead of the rendered one.
   guarded<std::optional<std::string>> raw_metrics;
   guarded<std::deque<routed_request>> recent;  // the last completions/chat requests, oldest first
+  // With --kv-role prefill, the process's one table of blocks held for decode engines (set at
+  // start-up, shared by every port: a pull may come to any of them); else null.
+  kv_hold_table* kv_holds = nullptr;
   // Id suffix for generation requests without x-request-id (cmpl-<n>, chatcmpl-<n>).
   std::atomic<std::uint64_t> next_request_id{0};
 };

@@ -2,10 +2,14 @@
 
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -25,6 +29,7 @@
 #include "dp_routing.hpp"
 #include "echo_report.hpp"
 #include "faults.hpp"
+#include "kv_transfer.hpp"
 #include "openai_api.hpp"
 #include "sim_engine.hpp"
 #include "stream_probe.hpp"
@@ -57,6 +62,13 @@ constexpr auto admin_idle_timeout = std::chrono::seconds(60);
 // the RST cannot discard them); a peer that stopped reading is reset anyway after this.
 constexpr auto reset_drain_limit = std::chrono::seconds(1);
 constexpr auto reset_drain_poll = std::chrono::milliseconds(1);
+
+// A decode engine's pull from the prefill engine (POST /internal/kv-pull): connect, send, answer.
+constexpr auto kv_pull_timeout = std::chrono::seconds(5);
+constexpr std::string_view kv_pull_path = "/internal/kv-pull";
+// Without --simulate there is no cache to take blocks from: a prefill holds one synthetic block per 16
+// prompt tokens (vLLM's default block size).
+constexpr std::uint32_t synthetic_block_size = 16;
 
 constexpr std::string_view mock_rank_header = "x-mock-rank";
 constexpr std::string_view mock_engine_header = "x-mock-engine";  // the engine's index on its port
@@ -96,6 +108,57 @@ void append_chunk(std::string& out, std::string_view data) {
       .append("\r\n")
       .append(data)
       .append("\r\n");
+}
+
+// remote_engine_id of an engine: stable for the process's life, distinct between the process's engines
+// (by global index) and between processes on one host (by pid).
+std::string kv_engine_id(const engine_state& engine) {
+  return "mock-" + std::to_string(::getpid()) + "-" + std::to_string(engine.sim_index);
+}
+
+// Frees the holds that are due once `after` has passed (each prefill arms one of these; a hold read
+// before then is simply gone when it fires).
+asio::awaitable<void> expire_kv_holds(kv_hold_table& table, std::chrono::milliseconds after) {
+  asio::steady_timer timer(co_await asio::this_coro::executor, after);
+  co_await timer.async_wait(as_result);
+  table.expire(steady_clock::now());
+}
+
+// What a decode engine's pull got: the blocks, or why not (the message of the client's 400).
+using kv_pull_result = std::variant<kv_pulled, std::string>;
+
+// POST /internal/kv-pull to the prefill engine's port, on a fresh connection with one deadline for the
+// whole exchange: the mock's stand-in for NIXL reading the remote blocks.
+asio::awaitable<kv_pull_result> pull_kv(const kv_transfer_params& params) {
+  const auto failed = [&](std::string_view why) {
+    return kv_pull_result(std::string("KV transfer of request ") + params.remote_request_id + " from " +
+                          params.remote_host + ":" + std::to_string(params.remote_port) + " failed: " +
+                          std::string(why));
+  };
+  const auto executor = co_await asio::this_coro::executor;
+  tcp::resolver resolver(executor);
+  auto [rec, endpoints] =
+      co_await resolver.async_resolve(params.remote_host, std::to_string(params.remote_port), as_result);
+  if (rec) co_return failed(rec.message());
+  beast::tcp_stream stream(executor);
+  stream.expires_after(kv_pull_timeout);
+  if (auto [cec, endpoint] = co_await stream.async_connect(endpoints, as_result); cec) co_return failed(cec.message());
+  http::request<http::string_body> req{http::verb::post, std::string(kv_pull_path), 11};
+  req.set(http::field::host, params.remote_host);
+  req.set(http::field::content_type, json_type);
+  req.body() = render_kv_pull_request({params.remote_engine_id, params.remote_request_id});
+  req.prepare_payload();
+  req.keep_alive(false);
+  if (auto [wec, n] = co_await http::async_write(stream, req, as_result); wec) co_return failed(wec.message());
+  beast::flat_buffer buffer;
+  http::response<http::string_body> res;
+  if (auto [ec, n] = co_await http::async_read(stream, buffer, res, as_result); ec) co_return failed(ec.message());
+  beast::error_code ignored;
+  stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+  if (res.result() == http::status::not_found) co_return failed("the prefill engine holds no such blocks");
+  if (res.result() != http::status::ok) co_return failed("status " + std::to_string(res.result_int()));
+  if (auto pulled = parse_kv_pulled(res.body())) co_return *pulled;
+  co_return failed("a malformed answer");
 }
 
 class connection final : public closable_connection {
@@ -139,7 +202,8 @@ class connection final : public closable_connection {
   asio::awaitable<bool> emit_tokens(const generation_request& gen, const response_renderer& renderer,
                                     generation_tracker& tracker);
   asio::awaitable<bool> answer_at_once(const request& req, const generation_request& gen,
-                                       const response_renderer& renderer, generation_tracker& tracker);
+                                       const response_renderer& renderer, generation_tracker& tracker,
+                                       bool remote_decode);
   asio::awaitable<bool> serve_simulated(const request& req, generation_request& gen,
                                         const response_renderer& renderer, generation_tracker& tracker);
   asio::awaitable<bool> relay_simulated(const sim_stream& state, const generation_request& gen,
@@ -148,6 +212,8 @@ class connection final : public closable_connection {
   asio::awaitable<bool> wait_for_wake();
   asio::awaitable<bool> send_now_or_later(std::string_view data);
   asio::awaitable<bool> serve_stream_probe(const request& req, std::string_view query);
+  asio::awaitable<bool> serve_kv_pull(const request& req);
+  kv_transfer_params hold_for_decode(const request& req, const generation_request& gen);
   asio::awaitable<bool> emit_probe_events(const stream_probe_params& params, bool& finished);
   asio::awaitable<bool> sleep_until(steady_clock::time_point deadline);
   asio::awaitable<bool> write_sse_head(const request& req);
@@ -172,6 +238,8 @@ class connection final : public closable_connection {
   registration registration_;
   bool closed_by_fault_ = false;  // by close_by_fault()
   bool reset_due_ = false;        // emit_tokens reached reset_after_events: reset instead of the end
+  // --kv-role decode: the pulled blocks' transfer time, added before the current request's first token.
+  steady_clock::duration kv_wait_{};
 };
 
 asio::awaitable<void> connection::run() {
@@ -307,6 +375,13 @@ asio::awaitable<bool> connection::serve(request& req) {
     }
     co_return co_await reply(req, http::status::ok, json_type, std::move(std::get<std::string>(answer)));
   }
+  if (path == kv_pull_path && options_.role != kv_role::both) {
+    if (method != http::verb::post) {
+      co_return co_await reply(req, http::status::method_not_allowed, json_type,
+                               std::string(method_not_allowed_body), "POST");
+    }
+    co_return co_await serve_kv_pull(req);
+  }
   if (path == "/mock/echo" || path == "/mock/stream") {
     // Engine work of a kind: they go where a generation request would (a refused header is ignored).
     engine_ = &choose_engine(dp_wish(req));
@@ -409,7 +484,8 @@ engine_state& connection::oracle_engine(std::span<const std::uint64_t> prompt_ch
 parsed_generation connection::parse_generation(const request& req, api_kind kind) const {
   const std::uint32_t block_size = options_.simulate ? options_.engine.kv.block_size : 0;
   return parse_generation_request(kind, sv(req[http::field::content_type]), req.body(), options_.model,
-                                  options_.default_max_tokens, block_size, options_.engine.kv.record_events);
+                                  options_.default_max_tokens, block_size, options_.engine.kv.record_events,
+                                  options_.role != kv_role::both);
 }
 
 // Completions/chat: X-data-parallel-rank is checked before anything else (a value this port does not
@@ -480,6 +556,24 @@ asio::awaitable<bool> connection::serve_generation(const request& req, api_kind 
                    "BadRequestError", 400));
   }
 
+  // Disaggregation (--kv-role): a prefill engine keeps a do_remote_decode request's blocks for a decode
+  // engine (a streamed answer could not carry kv_transfer_params: it is served as usual); a decode
+  // engine first pulls a do_remote_prefill request's blocks, and a pull that fails answers 400.
+  // Requests without kv_transfer_params are served whole, as vLLM serves them.
+  kv_wait_ = {};
+  const bool remote_decode = options_.role == kv_role::prefill && gen.kv_transfer &&
+                             gen.kv_transfer->do_remote_decode && !gen.stream;
+  if (options_.role == kv_role::decode && gen.kv_transfer && gen.kv_transfer->do_remote_prefill) {
+    auto pulled = co_await pull_kv(*gen.kv_transfer);
+    if (auto* why = std::get_if<std::string>(&pulled)) {
+      engine_->metrics.kv_transfer_errors.fetch_add(1, std::memory_order_relaxed);
+      co_return co_await reply(req, http::status::bad_request, json_type, error_body(*why, "BadRequestError", 400));
+    }
+    engine_->metrics.kv_transfers.fetch_add(1, std::memory_order_relaxed);
+    kv_wait_ = std::chrono::duration_cast<steady_clock::duration>(
+        options_.kv_transfer_per_block * static_cast<std::int64_t>(std::get<kv_pulled>(pulled).blocks));
+  }
+
   const auto request_id = sv(req["x-request-id"]);
   const std::string counted_id =
       request_id.empty() ? std::to_string(rank_.next_request_id.fetch_add(1, std::memory_order_relaxed))
@@ -493,7 +587,7 @@ asio::awaitable<bool> connection::serve_generation(const request& req, api_kind 
   } else if (gen.stream) {
     ok = co_await stream_tokens(req, gen, renderer, tracker);
   } else {
-    ok = co_await answer_at_once(req, gen, renderer, tracker);
+    ok = co_await answer_at_once(req, gen, renderer, tracker, remote_decode);
   }
   if (reset_due_) {
     tracker.end_by_fault();
@@ -509,7 +603,7 @@ asio::awaitable<bool> connection::stream_tokens(const request& req, const genera
                                                 generation_tracker& tracker) {
   // The head goes out at once, as Starlette's StreamingResponse sends it before the first token.
   if (!co_await write_sse_head(req)) co_return false;
-  const bool waits = options_.ttft.count() > 0 || (options_.itl.count() > 0 && gen.max_tokens > 1);
+  const bool waits = options_.ttft.count() > 0 || kv_wait_.count() > 0 || (options_.itl.count() > 0 && gen.max_tokens > 1);
   if (!waits) co_return co_await emit_tokens(gen, renderer, tracker);
   co_return co_await unless_disconnected(stream_.socket(), emit_tokens(gen, renderer, tracker));
 }
@@ -525,7 +619,7 @@ asio::awaitable<bool> connection::emit_tokens(const generation_request& gen,
   // An absolute schedule, so that slow writes do not stretch the configured gaps into drift.
   const auto start = steady_clock::now();
   for (std::uint64_t k = 0; k < gen.max_tokens; ++k) {
-    if (!co_await sleep_until(start + options_.ttft + options_.itl * static_cast<std::int64_t>(k)))
+    if (!co_await sleep_until(start + options_.ttft + kv_wait_ + options_.itl * static_cast<std::int64_t>(k)))
       co_return false;
     if (k == 0 && gen.kind == api_kind::chat) {
       const std::string role = renderer.role_event();
@@ -549,17 +643,58 @@ asio::awaitable<bool> connection::emit_tokens(const generation_request& gen,
   co_return co_await write_chunk(done_event, true);
 }
 
+// `remote_decode`: a prefill engine's leg 1, whose blocks are held for a decode engine once prefilled.
 asio::awaitable<bool> connection::answer_at_once(const request& req, const generation_request& gen,
                                                  const response_renderer& renderer,
-                                                 generation_tracker& tracker) {
-  const auto wait = options_.ttft + options_.itl * static_cast<std::int64_t>(gen.max_tokens - 1);
+                                                 generation_tracker& tracker, bool remote_decode) {
+  const auto wait = options_.ttft + kv_wait_ + options_.itl * static_cast<std::int64_t>(gen.max_tokens - 1);
   if (wait.count() > 0 &&
       !co_await unless_disconnected(stream_.socket(), sleep_until(steady_clock::now() + wait)))
     co_return false;
   tracker.tokens(gen.max_tokens);
   tracker.finish();
+  if (remote_decode) {
+    const auto held = hold_for_decode(req, gen);
+    co_return co_await reply(req, http::status::ok, json_type,
+                             renderer.full_response(gen.prompt_tokens, gen.max_tokens, &held));
+  }
   co_return co_await reply(req, http::status::ok, json_type,
                            renderer.full_response(gen.prompt_tokens, gen.max_tokens));
+}
+
+// The prefill's blocks go into the process's hold table until a decode engine pulls them or the hold
+// timeout frees them; the answer names this engine and the port that served it, where the pull must go.
+kv_transfer_params connection::hold_for_decode(const request& req, const generation_request& gen) {
+  auto& table = *rank_.kv_holds;
+  const auto request_id = sv(req["x-request-id"]);
+  auto held = table.hold(kv_engine_id(*engine_), request_id.empty() ? std::string_view("prefill") : request_id,
+                         blocks_for(gen.prompt_tokens, synthetic_block_size), gen.prompt_tokens, &engine_->metrics,
+                         steady_clock::now());
+  beast::error_code ec;
+  const auto local = stream_.socket().local_endpoint(ec);
+  held.remote_host = ec ? options_.host : local.address().to_string();
+  held.remote_port = ec ? 0 : local.port();
+  asio::co_spawn(stream_.get_executor(), expire_kv_holds(table, table.timeout()), asio::detached);
+  return held;
+}
+
+// POST /internal/kv-pull: a decode engine reads a hold, once. 404 when none matches (never held, read
+// already, or expired), in vLLM's error shape.
+asio::awaitable<bool> connection::serve_kv_pull(const request& req) {
+  auto parsed = parse_kv_pull_request(req.body());
+  if (auto* why = std::get_if<std::string>(&parsed)) {
+    co_return co_await reply(req, http::status::bad_request, json_type, error_body(*why, "BadRequestError", 400));
+  }
+  const auto& pull = std::get<kv_pull_request>(parsed);
+  const auto pulled = rank_.kv_holds != nullptr ? rank_.kv_holds->take(pull.remote_engine_id, pull.remote_request_id)
+                                                : std::nullopt;
+  if (!pulled) {
+    co_return co_await reply(req, http::status::not_found, json_type,
+                             error_body("No KV blocks held for request " + pull.remote_request_id + " of engine " +
+                                            pull.remote_engine_id + " (never held, read already, or expired)",
+                                        "NotFoundError", 404));
+  }
+  co_return co_await reply(req, http::status::ok, json_type, render_kv_pulled(*pulled));
 }
 
 // --simulate: the rank's engine paces the tokens (sim_engine.hpp). Leaving early, whatever the reason,

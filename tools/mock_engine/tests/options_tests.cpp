@@ -210,3 +210,43 @@ TEST_CASE("options: --help shows the balancing modes", "[options]") {
     CHECK(p.out.find(text) != std::string::npos);
   }
 }
+
+TEST_CASE("options: --kv-role is both by default, prefill or decode with their own flags", "[options]") {
+  auto p = parse({});
+  REQUIRE(p.result.options);
+  CHECK(p.result.options->role == kv_role::both);
+  CHECK(p.result.options->kv_hold_timeout == 480s);
+  CHECK(p.result.options->kv_transfer_per_block == 20us);
+
+  p = parse({"--kv-role", "prefill", "--kv-hold-timeout-ms", "250"});
+  REQUIRE(p.result.options);
+  CHECK(p.result.options->role == kv_role::prefill);
+  CHECK(p.result.options->kv_hold_timeout == 250ms);
+
+  p = parse({"--kv-role", "decode", "--kv-transfer-us-per-block", "1.5"});
+  REQUIRE(p.result.options);
+  CHECK(p.result.options->role == kv_role::decode);
+  CHECK(p.result.options->kv_transfer_per_block == 1500ns);
+
+  const std::vector<std::vector<std::string>> refused = {
+      {"--kv-role", "router"},
+      {"--kv-hold-timeout-ms", "10"},  // needs prefill
+      {"--kv-role", "decode", "--kv-hold-timeout-ms", "10"},
+      {"--kv-role", "prefill", "--kv-hold-timeout-ms", "0"},
+      {"--kv-transfer-us-per-block", "10"},  // needs decode
+      {"--kv-role", "decode", "--kv-transfer-us-per-block", "-1"},
+      {"--kv-role", "prefill", "--simulate"},  // not written yet
+  };
+  for (const auto& args : refused) {
+    INFO(args.back());
+    const auto r = parse(args);
+    CHECK_FALSE(r.result.options);
+    CHECK(r.result.exit_code == 2);
+  }
+  const auto help = parse({"--help"});
+  for (const char* text : {"--kv-role ROLE (=both)", "--kv-hold-timeout-ms MS (=480000)",
+                           "--kv-transfer-us-per-block US (=20)", "/internal/kv-pull"}) {
+    INFO(text);
+    CHECK(help.out.find(text) != std::string::npos);
+  }
+}
