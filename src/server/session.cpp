@@ -20,13 +20,11 @@
 #include "client_watch.hpp"
 #include "dplb/http/header_sanitizer.hpp"
 #include "dplb/http/message_head.hpp"
-#include "dplb/kv/chain_hash.hpp"
 #include "dplb/server/admission.hpp"
 #include "dplb/server/request_facts.hpp"
 #include "dplb/support/io_buffers.hpp"
-#include "dplb/upstream/http_fetch.hpp"
+#include "kv_request.hpp"
 #include "own_replies.hpp"
-#include "prompt_tokens.hpp"
 #include "request_accounting.hpp"
 #include "response_relay.hpp"
 #include "slot_wait.hpp"
@@ -54,12 +52,6 @@ constexpr std::size_t kept_body_capacity = 4 * 1024;
 // receive (nginx frees a keep-alive connection's buffers in the same way). A client that sends its next
 // request sooner keeps them: a busy connection reuses its buffers and allocates nothing.
 constexpr auto idle_release_delay = std::chrono::milliseconds(100);
-
-// /tokenize's answer for the longest prompt dplb matches (max_prompt_token_ids ids of up to 10 digits).
-constexpr std::size_t max_tokenize_answer_bytes = 16u << 20;
-
-// Where tokenizer_for() starts looking, per worker thread: the connections of a worker take turns.
-thread_local std::size_t next_tokenizer = 0;
 
 
 class session {
@@ -287,7 +279,7 @@ class session {
     balancer::request_cost cost;
     balancer::rank_lease lease;
     if (describe_request(pinned, request, cost)) {  // else refusal_ says why
-      if (kv_.tokenize) co_await tokenize_prompt(request);
+      if (kv_.awaits_tokens()) co_await kv_.tokenize(request_body_, shared_, request);
       // Without --max-inflight-per-rank a slot is taken at once, without a coroutine of its own. (Not a
       // conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among them.)
       slot_result slot;
@@ -470,60 +462,8 @@ class session {
     // Kept by the session: the pick may wait in the queue, and the chain must live as long.
     prefix_chain_ = std::move(facts.prefix_chain);
     request.prefix_chain = prefix_chain_;
-    // Only a prefix-aware cluster matches the events (least-tokens reads the body too, for its costs alone).
-    if (shared_.kv_events != nullptr && shared_.kv_events->any_configured() &&
-        shared_.balancer.policy_of(request.cluster).name() == "prefix-aware") {
-      kv_.model = std::move(facts.model);
-      kv_.salt = std::move(facts.cache_salt);
-      if (!facts.prompt_token_ids.empty()) {
-        chain_kv_blocks(facts.prompt_token_ids, request);
-      } else {
-        kv_.tokenize = settings_.tokenize == config::tokenize_mode::engine && facts.json_object;
-      }
-    }
+    kv_.prepare(facts, shared_, request);
     return cost;
-  }
-
-  // The prompt's chain of KV-cache blocks, as the engines' events index them (prefix-aware).
-  void chain_kv_blocks(std::span<const std::uint32_t> tokens, balancer::pick_context& request) {
-    const bool adapter = shared_.kv_events->is_adapter(kv_.model);
-    kv::request_chain(tokens, settings_.block_size, adapter ? std::string_view(kv_.model) : std::string_view(),
-                      kv_.salt, max_prompt_token_ids, kv_.chain);
-    request.kv_chain = kv_.chain;
-  }
-
-  // --tokenize engine: the token ids of a text prompt or of chat messages, from vLLM's POST /tokenize on an
-  // engine of the request's cluster (any: they share the tokenizer and the template). On any failure the
-  // request goes on without them, matched by the approximate index, and the failure is counted.
-  io::task<void> tokenize_prompt(balancer::pick_context& request) {
-    kv_.tokenize = false;
-    const auto body = tokenize_request_body(request_body_);
-    const upstream::backend* engine = body ? tokenizer_for(request) : nullptr;
-    if (engine == nullptr) co_return;
-    const auto answer = co_await upstream::post_json(*engine, "/tokenize", *body, "dplb-tokenize",
-                                                     2 * settings_.health_check_timeout, max_tokenize_answer_bytes);
-    std::optional<std::vector<std::uint32_t>> tokens;
-    if (answer && answer->status == 200) tokens = tokens_of_tokenize_answer(answer->body, max_prompt_token_ids);
-    shared_.metrics.tokenized(tokens.has_value());
-    if (tokens) chain_kv_blocks(*tokens, request);
-  }
-
-  // The engine server that tokenizes for the request: its pinned rank's (if usable), else a usable rank's of
-  // its cluster, taking turns so that no one engine tokenizes for all.
-  const upstream::backend* tokenizer_for(const balancer::pick_context& request) {
-    const auto ranks = shared_.topology.ranks();
-    const auto backends = shared_.topology.backends();
-    if (request.pinned_rank && shared_.balancer.usable(*request.pinned_rank)) {
-      return &backends[ranks[*request.pinned_rank].backend];
-    }
-    for (std::size_t step = 0; step < ranks.size(); ++step) {
-      const auto& r = ranks[(next_tokenizer + step) % ranks.size()];
-      if (r.cluster == request.cluster && shared_.balancer.usable(r.rank)) {
-        next_tokenizer = r.rank + 1;
-        return &backends[r.backend];
-      }
-    }
-    return nullptr;
   }
 
   // The client's answer when the request got no response from an engine. A request that reached no engine
@@ -583,14 +523,7 @@ class session {
   http::request_head request_head_;    // views into buffer_
   std::string session_key_;            // --affinity-header's value in the request being served
   std::vector<std::uint64_t> prefix_chain_;  // its prompt's prefix blocks (prefix-aware), for the pick
-  // Its prompt as the KV-cache events see it (prefix-aware with events): the model and salt that seed its
-  // chain, whether /tokenize is still to be asked, and the chain for the pick.
-  struct kv_request {
-    std::string model;
-    std::string salt;
-    bool tokenize = false;
-    std::vector<std::uint64_t> chain;
-  } kv_;
+  kv_request kv_;  // its prompt as the KV-cache events see it (prefix-aware with events), for the pick
   const bool wants_prefix_chain_ = config::any_cluster_uses(settings_, "prefix-aware");
   std::string request_body_;           // de-chunked
   io::tracked_bytes body_bytes_;       // its capacity, for the memory trimmer
