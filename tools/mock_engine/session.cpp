@@ -7,8 +7,6 @@
 #include <algorithm>
 #include <array>
 #include <boost/asio/as_tuple.hpp>
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
@@ -18,6 +16,7 @@
 #include <boost/beast/http.hpp>
 #include <charconv>
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -117,11 +116,12 @@ std::string kv_engine_id(const engine_state& engine) {
 }
 
 // Frees the holds that are due once `after` has passed (each prefill arms one of these; a hold read
-// before then is simply gone when it fires).
-asio::awaitable<void> expire_kv_holds(kv_hold_table& table, std::chrono::milliseconds after) {
-  asio::steady_timer timer(co_await asio::this_coro::executor, after);
-  co_await timer.async_wait(as_result);
-  table.expire(steady_clock::now());
+// before then is simply gone when it fires). A timer and its handler, owned by the handler: no coroutine
+// whose failure a detached completion would swallow, and expire() only takes the table's lock.
+template <class Executor>
+void expire_kv_holds_after(const Executor& executor, kv_hold_table& table, std::chrono::milliseconds after) {
+  auto timer = std::make_shared<asio::steady_timer>(executor, after);
+  timer->async_wait([timer, &table](const boost::system::error_code&) { table.expire(steady_clock::now()); });
 }
 
 // What a decode engine's pull got: the blocks, or why not (the message of the client's 400).
@@ -674,7 +674,7 @@ kv_transfer_params connection::hold_for_decode(const request& req, const generat
   const auto local = stream_.socket().local_endpoint(ec);
   held.remote_host = ec ? options_.host : local.address().to_string();
   held.remote_port = ec ? 0 : local.port();
-  asio::co_spawn(stream_.get_executor(), expire_kv_holds(table, table.timeout()), asio::detached);
+  expire_kv_holds_after(stream_.get_executor(), table, table.timeout());
   return held;
 }
 
