@@ -24,12 +24,13 @@ std::uint32_t padded_batch(std::uint32_t n, const std::vector<std::uint32_t>& si
 }
 
 void batch_scheduler::submit(request_id id, std::uint64_t prompt_tokens, std::uint64_t max_tokens,
-                             chain_builder chain) {
+                             chain_builder chain, bool remote_prefilled) {
   request r;
   r.id = id;
   r.prompt = std::max<std::uint64_t>(prompt_tokens, 1);
   r.max_tokens = std::max<std::uint64_t>(max_tokens, 1);
-  r.prefill_left = r.prompt;
+  r.remote = remote_prefilled ? r.prompt - 1 : 0;
+  r.prefill_left = r.prompt - r.remote;
   r.tokens_left = r.max_tokens;
   r.chain = std::move(chain);
   prompt_pending_ += r.prefill_left;
@@ -98,14 +99,17 @@ bool batch_scheduler::make_room(std::size_t index, std::uint64_t tokens) {
 bool batch_scheduler::admit(std::uint64_t& budget, rank_step& step) {
   request& r = waiting_.front();
   const std::uint64_t block_size = config_.kv.block_size;
-  const std::uint64_t total = r.prefill_left;  // a waiting request holds no KV
+  const std::uint64_t total = r.prefill_left + r.remote;  // a waiting request holds no KV
   // The last token is always computed (it is what samples the next one), so at most total - 1 come
   // from the cache, in whole blocks.
   const std::uint64_t hit_blocks =
       std::min<std::uint64_t>(kv_.cached_prefix(r.chain.chain()), (total - 1) / block_size);
   const std::uint64_t hit_tokens = hit_blocks * block_size;
-  const std::uint64_t tokens = std::min(total - hit_tokens, budget);
-  const std::uint64_t fresh = kv_.blocks_for(hit_tokens + tokens) - hit_blocks;
+  // Tokens whose KV is there without computing: the cache's, or more, those pulled from a prefill engine
+  // (which still need blocks of their own beyond the cached ones).
+  const std::uint64_t known = std::max(hit_tokens, r.remote);
+  const std::uint64_t tokens = std::min(total - known, budget);
+  const std::uint64_t fresh = kv_.blocks_for(known + tokens) - hit_blocks;
   if (fresh + kv_.free_among_cached(r.chain.chain(), hit_blocks) > kv_.free_blocks()) return false;
   kv_.take_cached(r.chain.chain(), hit_blocks, r.blocks);
   kv_.allocate(fresh, r.blocks);
@@ -113,15 +117,17 @@ bool batch_scheduler::admit(std::uint64_t& budget, rank_step& step) {
     prefix_queries_ += total;
     prefix_hits_ += hit_tokens;
   }
-  r.kv = hit_tokens;
+  r.kv = known;
   r.named = hit_blocks;
-  kv_tokens_ += hit_tokens;
-  r.prefill_left -= hit_tokens;
-  prompt_pending_ -= hit_tokens;
+  kv_tokens_ += known;
+  const std::uint64_t saved = known - r.remote;  // of prefill_left (the pulled tokens were never in it)
+  r.prefill_left -= saved;
+  prompt_pending_ -= saved;
+  r.remote = 0;
   running_.push_back(std::move(r));
   waiting_.pop_front();
   schedule(running_.back(), tokens, budget, step);
-  name_full_blocks(running_.back(), hit_tokens + tokens);
+  name_full_blocks(running_.back(), known + tokens);
   return true;
 }
 

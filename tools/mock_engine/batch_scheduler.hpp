@@ -80,8 +80,12 @@ class batch_scheduler {
   // `chain`: the prompt's tokens fed to a chain_builder of the cache's block size (a default one if the
   // request shares nothing); the scheduler adds each generated token (generated_token) to it.
   // The request must fit the cache on its own (fits()), or it would preempt itself for ever.
+  // `remote_prefilled` (a decode engine's request, --kv-role decode): the prompt's KV was computed by a
+  // prefill engine and pulled; at admission the request takes blocks for the whole prompt but computes only
+  // its last token (vLLM's NixlConnector hands over all but the last prompt token, which the decode engine
+  // recomputes to sample), so its first step is a decode-sized one. A preempted one recomputes everything.
   void submit(request_id id, std::uint64_t prompt_tokens, std::uint64_t max_tokens,
-              chain_builder chain = chain_builder());
+              chain_builder chain = chain_builder(), bool remote_prefilled = false);
 
   // Whether a request of this size fits the whole KV cache (vLLM refuses a longer context at its door).
   // Without overflow, whatever a client sends as max_tokens.
@@ -143,6 +147,8 @@ class batch_scheduler {
     std::uint64_t max_tokens = 1;
     std::uint64_t prefill_left = 0;  // tokens to compute before the next token (the prompt, or every
                                      // token so far after a preemption); 0 = decoding
+    std::uint64_t remote = 0;        // waiting, remote_prefilled: prompt tokens whose KV arrived (not counted
+                                     // in prefill_left); 0 once admitted
     std::uint64_t tokens_left = 0;   // tokens still to produce
     std::uint64_t scheduled = 0;  // tokens scheduled in the step in flight (0 = not in it)
     std::uint64_t kv = 0;         // tokens of KV it holds (computed or cached), counted in kv_tokens_

@@ -23,13 +23,14 @@ constexpr unsigned max_steps_per_turn = 16;
 
 sim_stream::sim_stream(sim::request_id id, unsigned engine, std::uint64_t prompt_tokens,
                        sim::chain_builder prompt_chain, std::uint64_t max_tokens, bool wake_each_token,
-                       asio::steady_timer& waker)
+                       asio::steady_timer& waker, bool remote_prefilled)
     : id_(id),
       engine_(engine),
       prompt_tokens_(prompt_tokens),
       prompt_chain_(std::move(prompt_chain)),
       max_tokens_(max_tokens),
       wake_each_token_(wake_each_token),
+      remote_prefilled_(remote_prefilled),
       executor_(waker.get_executor()),
       context_(&asio::query(waker.get_executor(), asio::execution::context)),
       waker_(&waker) {}
@@ -148,7 +149,7 @@ void sim_engine::enqueue(std::shared_ptr<sim_stream> stream) {
   if (clocks_.empty()) return;  // shut down meanwhile
   const auto engine = stream->engine_;
   schedulers_[engine]->submit(stream->id_, stream->prompt_tokens_, stream->max_tokens_,
-                              std::move(stream->prompt_chain_));
+                              std::move(stream->prompt_chain_), stream->remote_prefilled_);
   streams_.emplace(stream->id_, std::move(stream));
   ++arrived_;
   if (arrived_ < start_after_) return;  // held: the burst is not all here yet
@@ -294,10 +295,10 @@ steady_clock::time_point sim_engine::wall_time(sim::sim_time t) const {
 
 sim_request::sim_request(sim_engine& engine, unsigned scheduler, std::uint64_t prompt_tokens,
                          sim::chain_builder prompt_chain, std::uint64_t max_tokens, bool stream,
-                         asio::steady_timer& waker)
+                         asio::steady_timer& waker, bool remote_prefilled)
     : engine_(engine),
       stream_(std::make_shared<sim_stream>(engine.next_id(), scheduler, prompt_tokens, std::move(prompt_chain),
-                                           max_tokens, stream, waker)) {
+                                           max_tokens, stream, waker, remote_prefilled)) {
   engine_.submit(stream_);
 }
 

@@ -39,7 +39,7 @@ class sim_stream {
   // `waker` is the session's timer; its executor is the session's thread.
   sim_stream(sim::request_id id, unsigned engine, std::uint64_t prompt_tokens,
              sim::chain_builder prompt_chain, std::uint64_t max_tokens, bool wake_each_token,
-             boost::asio::steady_timer& waker);
+             boost::asio::steady_timer& waker, bool remote_prefilled = false);
 
   // Tokens produced so far (each at the end of a step), up to max_tokens.
   std::uint64_t produced() const { return produced_.load(std::memory_order_acquire); }
@@ -61,6 +61,7 @@ class sim_stream {
   sim::chain_builder prompt_chain_;  // moved into the scheduler at submission (thread 0)
   const std::uint64_t max_tokens_;
   const bool wake_each_token_;  // false (non-streaming): only the last token wakes the session
+  const bool remote_prefilled_;  // --kv-role decode: the prompt's KV was pulled (batch_scheduler::submit)
   const boost::asio::any_io_executor executor_;    // the session's
   boost::asio::execution_context* const context_;  // the session's event loop
   boost::asio::steady_timer* waker_;  // the session's timer; null once the session stopped listening
@@ -149,10 +150,11 @@ class sim_engine {
 // `stream`, else only at the last token) and must not be waited on by anything else meanwhile.
 class sim_request {
  public:
-  // `scheduler`: the engine's sim_index.
+  // `scheduler`: the engine's sim_index. `remote_prefilled`: a decode engine's request whose prompt KV
+  // was pulled from a prefill engine; it skips the prefill (batch_scheduler::submit).
   sim_request(sim_engine& engine, unsigned scheduler, std::uint64_t prompt_tokens,
               sim::chain_builder prompt_chain, std::uint64_t max_tokens, bool stream,
-              boost::asio::steady_timer& waker);
+              boost::asio::steady_timer& waker, bool remote_prefilled = false);
   ~sim_request();
   sim_request(const sim_request&) = delete;
   sim_request& operator=(const sim_request&) = delete;

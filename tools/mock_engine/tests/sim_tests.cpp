@@ -5,6 +5,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "batch_scheduler.hpp"
@@ -416,4 +417,90 @@ TEST_CASE("a 65/64/64/63 burst costs 12.5% more padded work than 64/64/64/64", "
     CHECK(even_work.second == 32'796);  // requests scheduled, summed over steps: chunks count once each
     CHECK(skew_work.second == 32'795);
   }
+}
+
+TEST_CASE("a remote-prefilled request takes its prompt's blocks but computes only its last token", "[sim][pd]") {
+  engine_config c;  // with prefill costs and the 8192-token budget
+  c.kv.block_size = 16;
+  batch_scheduler s(c);
+  s.submit(1, 1000, 3, chain_builder(), /*remote_prefilled=*/true);
+  CHECK(s.prompt_tokens_pending() == 1);  // what is left to compute: the last prompt token
+  CHECK(s.decode_tokens_pending() == 3);
+  const auto step = s.begin_step();
+  CHECK(step.batch == 1);
+  CHECK(step.prefill_tokens == 1);
+  CHECK(s.kv_cache().used_blocks() == 63);  // ceil(1000 / 16): the pulled KV has blocks of its own
+  std::vector<token_event> out;
+  s.end_step(1, out);
+  REQUIRE(out.size() == 1);  // the first token at the end of the first step
+  CHECK(s.kv_tokens() == 1000);
+  CHECK(s.prompt_tokens_pending() == 0);
+  s.begin_step();
+  s.end_step(1, out);
+  s.begin_step();
+  s.end_step(1, out);
+  REQUIRE(out.size() == 3);
+  CHECK(out[2].last);
+  CHECK(s.kv_tokens() == 0);
+  CHECK(s.kv_cache().used_blocks() == 0);
+  CHECK(s.prefix_hits() == 0);  // pulled, not found in the cache
+}
+
+TEST_CASE("a remote-prefilled request's first step costs a decode, a local one its whole prefill", "[sim][pd]") {
+  engine_config c;
+  c.max_num_batched_tokens = 0;
+  fixture remote(c, 1, true);
+  remote.schedulers[0]->submit(1, 4000, 2, chain_builder(), true);
+  REQUIRE(remote.clocks[0]->begin_step(0ns));
+  CHECK(remote.clocks[0]->step_end() == step_duration(c, 1, 1));
+  fixture local(c, 1, true);
+  local.schedulers[0]->submit(1, 4000, 2);
+  REQUIRE(local.clocks[0]->begin_step(0ns));
+  CHECK(local.clocks[0]->step_end() == step_duration(c, 1, 4000));
+}
+
+TEST_CASE("a remote-prefilled request aborted while waiting or running leaves nothing behind", "[sim][pd]") {
+  engine_config c = decode_only();
+  c.max_num_seqs = 1;
+  batch_scheduler s(c);
+  s.submit(1, 100, 5, chain_builder(), true);
+  s.submit(2, 100, 5, chain_builder(), true);  // waits: max_num_seqs 1
+  std::vector<token_event> out;
+  s.begin_step();
+  s.end_step(1, out);
+  CHECK(s.kv_cache().used_blocks() == 7);
+  CHECK(s.abort(2));
+  CHECK(s.abort(1));
+  CHECK(s.kv_cache().used_blocks() == 0);
+  CHECK(s.kv_tokens() == 0);
+  CHECK(s.prompt_tokens_pending() == 0);
+  CHECK(s.decode_tokens_pending() == 0);
+  CHECK_FALSE(s.has_work());
+}
+
+// The decode pool of a P/D deployment: 256 pulled requests over 4 lockstep decode ranks. Split 64/64/64/64
+// every step runs 64 a rank and nothing is padded; 65/64/64/63 pads every rank to 72, as for co-located
+// engines: the padding accounting covers remote-prefilled requests alike.
+TEST_CASE("a remote-prefilled burst on 4 lockstep decode ranks pads only when split unevenly", "[sim][pd]") {
+  static constexpr std::uint64_t out_tokens = 32;
+  const auto run = [](const std::vector<unsigned>& spread) {
+    const engine_config c;  // default costs: a local prefill of these prompts would cost 2048 x 20 us a step
+    fixture f(c, 4, true);
+    request_id id = 0;
+    for (std::size_t r = 0; r < spread.size(); ++r) {
+      for (unsigned i = 0; i < spread[r]; ++i) f.schedulers[r]->submit(id++, 2048, out_tokens, chain_builder(), true);
+    }
+    const auto makespan = f.run();
+    REQUIRE(f.produced.size() == 256);
+    return std::tuple{makespan, f.padded_total(), f.real_total()};
+  };
+  const auto [even_makespan, even_padded, even_real] = run({64, 64, 64, 64});
+  const auto [skew_makespan, skew_padded, skew_real] = run({65, 64, 64, 63});
+  CHECK(even_padded == even_real);  // padded/real 1.000
+  CHECK(even_real == 256 * out_tokens);
+  CHECK(skew_real == 256 * out_tokens);
+  CHECK(skew_padded == 4 * 72 * out_tokens);
+  // No prefill but the last prompt token of each (64 in the first step): 32 steps of 15 ms + 64 x 0.15 ms,
+  // plus 64 x 20 us once.
+  CHECK(even_makespan == 32 * 24'600us + 64 * 20us);
 }
