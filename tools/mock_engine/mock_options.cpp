@@ -86,17 +86,21 @@ Endpoints (per rank):
   Anything else: 404 {"detail":"Not Found"}.
 Limits: request head 64 KiB (431), request body 64 MiB (413); each body read and write: 60 s.
 
-Prefill/decode roles (--kv-role; vLLM's NixlConnector seen from HTTP; not with --simulate yet):
+Prefill/decode roles (--kv-role; vLLM's NixlConnector seen from HTTP):
   prefill: a completions/chat request with "kv_transfer_params":{"do_remote_decode":true,..} and
       stream false is answered as usual plus a top-level "kv_transfer_params":{"do_remote_prefill":true,
       "do_remote_decode":false,"remote_block_ids":[..],"remote_engine_id":"mock-<pid>-<e>",
       "remote_request_id":"<x-request-id or prefill>-kv<n>","remote_host":H,"remote_port":P,"tp_size":1}
-      (H:P the rank that served it; one synthetic block per 16 prompt tokens). The blocks are held
-      until pulled once or --kv-hold-timeout-ms passes.
+      (H:P the rank that served it; one synthetic block per 16 prompt tokens, per --block-size with
+      --simulate). The blocks are held until pulled once or --kv-hold-timeout-ms passes; an answer that
+      cannot be written frees them. With --simulate the request pays its prompt's simulated prefill.
   decode: a request with "kv_transfer_params":{"do_remote_prefill":true,..} (the prefill answer's
       object) first pulls the blocks with POST http://H:P/internal/kv-pull, waits
       --kv-transfer-us-per-block per block, then generates as usual; a failed pull answers 400
       {"error":{"message":"KV transfer of request .. failed: ..","type":"BadRequestError",..}}.
+      With --simulate the wait is simulated time and the request then joins the decode batch without
+      its prefill (its first step computes the last prompt token only). A decode request that ends
+      before its pull (a fault's status or stall, a refusal) frees the prefill's hold at once.
   Requests without kv_transfer_params are served whole in both roles. Every rank of a prefill or
   decode mock answers POST /internal/kv-pull {"remote_engine_id":..,"remote_request_id":..} with
   200 {"blocks":N,"prompt_tokens":M} (freeing the hold) or 404 NotFoundError. /metrics adds
@@ -472,7 +476,7 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
     ("kv-buffer-steps", po::value<std::int64_t>()->value_name("N")->default_value(10000),
      "batches kept per engine for replay, in [0, 1000000] (vLLM's buffer_steps)");
   described.add(kv_events);
-  po::options_description disaggregation("Prefill/decode disaggregation (see below; not with --simulate yet)");
+  po::options_description disaggregation("Prefill/decode disaggregation (see below)");
   disaggregation.add_options()
     ("kv-role", po::value<std::string>()->value_name("ROLE")->default_value("both"),
      "prefill, decode or both (the default: kv_transfer_params are ignored, as before)")
@@ -481,7 +485,7 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
      "VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s)")
     ("kv-transfer-us-per-block", po::value<double>()->value_name("US")->default_value(
        as_us(defaults.kv_transfer_per_block), us_text(defaults.kv_transfer_per_block)),
-     "decode: time a pulled block adds before the first token, microseconds");
+     "decode: time a pulled block adds before the first token, microseconds (simulated with --simulate)");
   described.add(disaggregation);
   // clang-format on
 
@@ -532,11 +536,6 @@ command_line_result parse_command_line(int argc, const char* const* argv, std::o
     if (options.ttft.count() != 0 || options.itl.count() != 0) {
       throw std::invalid_argument(
           "--ttft-ms and --itl-ms do not apply with --simulate (the step costs set the pace)");
-    }
-    if (options.role != kv_role::both) {
-      // The simulated side (blocks held in the simulated cache, a decode that skips the prefill) is
-      // not written yet; a half-simulated transfer would mislead a benchmark.
-      throw std::invalid_argument("--kv-role prefill and decode do not work with --simulate yet");
     }
     options.dp_lockstep = vm["dp-lockstep"].as<bool>();
     options.time_scale = vm["time-scale"].as<double>();

@@ -205,7 +205,12 @@ class connection final : public closable_connection {
                                        const response_renderer& renderer, generation_tracker& tracker,
                                        bool remote_decode);
   asio::awaitable<bool> serve_simulated(const request& req, generation_request& gen,
-                                        const response_renderer& renderer, generation_tracker& tracker);
+                                        const response_renderer& renderer, generation_tracker& tracker,
+                                        bool remote_decode, bool remote_prefilled);
+  asio::awaitable<bool> reply_holding(const request& req, const generation_request& gen,
+                                      const response_renderer& renderer);
+  asio::awaitable<void> release_unpulled(const std::optional<kv_transfer_params>& kv);
+  asio::awaitable<void> release_unpulled(const request& req, api_kind kind);
   asio::awaitable<bool> relay_simulated(const sim_stream& state, const generation_request& gen,
                                         const response_renderer& renderer, generation_tracker& tracker);
   asio::awaitable<bool> await_simulated(const sim_stream& state);
@@ -238,6 +243,7 @@ class connection final : public closable_connection {
   registration registration_;
   bool closed_by_fault_ = false;  // by close_by_fault()
   bool reset_due_ = false;        // emit_tokens reached reset_after_events: reset instead of the end
+  bool reply_failed_ = false;     // the last reply() could not be written (the client went away)
   // --kv-role decode: the pulled blocks' transfer time, added before the current request's first token.
   steady_clock::duration kv_wait_{};
 };
@@ -444,9 +450,11 @@ asio::awaitable<bool> connection::reply(const request& req, http::status status,
   if (req.method() == http::verb::head) {
     http::response_serializer<http::string_body> serializer{res};
     const auto [ec, n] = co_await http::async_write_header(stream_, serializer, as_result);
+    reply_failed_ = static_cast<bool>(ec);
     co_return !ec && res.keep_alive();
   }
   const auto [ec, n] = co_await http::async_write(stream_, res, as_result);
+  reply_failed_ = static_cast<bool>(ec);
   co_return !ec && res.keep_alive();
 }
 
@@ -527,10 +535,12 @@ asio::awaitable<bool> connection::serve_generation(const request& req, api_kind 
   if (const auto stall = rank_.faults.stall(); stall.count() > 0) {
     if (!co_await unless_disconnected(stream_.socket(), sleep_until(steady_clock::now() + stall))) {
       if (!closed_by_fault_) engine_->metrics.requests_aborted.fetch_add(1, std::memory_order_relaxed);
+      co_await release_unpulled(req, kind);
       co_return false;
     }
   }
   if (const auto status = rank_.faults.status(); status != 0) {
+    co_await release_unpulled(req, kind);
     co_return co_await reply(req, static_cast<http::status>(status), json_type, injected_error_body(status));
   }
 
@@ -544,6 +554,7 @@ asio::awaitable<bool> connection::serve_generation(const request& req, api_kind 
     // vLLM checks against max_model_len, which its KV cache is sized to hold at least once.
     const std::uint64_t capacity =
         std::uint64_t{options_.engine.kv.num_blocks} * options_.engine.kv.block_size;
+    co_await release_unpulled(gen.kv_transfer);
     co_return co_await reply(
         req, http::status::bad_request, json_type,
         error_body("This model's maximum context length is " + std::to_string(capacity) +
@@ -560,18 +571,26 @@ asio::awaitable<bool> connection::serve_generation(const request& req, api_kind 
   // engine (a streamed answer could not carry kv_transfer_params: it is served as usual); a decode
   // engine first pulls a do_remote_prefill request's blocks, and a pull that fails answers 400.
   // Requests without kv_transfer_params are served whole, as vLLM serves them.
+  // With --simulate the transfer time is simulated (divided by --time-scale), and the pulled request skips
+  // its prefill in the decode engine's batch.
   kv_wait_ = {};
   const bool remote_decode = options_.role == kv_role::prefill && gen.kv_transfer &&
                              gen.kv_transfer->do_remote_decode && !gen.stream;
-  if (options_.role == kv_role::decode && gen.kv_transfer && gen.kv_transfer->do_remote_prefill) {
+  const bool remote_prefilled =
+      options_.role == kv_role::decode && gen.kv_transfer && gen.kv_transfer->do_remote_prefill;
+  if (remote_prefilled) {
+    // Not cancelled by the client's leaving: once sent, the pull completes (bounded), and reading the
+    // blocks is what frees them on the prefill engine.
     auto pulled = co_await pull_kv(*gen.kv_transfer);
     if (auto* why = std::get_if<std::string>(&pulled)) {
       engine_->metrics.kv_transfer_errors.fetch_add(1, std::memory_order_relaxed);
       co_return co_await reply(req, http::status::bad_request, json_type, error_body(*why, "BadRequestError", 400));
     }
     engine_->metrics.kv_transfers.fetch_add(1, std::memory_order_relaxed);
-    kv_wait_ = std::chrono::duration_cast<steady_clock::duration>(
-        options_.kv_transfer_per_block * static_cast<std::int64_t>(std::get<kv_pulled>(pulled).blocks));
+    const auto blocks = static_cast<double>(std::get<kv_pulled>(pulled).blocks);
+    const double scale = engine_->simulation != nullptr ? options_.time_scale : 1.0;
+    kv_wait_ = std::chrono::duration_cast<steady_clock::duration>(std::chrono::duration<double, std::nano>(
+        static_cast<double>(options_.kv_transfer_per_block.count()) * blocks / scale));
   }
 
   const auto request_id = sv(req["x-request-id"]);
@@ -583,7 +602,7 @@ asio::awaitable<bool> connection::serve_generation(const request& req, api_kind 
   generation_tracker tracker(engine_->metrics, gen.prompt_tokens);
   bool ok = false;
   if (engine_->simulation != nullptr) {
-    ok = co_await serve_simulated(req, gen, renderer, tracker);
+    ok = co_await serve_simulated(req, gen, renderer, tracker, remote_decode, remote_prefilled);
   } else if (gen.stream) {
     ok = co_await stream_tokens(req, gen, renderer, tracker);
   } else {
@@ -653,13 +672,36 @@ asio::awaitable<bool> connection::answer_at_once(const request& req, const gener
     co_return false;
   tracker.tokens(gen.max_tokens);
   tracker.finish();
-  if (remote_decode) {
-    const auto held = hold_for_decode(req, gen);
-    co_return co_await reply(req, http::status::ok, json_type,
-                             renderer.full_response(gen.prompt_tokens, gen.max_tokens, &held));
-  }
+  if (remote_decode) co_return co_await reply_holding(req, gen, renderer);
   co_return co_await reply(req, http::status::ok, json_type,
                            renderer.full_response(gen.prompt_tokens, gen.max_tokens));
+}
+
+// A prefill engine's answer to leg 1: the blocks are held, and the answer says where. An answer that could
+// not be written (the router went away) frees them at once: nobody will ever pull them.
+asio::awaitable<bool> connection::reply_holding(const request& req, const generation_request& gen,
+                                                const response_renderer& renderer) {
+  const auto held = hold_for_decode(req, gen);
+  const bool ok = co_await reply(req, http::status::ok, json_type,
+                                 renderer.full_response(gen.prompt_tokens, gen.max_tokens, &held));
+  if (reply_failed_) rank_.kv_holds->take(held.remote_engine_id, held.remote_request_id);
+  co_return ok;
+}
+
+// A decode request that ends before its pull (a fault's status or stall, a refusal, a client gone during a
+// stall) frees its blocks on the prefill engine at once, by reading them and dropping them, instead of
+// leaving them held until --kv-hold-timeout-ms: an aborted decode leaves no block held. Not counted as a
+// transfer; a failure is ignored (the hold then expires as before).
+asio::awaitable<void> connection::release_unpulled(const std::optional<kv_transfer_params>& kv) {
+  if (options_.role != kv_role::decode || !kv || !kv->do_remote_prefill) co_return;
+  co_await pull_kv(*kv);
+}
+
+// The same, from the request's body (read only for this: the faults come before the body is parsed).
+asio::awaitable<void> connection::release_unpulled(const request& req, api_kind kind) {
+  if (options_.role != kv_role::decode) co_return;
+  const auto parsed = parse_generation(req, kind);
+  if (const auto* gen = std::get_if<generation_request>(&parsed)) co_await release_unpulled(gen->kv_transfer);
 }
 
 // The prefill's blocks go into the process's hold table until a decode engine pulls them or the hold
@@ -667,8 +709,10 @@ asio::awaitable<bool> connection::answer_at_once(const request& req, const gener
 kv_transfer_params connection::hold_for_decode(const request& req, const generation_request& gen) {
   auto& table = *rank_.kv_holds;
   const auto request_id = sv(req["x-request-id"]);
+  // Simulated: the engine's block size (the blocks its cache computed); else vLLM's default.
+  const std::uint32_t block_size = options_.simulate ? options_.engine.kv.block_size : synthetic_block_size;
   auto held = table.hold(kv_engine_id(*engine_), request_id.empty() ? std::string_view("prefill") : request_id,
-                         blocks_for(gen.prompt_tokens, synthetic_block_size), gen.prompt_tokens, &engine_->metrics,
+                         blocks_for(gen.prompt_tokens, block_size), gen.prompt_tokens, &engine_->metrics,
                          steady_clock::now());
   beast::error_code ec;
   const auto local = stream_.socket().local_endpoint(ec);
@@ -698,23 +742,32 @@ asio::awaitable<bool> connection::serve_kv_pull(const request& req) {
 }
 
 // --simulate: the rank's engine paces the tokens (sim_engine.hpp). Leaving early, whatever the reason,
-// aborts the request in the engine (sim_request's destructor).
+// aborts the request in the engine (sim_request's destructor). `remote_decode`: a prefill engine's leg 1,
+// answered with the blocks held once its prompt is prefilled (its max_tokens, 1, produced). `remote_prefilled`:
+// a decode engine's leg 2 whose blocks were pulled: the transfer's time (kv_wait_, the stream's head already
+// sent), then the request joins the batch without its prefill.
 asio::awaitable<bool> connection::serve_simulated(const request& req, generation_request& gen,
-                                                  const response_renderer& renderer,
-                                                  generation_tracker& tracker) {
+                                                  const response_renderer& renderer, generation_tracker& tracker,
+                                                  bool remote_decode, bool remote_prefilled) {
+  if (gen.stream) {
+    if (!co_await write_sse_head(req)) co_return false;
+    // For send_now_or_later: asio's sockets are non-blocking underneath already, this only makes a
+    // synchronous send say would_block instead of waiting.
+    if (beast::error_code ec; !stream_.socket().non_blocking()) stream_.socket().non_blocking(true, ec);
+  }
+  if (kv_wait_.count() > 0 &&
+      !co_await unless_disconnected(stream_.socket(), sleep_until(steady_clock::now() + kv_wait_)))
+    co_return false;
   sim_request simulated(*engine_->simulation, engine_->sim_index, gen.prompt_tokens, std::move(gen.prompt_chain),
-                        gen.max_tokens, gen.stream, timer_);
+                        gen.max_tokens, gen.stream, timer_, remote_prefilled);
   if (!gen.stream) {
     if (!co_await unless_disconnected(stream_.socket(), await_simulated(simulated.state()))) co_return false;
     tracker.tokens(gen.max_tokens);
     tracker.finish();
+    if (remote_decode) co_return co_await reply_holding(req, gen, renderer);
     co_return co_await reply(req, http::status::ok, json_type,
                              renderer.full_response(gen.prompt_tokens, gen.max_tokens));
   }
-  if (!co_await write_sse_head(req)) co_return false;
-  // For send_now_or_later: asio's sockets are non-blocking underneath already, this only makes a
-  // synchronous send say would_block instead of waiting.
-  if (beast::error_code ec; !stream_.socket().non_blocking()) stream_.socket().non_blocking(true, ec);
   co_return co_await unless_disconnected(stream_.socket(),
                                          relay_simulated(simulated.state(), gen, renderer, tracker));
 }

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 #include <utility>
 
@@ -228,6 +229,15 @@ TEST_CASE("options: --kv-role is both by default, prefill or decode with their o
   CHECK(p.result.options->role == kv_role::decode);
   CHECK(p.result.options->kv_transfer_per_block == 1500ns);
 
+  // Both roles simulate: a prefill pays its prompt's prefill, a decode skips it.
+  for (const char* role : {"prefill", "decode"}) {
+    INFO(role);
+    p = parse({"--kv-role", role, "--simulate", "--dp-lockstep", "--ranks", "4"});
+    REQUIRE(p.result.options);
+    CHECK(p.result.options->simulate);
+    CHECK(p.result.options->role == (std::string_view(role) == "prefill" ? kv_role::prefill : kv_role::decode));
+  }
+
   const std::vector<std::vector<std::string>> refused = {
       {"--kv-role", "router"},
       {"--kv-hold-timeout-ms", "10"},  // needs prefill
@@ -235,7 +245,6 @@ TEST_CASE("options: --kv-role is both by default, prefill or decode with their o
       {"--kv-role", "prefill", "--kv-hold-timeout-ms", "0"},
       {"--kv-transfer-us-per-block", "10"},  // needs decode
       {"--kv-role", "decode", "--kv-transfer-us-per-block", "-1"},
-      {"--kv-role", "prefill", "--simulate"},  // not written yet
   };
   for (const auto& args : refused) {
     INFO(args.back());
