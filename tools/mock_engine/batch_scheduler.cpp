@@ -24,13 +24,14 @@ std::uint32_t padded_batch(std::uint32_t n, const std::vector<std::uint32_t>& si
 }
 
 void batch_scheduler::submit(request_id id, std::uint64_t prompt_tokens, std::uint64_t max_tokens,
-                             chain_builder chain, bool remote_prefilled) {
+                             chain_builder chain, bool remote_prefilled, bool hold) {
   request r;
   r.id = id;
   r.prompt = std::max<std::uint64_t>(prompt_tokens, 1);
   r.max_tokens = std::max<std::uint64_t>(max_tokens, 1);
   r.remote = remote_prefilled ? r.prompt - 1 : 0;
   r.prefill_left = r.prompt - r.remote;
+  r.hold = hold;
   r.tokens_left = r.max_tokens;
   r.chain = std::move(chain);
   prompt_pending_ += r.prefill_left;
@@ -58,6 +59,14 @@ bool batch_scheduler::abort(request_id id) {
     return true;
   }
   return false;
+}
+
+bool batch_scheduler::release_held(request_id id) {
+  const auto at = held_.find(id);
+  if (at == held_.end()) return false;
+  kv_.release(at->second);
+  held_.erase(at);
+  return true;
 }
 
 void batch_scheduler::schedule(request& r, std::uint64_t tokens, std::uint64_t& budget, rank_step& step) {
@@ -185,9 +194,13 @@ void batch_scheduler::end_step(std::uint32_t padded, std::vector<token_event>& o
     --decode_pending_;
     r.chain.add(generated_token);  // its KV is computed next step, in the block chain's order
     out.push_back(token_event{r.id, r.tokens_left == 0});
-    if (r.tokens_left == 0) {  // finished: its blocks are freed (and stay cached until reused)
+    if (r.tokens_left == 0) {  // finished: its blocks are freed (and stay cached until reused), or held
       kv_tokens_ -= r.kv;
-      kv_.release(r.blocks);
+      if (r.hold) {
+        held_.emplace(r.id, std::move(r.blocks));
+      } else {
+        kv_.release(r.blocks);
+      }
     }
   }
   std::erase_if(running_, [](const request& r) { return r.tokens_left == 0; });

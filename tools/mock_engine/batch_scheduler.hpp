@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -84,8 +85,16 @@ class batch_scheduler {
   // prefill engine and pulled; at admission the request takes blocks for the whole prompt but computes only
   // its last token (vLLM's NixlConnector hands over all but the last prompt token, which the decode engine
   // recomputes to sample), so its first step is a decode-sized one. A preempted one recomputes everything.
+  // `hold` (a prefill engine's leg 1, --kv-role prefill): once finished, the request's blocks stay allocated
+  // (neither free nor reusable) until release_held(id), as NixlConnector keeps them for the decode engine's
+  // read (vLLM's delayed freeing of a remote-decode request's blocks).
   void submit(request_id id, std::uint64_t prompt_tokens, std::uint64_t max_tokens,
-              chain_builder chain = chain_builder(), bool remote_prefilled = false);
+              chain_builder chain = chain_builder(), bool remote_prefilled = false, bool hold = false);
+
+  // Frees the blocks a finished `hold` request kept (they stay cached, as any freed block); false if the
+  // id holds none (never held, released already, or not finished: abort() frees a running one).
+  bool release_held(request_id id);
+  std::size_t held_requests() const { return held_.size(); }
 
   // Whether a request of this size fits the whole KV cache (vLLM refuses a longer context at its door).
   // Without overflow, whatever a client sends as max_tokens.
@@ -149,6 +158,7 @@ class batch_scheduler {
                                      // token so far after a preemption); 0 = decoding
     std::uint64_t remote = 0;        // waiting, remote_prefilled: prompt tokens whose KV arrived (not counted
                                      // in prefill_left); 0 once admitted
+    bool hold = false;               // finished: its blocks go to held_ instead of being freed
     std::uint64_t tokens_left = 0;   // tokens still to produce
     std::uint64_t scheduled = 0;  // tokens scheduled in the step in flight (0 = not in it)
     std::uint64_t kv = 0;         // tokens of KV it holds (computed or cached), counted in kv_tokens_
@@ -171,6 +181,7 @@ class batch_scheduler {
   kv_block_pool kv_;
   std::deque<request> waiting_;   // arrival order
   std::vector<request> running_;  // admission order
+  std::unordered_map<request_id, std::vector<block_id>> held_;  // finished `hold` requests' blocks
   bool stepping_ = false;
   std::uint32_t step_batch_ = 0;
   std::uint64_t steps_ = 0;

@@ -149,7 +149,8 @@ void kv_hold_table::release(const held& h) {
 }
 
 kv_transfer_params kv_hold_table::hold(std::string_view engine_id, std::string_view id_base, std::uint64_t blocks,
-                                       std::uint64_t prompt_tokens, engine_metrics* owner, clock::time_point now) {
+                                       std::uint64_t prompt_tokens, engine_metrics* owner, clock::time_point now,
+                                       std::function<void()> on_release) {
   kv_transfer_params params;
   params.do_remote_prefill = true;
   params.remote_engine_id = engine_id;
@@ -157,37 +158,47 @@ kv_transfer_params kv_hold_table::hold(std::string_view engine_id, std::string_v
   const std::lock_guard lock(mutex_);
   params.remote_request_id = std::string(id_base) + "-kv" + std::to_string(next_suffix_++);
   for (std::uint64_t b = 0; b < blocks; ++b) params.remote_block_ids.push_back(next_block_id_++);
-  holds_.emplace(key(engine_id, params.remote_request_id), held{blocks, prompt_tokens, now + timeout_, owner});
+  holds_.emplace(key(engine_id, params.remote_request_id),
+                 held{blocks, prompt_tokens, now + timeout_, owner, std::move(on_release)});
   blocks_held_ += blocks;
   if (owner != nullptr) owner->kv_blocks_held.fetch_add(static_cast<std::int64_t>(blocks), std::memory_order_relaxed);
   return params;
 }
 
 std::optional<kv_pulled> kv_hold_table::take(std::string_view engine_id, std::string_view request_id) {
-  const std::lock_guard lock(mutex_);
-  const auto found = holds_.find(key(engine_id, request_id));
-  if (found == holds_.end()) return std::nullopt;
-  const auto h = found->second;
-  holds_.erase(found);
-  blocks_held_ -= h.blocks;
-  release(h);
+  held h;
+  {
+    const std::lock_guard lock(mutex_);
+    const auto found = holds_.find(key(engine_id, request_id));
+    if (found == holds_.end()) return std::nullopt;
+    h = std::move(found->second);
+    holds_.erase(found);
+    blocks_held_ -= h.blocks;
+    release(h);
+  }
+  if (h.on_release) h.on_release();
   return kv_pulled{h.blocks, h.prompt_tokens};
 }
 
 std::size_t kv_hold_table::expire(clock::time_point now) {
-  const std::lock_guard lock(mutex_);
+  std::vector<std::function<void()>> releases;
   std::size_t expired = 0;
-  for (auto it = holds_.begin(); it != holds_.end();) {
-    if (it->second.deadline > now) {
-      ++it;
-      continue;
+  {
+    const std::lock_guard lock(mutex_);
+    for (auto it = holds_.begin(); it != holds_.end();) {
+      if (it->second.deadline > now) {
+        ++it;
+        continue;
+      }
+      blocks_held_ -= it->second.blocks;
+      release(it->second);
+      if (it->second.owner != nullptr) it->second.owner->kv_holds_expired.fetch_add(1, std::memory_order_relaxed);
+      if (it->second.on_release) releases.push_back(std::move(it->second.on_release));
+      it = holds_.erase(it);
+      ++expired;
     }
-    blocks_held_ -= it->second.blocks;
-    release(it->second);
-    if (it->second.owner != nullptr) it->second.owner->kv_holds_expired.fetch_add(1, std::memory_order_relaxed);
-    it = holds_.erase(it);
-    ++expired;
   }
+  for (const auto& on_release : releases) on_release();
   return expired;
 }
 

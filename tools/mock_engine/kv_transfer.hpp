@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -81,9 +82,11 @@ class kv_hold_table {
   // Holds `blocks` new block ids for a prefill of `prompt_tokens` tokens until now + timeout. The
   // request id is `id_base` suffixed with a counter ("<id_base>-kv<n>"), unique in the process even when
   // a client reuses its X-Request-Id. Returns the answer's params (do_remote_prefill set).
-  // `owner` (may be null) is the holding engine's metrics.
+  // `owner` (may be null) is the holding engine's metrics. `on_release` (may be empty) runs once when the
+  // hold goes, taken or expired, outside the table's lock (with --simulate: it frees the engine's blocks).
   kv_transfer_params hold(std::string_view engine_id, std::string_view id_base, std::uint64_t blocks,
-                          std::uint64_t prompt_tokens, engine_metrics* owner, clock::time_point now);
+                          std::uint64_t prompt_tokens, engine_metrics* owner, clock::time_point now,
+                          std::function<void()> on_release = {});
 
   // The hold, removed: a second take of it (or one after expiry) finds nothing, as NIXL reads once.
   std::optional<kv_pulled> take(std::string_view engine_id, std::string_view request_id);
@@ -100,6 +103,7 @@ class kv_hold_table {
     std::uint64_t prompt_tokens = 0;
     clock::time_point deadline;
     engine_metrics* owner = nullptr;
+    std::function<void()> on_release;
   };
   static std::string key(std::string_view engine_id, std::string_view request_id);
   static void release(const held& h);

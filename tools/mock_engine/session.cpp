@@ -208,7 +208,7 @@ class connection final : public closable_connection {
                                         const response_renderer& renderer, generation_tracker& tracker,
                                         bool remote_decode, bool remote_prefilled);
   asio::awaitable<bool> reply_holding(const request& req, const generation_request& gen,
-                                      const response_renderer& renderer);
+                                      const response_renderer& renderer, std::function<void()> on_release = {});
   asio::awaitable<void> release_unpulled(const std::optional<kv_transfer_params>& kv);
   asio::awaitable<void> release_unpulled(const request& req, api_kind kind);
   asio::awaitable<bool> relay_simulated(const sim_stream& state, const generation_request& gen,
@@ -218,7 +218,8 @@ class connection final : public closable_connection {
   asio::awaitable<bool> send_now_or_later(std::string_view data);
   asio::awaitable<bool> serve_stream_probe(const request& req, std::string_view query);
   asio::awaitable<bool> serve_kv_pull(const request& req);
-  kv_transfer_params hold_for_decode(const request& req, const generation_request& gen);
+  kv_transfer_params hold_for_decode(const request& req, const generation_request& gen,
+                                     std::function<void()> on_release);
   asio::awaitable<bool> emit_probe_events(const stream_probe_params& params, bool& finished);
   asio::awaitable<bool> sleep_until(steady_clock::time_point deadline);
   asio::awaitable<bool> write_sse_head(const request& req);
@@ -679,9 +680,10 @@ asio::awaitable<bool> connection::answer_at_once(const request& req, const gener
 
 // A prefill engine's answer to leg 1: the blocks are held, and the answer says where. An answer that could
 // not be written (the router went away) frees them at once: nobody will ever pull them.
+// `on_release`: with --simulate, what frees the engine's blocks when the hold goes (sim_request::hand_over_hold).
 asio::awaitable<bool> connection::reply_holding(const request& req, const generation_request& gen,
-                                                const response_renderer& renderer) {
-  const auto held = hold_for_decode(req, gen);
+                                                const response_renderer& renderer, std::function<void()> on_release) {
+  const auto held = hold_for_decode(req, gen, std::move(on_release));
   const bool ok = co_await reply(req, http::status::ok, json_type,
                                  renderer.full_response(gen.prompt_tokens, gen.max_tokens, &held));
   if (reply_failed_) rank_.kv_holds->take(held.remote_engine_id, held.remote_request_id);
@@ -706,14 +708,15 @@ asio::awaitable<void> connection::release_unpulled(const request& req, api_kind 
 
 // The prefill's blocks go into the process's hold table until a decode engine pulls them or the hold
 // timeout frees them; the answer names this engine and the port that served it, where the pull must go.
-kv_transfer_params connection::hold_for_decode(const request& req, const generation_request& gen) {
+kv_transfer_params connection::hold_for_decode(const request& req, const generation_request& gen,
+                                               std::function<void()> on_release) {
   auto& table = *rank_.kv_holds;
   const auto request_id = sv(req["x-request-id"]);
   // Simulated: the engine's block size (the blocks its cache computed); else vLLM's default.
   const std::uint32_t block_size = options_.simulate ? options_.engine.kv.block_size : synthetic_block_size;
   auto held = table.hold(kv_engine_id(*engine_), request_id.empty() ? std::string_view("prefill") : request_id,
                          blocks_for(gen.prompt_tokens, block_size), gen.prompt_tokens, &engine_->metrics,
-                         steady_clock::now());
+                         steady_clock::now(), std::move(on_release));
   beast::error_code ec;
   const auto local = stream_.socket().local_endpoint(ec);
   held.remote_host = ec ? options_.host : local.address().to_string();
@@ -759,12 +762,12 @@ asio::awaitable<bool> connection::serve_simulated(const request& req, generation
       !co_await unless_disconnected(stream_.socket(), sleep_until(steady_clock::now() + kv_wait_)))
     co_return false;
   sim_request simulated(*engine_->simulation, engine_->sim_index, gen.prompt_tokens, std::move(gen.prompt_chain),
-                        gen.max_tokens, gen.stream, timer_, remote_prefilled);
+                        gen.max_tokens, gen.stream, timer_, remote_prefilled, remote_decode);
   if (!gen.stream) {
     if (!co_await unless_disconnected(stream_.socket(), await_simulated(simulated.state()))) co_return false;
     tracker.tokens(gen.max_tokens);
     tracker.finish();
-    if (remote_decode) co_return co_await reply_holding(req, gen, renderer);
+    if (remote_decode) co_return co_await reply_holding(req, gen, renderer, simulated.hand_over_hold());
     co_return co_await reply(req, http::status::ok, json_type,
                              renderer.full_response(gen.prompt_tokens, gen.max_tokens));
   }

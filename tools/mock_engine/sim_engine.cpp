@@ -23,7 +23,7 @@ constexpr unsigned max_steps_per_turn = 16;
 
 sim_stream::sim_stream(sim::request_id id, unsigned engine, std::uint64_t prompt_tokens,
                        sim::chain_builder prompt_chain, std::uint64_t max_tokens, bool wake_each_token,
-                       asio::steady_timer& waker, bool remote_prefilled)
+                       asio::steady_timer& waker, bool remote_prefilled, bool hold)
     : id_(id),
       engine_(engine),
       prompt_tokens_(prompt_tokens),
@@ -31,6 +31,7 @@ sim_stream::sim_stream(sim::request_id id, unsigned engine, std::uint64_t prompt
       max_tokens_(max_tokens),
       wake_each_token_(wake_each_token),
       remote_prefilled_(remote_prefilled),
+      hold_(hold),
       executor_(waker.get_executor()),
       context_(&asio::query(waker.get_executor(), asio::execution::context)),
       waker_(&waker) {}
@@ -149,7 +150,7 @@ void sim_engine::enqueue(std::shared_ptr<sim_stream> stream) {
   if (clocks_.empty()) return;  // shut down meanwhile
   const auto engine = stream->engine_;
   schedulers_[engine]->submit(stream->id_, stream->prompt_tokens_, stream->max_tokens_,
-                              std::move(stream->prompt_chain_), stream->remote_prefilled_);
+                              std::move(stream->prompt_chain_), stream->remote_prefilled_, stream->hold_);
   streams_.emplace(stream->id_, std::move(stream));
   ++arrived_;
   if (arrived_ < start_after_) return;  // held: the burst is not all here yet
@@ -175,9 +176,21 @@ void sim_engine::enqueue(std::shared_ptr<sim_stream> stream) {
 
 void sim_engine::remove(const sim_stream& stream) {
   if (clocks_.empty()) return;
-  if (streams_.erase(stream.id_) == 0) return;  // finished meanwhile
-  schedulers_[stream.engine_]->abort(stream.id_);
+  auto& scheduler = *schedulers_[stream.engine_];
+  if (streams_.erase(stream.id_) != 0) {
+    scheduler.abort(stream.id_);
+  } else if (!stream.hold_ || !scheduler.release_held(stream.id_)) {
+    return;  // finished meanwhile (a `hold` request's blocks, kept, are freed: nobody will pull them now)
+  }
   publish(*clocks_[clock_of_engine_[stream.engine_]]);
+}
+
+void sim_engine::release_held(unsigned scheduler, sim::request_id id) {
+  if (!accepting()) return;
+  asio::post(context_, [this, scheduler, id] {
+    if (clocks_.empty()) return;
+    if (schedulers_[scheduler]->release_held(id)) publish(*clocks_[clock_of_engine_[scheduler]]);
+  });
 }
 
 void sim_engine::kick(unsigned clock) {
@@ -295,16 +308,22 @@ steady_clock::time_point sim_engine::wall_time(sim::sim_time t) const {
 
 sim_request::sim_request(sim_engine& engine, unsigned scheduler, std::uint64_t prompt_tokens,
                          sim::chain_builder prompt_chain, std::uint64_t max_tokens, bool stream,
-                         asio::steady_timer& waker, bool remote_prefilled)
+                         asio::steady_timer& waker, bool remote_prefilled, bool hold)
     : engine_(engine),
       stream_(std::make_shared<sim_stream>(engine.next_id(), scheduler, prompt_tokens, std::move(prompt_chain),
-                                           max_tokens, stream, waker, remote_prefilled)) {
+                                           max_tokens, stream, waker, remote_prefilled, hold)) {
   engine_.submit(stream_);
 }
 
 sim_request::~sim_request() {
   stream_->waker_ = nullptr;  // a wake still on its way finds nobody listening
-  if (!stream_->finished()) engine_.abort(std::move(stream_));
+  // Unfinished: aborted. Finished with blocks held that nobody took over: freed (remove() does both).
+  if (!stream_->finished() || (stream_->hold_ && !handed_over_)) engine_.abort(std::move(stream_));
+}
+
+std::function<void()> sim_request::hand_over_hold() {
+  handed_over_ = true;
+  return [engine = &engine_, scheduler = stream_->engine_, id = stream_->id_] { engine->release_held(scheduler, id); };
 }
 
 }  // namespace dplb::mock

@@ -16,6 +16,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -39,7 +40,7 @@ class sim_stream {
   // `waker` is the session's timer; its executor is the session's thread.
   sim_stream(sim::request_id id, unsigned engine, std::uint64_t prompt_tokens,
              sim::chain_builder prompt_chain, std::uint64_t max_tokens, bool wake_each_token,
-             boost::asio::steady_timer& waker, bool remote_prefilled = false);
+             boost::asio::steady_timer& waker, bool remote_prefilled = false, bool hold = false);
 
   // Tokens produced so far (each at the end of a step), up to max_tokens.
   std::uint64_t produced() const { return produced_.load(std::memory_order_acquire); }
@@ -62,6 +63,7 @@ class sim_stream {
   const std::uint64_t max_tokens_;
   const bool wake_each_token_;  // false (non-streaming): only the last token wakes the session
   const bool remote_prefilled_;  // --kv-role decode: the prompt's KV was pulled (batch_scheduler::submit)
+  const bool hold_;              // --kv-role prefill: the blocks stay allocated once finished (ditto)
   const boost::asio::any_io_executor executor_;    // the session's
   boost::asio::execution_context* const context_;  // the session's event loop
   boost::asio::steady_timer* waker_;  // the session's timer; null once the session stopped listening
@@ -100,6 +102,10 @@ class sim_engine {
   // cached, and AllBlocksCleared is published at once (after the events of the step in flight so far).
   // Thread 0 only.
   void reset_prefix_cache(unsigned scheduler);
+
+  // Frees the blocks a finished `hold` request of scheduler `scheduler` kept (batch_scheduler::release_held):
+  // its hold was pulled, expired, or never handed out. Any thread; ignored once shut down.
+  void release_held(unsigned scheduler, sim::request_id id);
 
  private:
   friend class sim_request;
@@ -151,19 +157,25 @@ class sim_engine {
 class sim_request {
  public:
   // `scheduler`: the engine's sim_index. `remote_prefilled`: a decode engine's request whose prompt KV
-  // was pulled from a prefill engine; it skips the prefill (batch_scheduler::submit).
+  // was pulled from a prefill engine; it skips the prefill (batch_scheduler::submit). `hold`: a prefill
+  // engine's leg 1, whose blocks stay allocated once it finished, until the function hand_over_hold() returns
+  // is called (or, never handed over, until this sim_request goes).
   sim_request(sim_engine& engine, unsigned scheduler, std::uint64_t prompt_tokens,
               sim::chain_builder prompt_chain, std::uint64_t max_tokens, bool stream,
-              boost::asio::steady_timer& waker, bool remote_prefilled = false);
+              boost::asio::steady_timer& waker, bool remote_prefilled = false, bool hold = false);
   ~sim_request();
   sim_request(const sim_request&) = delete;
   sim_request& operator=(const sim_request&) = delete;
 
   const sim_stream& state() const { return *stream_; }
 
+  // Once finished, with `hold`: what frees the held blocks (any thread, once); the caller owns it from now.
+  std::function<void()> hand_over_hold();
+
  private:
   sim_engine& engine_;
   std::shared_ptr<sim_stream> stream_;
+  bool handed_over_ = false;
 };
 
 }  // namespace dplb::mock

@@ -179,3 +179,32 @@ TEST_CASE("kv hold table: an unread hold expires at its deadline, and is gone", 
   CHECK(metrics.kv_holds_expired == 1);
   CHECK(table.blocks_held() == 0);
 }
+
+TEST_CASE("kv hold table: a hold's release runs once, when it is taken or expires, outside the lock",
+          "[kv_transfer]") {
+  kv_hold_table table(1000ms);
+  const auto t0 = kv_hold_table::clock::time_point{} + 1h;
+  int taken_released = 0;
+  int expired_released = 0;
+  // The release may use the table again (it runs outside its lock).
+  const auto taken = table.hold("e", "taken", 3, 40, nullptr, t0, [&] {
+    ++taken_released;
+    CHECK(table.size() == 1);
+  });
+  table.hold("e", "expired", 2, 20, nullptr, t0, [&] {
+    ++expired_released;
+    CHECK(table.blocks_held() == 0);
+  });
+  CHECK_FALSE(table.take("e", "nope"));
+  CHECK(taken_released == 0);
+  REQUIRE(table.take("e", taken.remote_request_id));
+  CHECK(taken_released == 1);
+  CHECK_FALSE(table.take("e", taken.remote_request_id));
+  CHECK(taken_released == 1);
+  CHECK(table.expire(t0 + 999ms) == 0);
+  CHECK(expired_released == 0);
+  CHECK(table.expire(t0 + 1000ms) == 1);
+  CHECK(expired_released == 1);
+  CHECK(table.expire(t0 + 2000ms) == 0);
+  CHECK(expired_released == 1);
+}

@@ -2,6 +2,7 @@
 // as vLLM's disaggregated router does. Waits are on /metrics (await_metrics), never on time.
 
 #include <catch2/catch.hpp>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -206,6 +207,15 @@ std::vector<std::string> simulated(const char* role, std::vector<std::string> mo
   return args;
 }
 
+// vllm:kv_cache_usage_perc of the port's engines, summed: the share of their KV blocks in use.
+double kv_usage(const std::map<std::string, double>& metrics) {
+  double sum = 0;
+  for (const auto& [key, value] : metrics) {
+    if (key.rfind("vllm:kv_cache_usage_perc{", 0) == 0) sum += value;
+  }
+  return sum;
+}
+
 // Leg 2 on a connection of its own, left open: the caller closes it (the client goes away).
 // `engine`: sent as X-data-parallel-rank, unless negative.
 std::unique_ptr<http_connection> start_leg2(const mock_engine& decode, const json& client, const json& answer,
@@ -225,7 +235,7 @@ std::unique_ptr<http_connection> start_leg2(const mock_engine& decode, const jso
 
 TEST_CASE("mock pd: with --simulate a prefill pays its prompt's prefill, a decode joins the batch without it",
           "[mock][pd][sim]") {
-  mock_engine prefill(1, simulated("prefill"));
+  mock_engine prefill(1, simulated("prefill", {"--kv-blocks", "100"}));
   mock_engine decode(1, simulated("decode", {"--kv-transfer-us-per-block", "100"}));
   const json client = {{"model", "mock-model"}, {"prompt", long_prompt()}, {"max_tokens", 3}, {"stream", true}};
 
@@ -234,6 +244,7 @@ TEST_CASE("mock pd: with --simulate a prefill pays its prompt's prefill, a decod
   CHECK(answer["kv_transfer_params"]["remote_block_ids"].size() == 3);  // 40 tokens, --block-size 16
   const auto p = scrape_metrics(prefill.ports()[0]);
   CHECK(p.at(held_key) == 3);
+  CHECK(kv_usage(p) == Approx(0.03));  // the held blocks stay allocated in the prefill engine's cache
   // One step: 15 ms + 0.15 ms (a batch of 1) + 40 prompt tokens x 1 ms.
   CHECK(p.at(steps_key) == 1);
   CHECK(p.at(step_seconds_key) == Approx(0.05515).margin(1e-9));
@@ -250,6 +261,7 @@ TEST_CASE("mock pd: with --simulate a prefill pays its prompt's prefill, a decod
   CHECK(d.at(padded_key) == 3);
   CHECK(d.at(real_key) == 3);
   CHECK(await_metrics(prefill.ports()[0], [](const auto& m) { return m.at(held_key) == 0; }).at(held_key) == 0);
+  CHECK(kv_usage(await_metrics(prefill.ports()[0], [](const auto& m) { return kv_usage(m) == 0; })) == 0);
 
   // Without kv_transfer_params the decode engine prefills the prompt itself (co-located fallback); 40
   // other words, so that its prefix cache (which keeps the pulled prompt's blocks) has none of them.
@@ -298,6 +310,17 @@ TEST_CASE("mock pd: with --simulate --dp-lockstep pulled requests share the deco
           for (int e = 0; e < 4; ++e) held += m.at("mock_kv_blocks_held{engine=\"" + std::to_string(e) + "\"}");
           return held == 0;
         }).at(held_key) == 0);
+}
+
+TEST_CASE("mock pd: with --simulate an expired hold frees the prefill engine's blocks", "[mock][pd][sim]") {
+  mock_engine prefill(1, simulated("prefill", {"--kv-blocks", "100", "--kv-hold-timeout-ms", "200"}));
+  const json client = {{"model", "mock-model"}, {"prompt", long_prompt()}, {"max_tokens", 2}};
+  run_leg1(prefill, client, "expiring");
+  CHECK(kv_usage(scrape_metrics(prefill.ports()[0])) == Approx(0.03));
+  const auto m = await_metrics(prefill.ports()[0], [](const auto& m) { return kv_usage(m) == 0; });
+  CHECK(kv_usage(m) == 0);
+  CHECK(m.at(expired_key) == 1);
+  CHECK(m.at(held_key) == 0);
 }
 
 TEST_CASE("mock pd: a decode that fails or is abandoned leaves no block held on the prefill", "[mock][pd]") {

@@ -504,3 +504,35 @@ TEST_CASE("a remote-prefilled burst on 4 lockstep decode ranks pads only when sp
   // plus 64 x 20 us once.
   CHECK(even_makespan == 32 * 24'600us + 64 * 20us);
 }
+
+TEST_CASE("a held request's blocks stay allocated once it finished, until released", "[sim][pd]") {
+  engine_config c = decode_only();
+  batch_scheduler s(c);
+  s.submit(1, 40, 1, chain_builder(), false, /*hold=*/true);
+  s.submit(2, 40, 1);
+  std::vector<token_event> out;
+  s.begin_step();
+  s.end_step(2, out);
+  REQUIRE(out.size() == 2);
+  CHECK_FALSE(s.has_work());
+  CHECK(s.held_requests() == 1);
+  CHECK(s.kv_cache().used_blocks() == 3);  // request 1's ceil(40 / 16); request 2's are free
+  CHECK(s.kv_tokens() == 0);               // held, not running
+  CHECK_FALSE(s.release_held(2));          // never held
+  CHECK(s.release_held(1));
+  CHECK_FALSE(s.release_held(1));  // once
+  CHECK(s.kv_cache().used_blocks() == 0);
+  CHECK(s.held_requests() == 0);
+}
+
+TEST_CASE("a held request aborted before it finished frees its blocks and holds nothing", "[sim][pd]") {
+  engine_config c = decode_only();
+  batch_scheduler s(c);
+  s.submit(1, 40, 3, chain_builder(), false, true);
+  std::vector<token_event> out;
+  s.begin_step();
+  s.end_step(1, out);
+  CHECK(s.abort(1));
+  CHECK(s.held_requests() == 0);
+  CHECK(s.kv_cache().used_blocks() == 0);
+}
