@@ -100,8 +100,6 @@ for role, urls in pools.items():
         listed = sorted(int(port or 80) for h, port in endpoints if h == host)
         check(listed == sorted(served),
               f"dplb-pd's --{role} lists each of {host}'s rank ports once: {listed}, served {sorted(served)}")
-        check(not any("dp=" in url for url in urls) or int(option(engine_args, "--dp") or 1) > 1,
-              f"dplb-pd's --{role} URLs on {host} have no #dp=N unless the mock serves --dp N")
         # The role's options, with --simulate's absence (the roles refuse it), on ephemeral ports here.
         local = list(engine_args)
         for flag in ("--host", "--port"):
@@ -136,8 +134,6 @@ check(scraped == {"dplb"} | set(hosts), f"Prometheus scrapes dplb and every rank
 
 
 # KV-cache events: which services publish them (vLLM's --kv-events-config) and on which ports.
-
-
 def fragment(url):
     """The options after '#' in a backend URL, `dp=4&kv-events=tcp://h:5557`, as a dict."""
     return dict(option.split("=", 1) for option in url.partition("#")[2].split("&") if option)
