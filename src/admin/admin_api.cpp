@@ -73,6 +73,7 @@ json rank_json(const upstream::rank_status& r) {
               {"dp", r.dp},
               {"backend_state", upstream::name_of(r.backend)},
               {"cluster", r.cluster},
+              {"role", config::role_name(r.role)},
               {"policy", r.policy},
               {"weight", r.weight},
               {"flags", std::move(names)},
@@ -360,13 +361,28 @@ response admin_api::add_backend(const call& c) const {
   if (!body) return refusal;
   auto spec = backend_in(*body, true, refusal);
   if (!spec) return refusal;
-  // The cluster it joins: by name, else the default one.
-  spec->cluster = default_cluster_;
-  if (const auto cluster = body->find("cluster"); cluster != body->end()) {
-    const auto named = cluster->is_string() ? registry_.cluster_named(cluster->get<std::string>()) : std::nullopt;
-    if (!named) return error(400, "\"cluster\" must name a cluster of the configuration; GET /backends shows them");
-    spec->cluster = *named;
+  // The cluster it joins: by name, else the default one; of a disaggregated cluster, the pool "role" names
+  // (prefill or decode; decode when it names none).
+  auto role = config::rank_role::both;
+  if (const auto given = body->find("role"); given != body->end()) {
+    const auto text = given->is_string() ? given->get<std::string>() : std::string();
+    if (text != "prefill" && text != "decode" && text != "both") {
+      return error(400, "\"role\" must be \"prefill\" or \"decode\" (a disaggregated cluster's pools), or \"both\"");
+    }
+    role = text == "prefill" ? config::rank_role::prefill : text == "decode" ? config::rank_role::decode : role;
   }
+  const auto cluster_name = registry_.cluster_name(default_cluster_);
+  const auto cluster = body->find("cluster");
+  if (cluster != body->end() && !cluster->is_string()) {
+    return error(400, "\"cluster\" must name a cluster of the configuration; GET /backends shows them");
+  }
+  const auto named = registry_.cluster_named(cluster != body->end() ? cluster->get<std::string>() : cluster_name, role);
+  if (!named) {
+    return error(400, cluster != body->end() && !registry_.cluster_named(cluster->get<std::string>())
+                          ? "\"cluster\" must name a cluster of the configuration; GET /backends shows them"
+                          : "that cluster has no pool with this \"role\"; GET /backends shows each rank's role");
+  }
+  spec->cluster = *named;
   try {
     return json_response(201, backend_json(registry_.status_of(registry_.add(*spec))));
   } catch (const upstream::backend_change_error& e) {

@@ -178,15 +178,28 @@ std::vector<std::string> cluster_names(const config::settings& s) {
   return out;
 }
 
+std::vector<config::rank_role> cluster_roles(const config::settings& s) {
+  std::vector<config::rank_role> out;
+  for (const auto& c : s.clusters) out.push_back(c.role);
+  return out;
+}
+
 // The backends of a configuration read again (SIGHUP), numbered by the running clusters: those are fixed
-// at start-up, so a backend joins the running cluster of its name, and a new name is refused.
+// at start-up, so a backend joins the running cluster of its name (of a disaggregated one, the pool of its
+// role), and a new name, or a cluster that changed between co-located and disaggregated, is refused.
 std::vector<config::backend_spec> backends_for_reload(const config::settings& running, const config::settings& fresh) {
   std::vector<config::backend_spec> out;
   for (auto spec : fresh.backends) {
     const auto& name = fresh.clusters.at(spec.cluster).name;
-    const auto same = std::ranges::find(running.clusters, name, &config::cluster_spec::name);
+    const auto same = std::ranges::find_if(running.clusters, [&](const config::cluster_spec& c) {
+      return c.name == name && c.role == spec.role;
+    });
     if (same == running.clusters.end()) {
-      throw config::config_error("cluster '" + name + "' is new: clusters change only with a restart");
+      const bool known = std::ranges::find(running.clusters, name, &config::cluster_spec::name) != running.clusters.end();
+      throw config::config_error("cluster '" + name + "' is " +
+                                 (known ? "now " + std::string(spec.role == config::rank_role::both ? "co-located" : "disaggregated")
+                                        : std::string("new")) +
+                                 ": clusters change only with a restart");
     }
     if (same->models != fresh.clusters[spec.cluster].models || same->policy != fresh.clusters[spec.cluster].policy) {
       spdlog::warn("SIGHUP: cluster '{}' has other models or another policy in the configuration; those change "
@@ -259,7 +272,8 @@ struct application::impl {
         stats_interval(config::engine_stats_interval(settings, uses_engine_stats(settings))),
         stats(topology, balancer, stats_interval,
               std::min(settings.health_check_timeout, std::max(stats_interval, std::chrono::milliseconds(50)))),
-        registry(topology, balancer, metrics, health, cluster_names(settings)),
+        registry(topology, balancer, metrics, health, cluster_names(settings), upstream::resolve_backend,
+                 cluster_roles(settings)),
         models(settings),
         shared{settings, topology, balancer, metrics, health, models},
         signals(signal_io, SIGINT, SIGTERM),
@@ -299,8 +313,9 @@ struct application::impl {
     for (const auto& h : topology.ranks()) {
       balancer.set_weight(h.rank, h.weight);
       // As the backend registry adds a rank at run time. Before any worker runs: no scrape can miss it.
-      metrics.add_rank(topology.backends()[h.backend].url, settings.clusters.at(h.cluster).name);
+      metrics.add_rank(topology.backends()[h.backend].url, settings.clusters.at(h.cluster).name, h.role);
     }
+    if (config::any_cluster_disaggregated(settings)) metrics.observe_disaggregation();
     const upstream::pool_limits limits{settings.upstream_connect_timeout, settings.upstream_idle_timeout,
                                        settings.upstream_max_idle_per_rank};
     auto endpoint = listen_endpoint(settings.listen);
@@ -499,7 +514,7 @@ int application::run() {
   spdlog::info("dplb {} listening on {} policy={} threads={} backends={} max_open_files={}", version(),
                listen_address(), s.settings.policy, s.workers.size(), backend_list, open_files);
 
-  if (s.models.by_model()) {
+  if (s.models.by_model() || config::any_cluster_disaggregated(s.settings)) {
     for (std::size_t c = 0; c < s.settings.clusters.size(); ++c) {
       const auto& cluster = s.settings.clusters[c];
       std::string ranks;
@@ -508,7 +523,8 @@ int application::run() {
       }
       std::string models;
       for (const auto& m : cluster.models) models += (models.empty() ? "" : ",") + m;
-      spdlog::info("cluster {}{}: policy={} ranks={} models={}", cluster.name,
+      spdlog::info("cluster {}{}{}: policy={} ranks={} models={}", cluster.name,
+                   cluster.role == config::rank_role::both ? "" : " " + std::string(config::role_name(cluster.role)),
                    c == s.settings.default_cluster ? " (default)" : "", cluster.policy, ranks, models);
     }
   }
@@ -537,10 +553,18 @@ int application::run() {
   s.side_channels.start();
   if (s.kv_feed) {
     s.kv_subscriber->start();
-    if (config::any_backend_has_kv_events(s.settings) && !config::any_cluster_uses(s.settings, "prefix-aware")) {
+    if (config::any_backend_has_kv_events(s.settings) && !config::any_cluster_uses(s.settings, "prefix-aware") &&
+        !(config::any_cluster_disaggregated(s.settings) && s.settings.pd_skip_prefill_ratio > 0)) {
       spdlog::warn("backends publish KV-cache events (#kv-events=) but no cluster uses --policy prefix-aware: "
                    "dplb indexes them (dplb_kv_blocks) and routes without them");
     }
+  }
+  if (s.settings.pd_skip_prefill_ratio > 0 &&
+      !std::ranges::any_of(s.settings.backends, [](const config::backend_spec& b) {
+        return b.role == config::rank_role::decode && b.kv_events;
+      })) {
+    spdlog::warn("--pd-skip-prefill-ratio is set but no --decode backend publishes KV-cache events (#kv-events=): "
+                 "every request runs both legs");
   }
   if (s.balancer.active_policy().name() == "engine-stats") {
     spdlog::info("policy engine-stats is a baseline for benchmarks, not for serving (see docs/benchmarks.md)");

@@ -15,7 +15,8 @@ namespace {
 using balancer::policy_names;
 
 // The keys of one cluster's object.
-constexpr std::array<std::string_view, 5> cluster_keys{"name", "models", "backends", "policy", "default"};
+constexpr std::array<std::string_view, 8> cluster_keys{"name",    "models",  "backends",       "policy",
+                                                        "default", "prefill", "decode", "prefill_policy"};
 
 // nlohmann keeps the last of two equal keys; a repeated key is as likely a mistake as an unknown one, in the
 // file's own object and in the objects inside it (a cluster's two "models" would drop the first silently).
@@ -165,34 +166,65 @@ std::vector<std::string> cluster_models_of(const cluster_source& c) {
   return names;
 }
 
-// The cluster's backends, appended to `ranks` (global rank order) and checked as --backend checks a list.
-void add_cluster_backends(const cluster_source& c, const std::string& name, rank_list& ranks) {
-  const auto backends = c.object.find("backends");
-  if (backends == c.object.end()) {
-    throw config_error(c.label + " has no \"backends\"; list the URLs of the engines that serve its models");
-  }
-  const auto texts = url_texts_from_json(*backends);
+// One of the cluster's lists ("backends", "prefill" or "decode"), appended to `ranks` (global rank order) in
+// cluster `index` with `role`, checked as --backend checks a list.
+void add_cluster_list(const cluster_source& c, std::string_view key, std::size_t index, rank_role role,
+                      const std::string& name, rank_list& ranks) {
+  const auto list = c.object.find(key);
+  const auto texts = url_texts_from_json(*list);
   if (!texts) {
     // Name the type of what is wrong: the list itself, or the first entry that is not a string.
     const auto not_text = [](const json& entry) { return !entry.is_string(); };
-    const bool list = backends->is_array();
-    throw c.wrong_type("backends", "an array of URL strings",
-                       list ? *std::find_if(backends->begin(), backends->end(), not_text) : *backends);
+    throw c.wrong_type(std::string(key), "an array of URL strings",
+                       list->is_array() ? *std::find_if(list->begin(), list->end(), not_text) : *list);
   }
   if (texts->empty()) {
-    throw config_error("\"backends\" of " + c.label + " is empty; list the URLs of the engines that serve its models");
+    throw config_error("\"" + std::string(key) + "\" of " + c.label + " is empty; list the URLs of the engines that serve its models");
   }
-  ranks.add(raw_value{*texts, " (from \"backends\" of " + c.label + ")"}, c.index, name);
+  const auto& option = role == rank_role::prefill ? prefill_option() : role == rank_role::decode ? decode_option() : backend_option();
+  ranks.add(raw_value{*texts, " (from \"" + std::string(key) + "\" of " + c.label + ")"}, index, name, role, option);
+}
+
+// The cluster's backends: "backends" (co-located ranks), or "prefill" and "decode" (disaggregated: the
+// prefill ranks go to cluster `prefill_index`, its companion). Returns the cluster's role.
+rank_role add_cluster_backends(const cluster_source& c, const std::string& name, std::size_t prefill_index,
+                               rank_list& ranks) {
+  const bool colocated = c.object.contains("backends");
+  const bool prefill = c.object.contains("prefill"), decode = c.object.contains("decode");
+  if (colocated && (prefill || decode)) {
+    throw config_error(c.label + " has both \"backends\" and \"prefill\"/\"decode\"; give \"backends\" for "
+                       "co-located ranks, or \"prefill\" with \"decode\" for disaggregated ones");
+  }
+  if (colocated) {
+    if (c.object.contains("prefill_policy")) {
+      throw config_error(c.label + " has a \"prefill_policy\" but no \"prefill\" ranks; remove it, or list "
+                         "\"prefill\" and \"decode\" instead of \"backends\"");
+    }
+    add_cluster_list(c, "backends", c.index, rank_role::both, name, ranks);
+    return rank_role::both;
+  }
+  if (!prefill && !decode) {
+    throw config_error(c.label + " has no \"backends\"; list the URLs of the engines that serve its models (or "
+                       "\"prefill\" and \"decode\" for disaggregated serving)");
+  }
+  if (!prefill || !decode) {
+    throw config_error(c.label + " has \"" + (prefill ? "prefill" : "decode") + "\" without \"" +
+                       (prefill ? "decode" : "prefill") + "\"; a disaggregated cluster needs both pools");
+  }
+  add_cluster_list(c, "prefill", prefill_index, rank_role::prefill, name, ranks);
+  add_cluster_list(c, "decode", c.index, rank_role::decode, name, ranks);
+  return rank_role::decode;
 }
 
 // The cluster's own policy, validated as --policy is; the top-level policy when it sets none.
-std::string cluster_policy_of(const cluster_source& c, const std::string& default_policy) {
-  const auto policy = c.object.find("policy");
+// (`key` "prefill_policy": its prefill pool's, validated alike; the top-level prefill_policy when it sets none.)
+std::string cluster_policy_of(const cluster_source& c, const std::string& default_policy, const std::string& key = "policy") {
+  const auto policy = c.object.find(key);
   if (policy == c.object.end()) return default_policy;
-  if (!policy->is_string()) throw c.wrong_type("policy", "a string", *policy);
+  if (!policy->is_string()) throw c.wrong_type(key, "a string", *policy);
   const auto choice = canonical_choice(policy_names, policy->get<std::string>());
   if (!choice) {
-    throw config_error("invalid \"policy\" '" + policy->get<std::string>() + "' of " + c.label + ": expected " +
+    throw config_error("invalid \"" + key + "\" '" + policy->get<std::string>() + "' of " + c.label + ": expected " +
                        join(policy_names, ", ", " or "));
   }
   return std::string(*choice);
@@ -229,15 +261,18 @@ void refuse_shared_name(const std::vector<cluster_spec>& clusters, const std::st
                      "]); give each its own name");
 }
 
-// One cluster of the file, checked alone and against the clusters before it; its backends go to `ranks`.
-cluster_spec read_cluster(const cluster_source& source, const settings& s, rank_list& ranks) {
+// One cluster of the file, checked alone and against the clusters before it; its backends go to `ranks`. A
+// disaggregated cluster's prefill ranks go to cluster `prefill_index`, made by read_clusters after the rest.
+cluster_spec read_cluster(const cluster_source& source, const settings& s, std::size_t prefill_index, rank_list& ranks) {
   refuse_unknown_keys(source.object, cluster_keys, source.label);
   std::string name = cluster_name_of(source);
   refuse_shared_name(s.clusters, name, source.path);
   std::vector<std::string> models = cluster_models_of(source);
-  add_cluster_backends(source, name, ranks);
+  const rank_role role = add_cluster_backends(source, name, prefill_index, ranks);
   std::string policy = cluster_policy_of(source, s.policy);
-  return {.name = std::move(name), .models = std::move(models), .policy = std::move(policy)};
+  cluster_spec cluster{.name = std::move(name), .models = std::move(models), .policy = std::move(policy), .role = role};
+  if (role == rank_role::decode) cluster.prefill_pool = prefill_index;
+  return cluster;
 }
 
 }  // namespace
@@ -252,9 +287,12 @@ json read_config_file(const std::string& path) {
   refuse_unknown_keys(doc, keys, "config file '" + path + "'");
   // Which of the two lists the file meant would be a guess; like an unknown key, refused even when a
   // higher-precedence source replaces both.
-  if (doc.contains(clusters_key) && doc.contains(backend_option().key)) {
-    throw config_error("config file '" + path + "' has both \"clusters\" and \"backends\"; move the backends into a "
-                       "cluster's \"backends\" (or drop \"clusters\")");
+  for (const option_spec* list : {&backend_option(), &prefill_option(), &decode_option()}) {
+    if (doc.contains(clusters_key) && doc.contains(list->key)) {
+      throw config_error("config file '" + path + "' has both \"clusters\" and \"" + std::string(list->key) +
+                         "\"; move the " + std::string(list->key) + (list == &backend_option() ? "" : " list") +
+                         " into a cluster's \"" + std::string(list->key) + "\" (or drop \"clusters\")");
+    }
   }
   return doc;
 }
@@ -288,9 +326,17 @@ void read_clusters(settings& s, const json& clusters, const std::string& path) {
   if (clusters.empty()) throw config_error(key + " is empty; define at least one cluster (or remove the key)");
   rank_list ranks;
   std::optional<std::size_t> default_index;
+  // The prefill pools of disaggregated clusters come after every cluster of the file, in their order, so
+  // that the file's clusters keep their indexes (and the default its place).
+  std::vector<cluster_spec> prefill_pools;
   for (std::size_t i = 0; i < clusters.size(); ++i) {
     const cluster_source source = cluster_at(clusters, i, path);
-    s.clusters.push_back(read_cluster(source, s, ranks));
+    s.clusters.push_back(read_cluster(source, s, clusters.size() + prefill_pools.size(), ranks));
+    if (s.clusters.back().disaggregated()) {
+      prefill_pools.push_back(cluster_spec{.name = s.clusters.back().name, .models = {},
+                                           .policy = cluster_policy_of(source, s.prefill_policy, "prefill_policy"),
+                                           .role = rank_role::prefill, .decode_pool = i});
+    }
     if (!marked_default(source)) continue;
     if (default_index) {
       throw config_error("clusters '" + s.clusters[*default_index].name + "' and '" + s.clusters[i].name +
@@ -299,6 +345,7 @@ void read_clusters(settings& s, const json& clusters, const std::string& path) {
     default_index = i;
   }
   refuse_shared_models(s.clusters, path);
+  for (auto& pool : prefill_pools) s.clusters.push_back(std::move(pool));
   s.backends = std::move(ranks).take();
   s.default_cluster = default_index.value_or(0);
 }

@@ -91,6 +91,30 @@ constexpr std::array option_table{
                    "file defines clusters (see --config).",
         .kind = value_kind::url_list,
         .show_default = [](const settings&) { return std::string("none (required)"); }},
+    option_spec{
+        .flag = "prefill",
+        .env = "DPLB_PREFILL",
+        .key = "prefill",
+        .value_name = "URL",
+        .meaning = "Prefill/decode disaggregation: a prefill engine's base URL, with the fragments of --backend "
+                   "(#dp=N, #weight=W, #kv-events=...). With --decode, and instead of --backend: every POST "
+                   "/v1/completions and /v1/chat/completions runs in two legs, as vLLM's disaggregated proxy "
+                   "runs them: a prefill rank (--prefill-policy) computes the prompt's KV cache (max_tokens 1, "
+                   "kv_transfer_params do_remote_decode), then a decode rank (--policy, picked when the "
+                   "request arrives) pulls it with the prefill's kv_transfer_params and generates; both legs "
+                   "carry one X-Request-Id. Other paths go to a decode rank. Repeatable, and a value may be a "
+                   "comma-separated list.",
+        .kind = value_kind::url_list,
+        .show_default = [](const settings&) { return std::string("none"); }},
+    option_spec{
+        .flag = "decode",
+        .env = "DPLB_DECODE",
+        .key = "decode",
+        .value_name = "URL",
+        .meaning = "Prefill/decode disaggregation: a decode engine's base URL, with the fragments of --backend; "
+                   "see --prefill. Repeatable, and a value may be a comma-separated list.",
+        .kind = value_kind::url_list,
+        .show_default = [](const settings&) { return std::string("none"); }},
     option_spec{.flag = "policy",
                 .env = "DPLB_POLICY",
                 .key = "policy",
@@ -110,6 +134,33 @@ constexpr std::array option_table{
                 .choices = policy_names,
                 .set_text = [](settings& s, std::string_view v) { return (s.policy = v, std::string()); },
                 .show_default = [](const settings& s) { return s.policy; }},
+    option_spec{.flag = "prefill-policy",
+                .env = "DPLB_PREFILL_POLICY",
+                .key = "prefill_policy",
+                .meaning = "With --prefill/--decode: how to pick the prefill rank of a request (--policy picks its "
+                           "decode rank). least-inflight spreads prompts evenly; prefix-aware sends a prompt where "
+                           "its prefix was prefilled; least-tokens weighs prompt lengths.",
+                .kind = value_kind::choice,
+                .choices = policy_names,
+                .set_text = [](settings& s, std::string_view v) { return (s.prefill_policy = v, std::string()); },
+                .show_default = [](const settings& s) { return s.prefill_policy; }},
+    option_spec{.flag = "pd-skip-prefill-ratio",
+                .env = "DPLB_PD_SKIP_PREFILL_RATIO",
+                .key = "pd_skip_prefill_ratio",
+                .value_name = "R",
+                .meaning = "With --prefill/--decode and KV-cache events from the decode ranks (#kv-events= on "
+                           "--decode): a request whose prompt the picked decode rank already holds for at least R "
+                           "of its blocks skips the prefill leg and runs on that rank alone. Tokens must be known "
+                           "(prompts as token ids, or --tokenize engine). From 0 to 1; 0 = never.",
+                .kind = value_kind::decimal,
+                .set_text = [](settings& s, std::string_view v) {
+                  double r = 0;
+                  if (auto error = parse_weight(v, r); !error.empty() || r > 1)
+                    return std::string("expected a number from 0 to 1, e.g. 0.8 (0 = never)");
+                  s.pd_skip_prefill_ratio = r;
+                  return std::string();
+                },
+                .show_default = [](const settings& s) { return format_weight(s.pd_skip_prefill_ratio); }},
     option_spec{.flag = "stats-interval",
                 .env = "DPLB_STATS_INTERVAL",
                 .key = "stats_interval",
@@ -379,6 +430,14 @@ std::string value_name_of(const option_spec& o) {
 const option_spec& backend_option() {
   static const option_spec& backend = find_option("backend");
   return backend;
+}
+const option_spec& prefill_option() {
+  static const option_spec& prefill = find_option("prefill");
+  return prefill;
+}
+const option_spec& decode_option() {
+  static const option_spec& decode = find_option("decode");
+  return decode;
 }
 
 [[noreturn]] void bad_value(const option_spec& o, const raw_value& v, std::string_view shown,

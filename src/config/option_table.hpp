@@ -53,6 +53,8 @@ std::span<const option_spec> options();
 // The option named `flag` (without "--"); a logic error when there is none.
 const option_spec& find_option(std::string_view flag);
 const option_spec& backend_option();
+const option_spec& prefill_option();  // --prefill
+const option_spec& decode_option();   // --decode
 // What --help shows as the option's value: its value name, or its choices.
 std::string value_name_of(const option_spec& o);
 
@@ -65,17 +67,19 @@ std::string value_name_of(const option_spec& o);
 class rank_list {
  public:
   // Appends the backends of `v` (each text a URL or a comma-separated list) to cluster `cluster`, named
-  // `cluster_name` in messages ("" for a flat list).
-  void add(const raw_value& v, std::size_t cluster, const std::string& cluster_name) {
+  // `cluster_name` in messages ("" for a flat list), each with `role`; `o` (--backend, --prefill or
+  // --decode) names the list in messages.
+  void add(const raw_value& v, std::size_t cluster, const std::string& cluster_name,
+           rank_role role = rank_role::both, const option_spec& o = backend_option()) {
     for (const std::string& text : v.texts) {
       std::size_t start = 0;
       while (true) {
         const std::size_t comma = std::min(text.find(',', start), text.size());
         const std::string_view entry = trim(std::string_view(text).substr(start, comma - start));
         if (entry.empty()) {
-          bad_value(backend_option(), v, text, "empty entry; expected http://HOST:PORT[,http://HOST:PORT...]");
+          bad_value(o, v, text, "empty entry; expected http://HOST:PORT[,http://HOST:PORT...]");
         }
-        add_one(v, entry, cluster, cluster_name);
+        add_one(v, entry, cluster, cluster_name, role, o);
         if (comma == text.size()) break;
         start = comma + 1;
       }
@@ -91,14 +95,17 @@ class rank_list {
     std::string cluster_name;
   };
 
-  void add_one(const raw_value& v, std::string_view entry, std::size_t cluster, const std::string& cluster_name) {
+  void add_one(const raw_value& v, std::string_view entry, std::size_t cluster, const std::string& cluster_name,
+               rank_role role, const option_spec& o) {
     backend_spec normal;
-    if (auto why = parse_backend(entry, normal); !why.empty()) bad_value(backend_option(), v, entry, why);
+    if (auto why = parse_backend(entry, normal); !why.empty()) bad_value(o, v, entry, why);
     normal.cluster = cluster;
+    normal.role = role;
     const auto [it, fresh] = first_.emplace(normal.url, first_listing{ranks_, std::string(entry), cluster_name});
     if (!fresh) {
       const first_listing& first = it->second;
-      throw config_error("duplicate --backend '" + std::string(entry) + "'" + v.origin + ": same engine as rank " +
+      // One engine in both pools would prefill and decode the same request on itself: refused like any repeat.
+      throw config_error("duplicate --" + std::string(o.flag) + " '" + std::string(entry) + "'" + v.origin + ": same engine as rank " +
                          std::to_string(first.rank) + " ('" + first.as_written + "'" +
                          (first.cluster_name.empty() ? "" : " of cluster '" + first.cluster_name + "'") +
                          "); list each engine once" + (cluster_name.empty() ? "" : ", in one cluster"));

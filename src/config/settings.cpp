@@ -47,19 +47,63 @@ std::optional<raw_value> pick(const option_spec& o, const command_line_values& c
   return std::nullopt;
 }
 
-// The backends come whole from the highest-precedence source that has any, never merged: --backend, then
-// DPLB_BACKENDS, then the file's "clusters" or "backends". A flat list, from whichever source, is one
-// implicit cluster that serves every model with the top-level policy.
+// Where a list option is given: 3 on the command line, 2 in the environment, 1 in the config file, 0 nowhere.
+int source_level(const option_spec& o, const command_line_values& cli, const environment& env, const json& file) {
+  if (cli.contains(o.flag)) return 3;
+  if (const auto it = env.find(std::string(o.env)); it != env.end() && !it->second.empty()) return 2;
+  return file.is_object() && file.contains(o.key) ? 1 : 0;
+}
+
+// --prefill with --decode: one implicit cluster, disaggregated: its decode ranks (cluster 0, --policy, where
+// requests go) and its prefill ranks (cluster 1, --prefill-policy). The prefill ranks are numbered first.
+void resolve_disaggregated(settings& s, const command_line_values& cli, const environment& env, const json& file,
+                           const std::string& path) {
+  auto prefill = pick(prefill_option(), cli, env, file, path);
+  auto decode = pick(decode_option(), cli, env, file, path);
+  if (!prefill || !decode) {
+    throw config_error(std::string(prefill ? "--prefill is given without --decode" : "--decode is given without --prefill") +
+                       ": a disaggregated dplb needs both pools; pass --prefill URL and --decode URL (or use "
+                       "--backend for co-located ranks)");
+  }
+  rank_list ranks;
+  ranks.add(*prefill, 1, "", rank_role::prefill, prefill_option());
+  ranks.add(*decode, 0, "", rank_role::decode, decode_option());
+  s.backends = std::move(ranks).take();
+  s.clusters = {cluster_spec{.name = implicit_cluster_name, .models = {}, .policy = s.policy,
+                             .role = rank_role::decode, .prefill_pool = 1},
+                cluster_spec{.name = implicit_cluster_name, .models = {}, .policy = s.prefill_policy,
+                             .role = rank_role::prefill, .decode_pool = 0}};
+  s.default_cluster = 0;
+}
+
+// The backends come whole from the highest-precedence source that has any, never merged: the command line
+// (--backend, or --prefill with --decode), then the environment, then the file's "clusters" or lists. A flat
+// list, from whichever source, is one implicit cluster that serves every model with the top-level policy.
 void resolve_backends(settings& s, const command_line_values& cli, const environment& env, const json& file,
                       const std::string& path) {
-  if (auto v = pick(backend_option(), cli, env, file, path)) {
-    apply(backend_option(), *v, s);
-  } else if (file.is_object() && file.contains(clusters_key)) {
+  const int colocated = source_level(backend_option(), cli, env, file);
+  const int disaggregated =
+      std::max(source_level(prefill_option(), cli, env, file), source_level(decode_option(), cli, env, file));
+  const int clusters = file.is_object() && file.contains(clusters_key) ? 1 : 0;
+  const int top = std::max({colocated, disaggregated, clusters});
+  if (top > 0 && colocated == top && disaggregated == top) {
+    throw config_error("both --backend and --prefill/--decode are given" +
+                       std::string(top == 3 ? "" : top == 2 ? " (DPLB_BACKENDS and DPLB_PREFILL/DPLB_DECODE)"
+                                                            : " (in config file '" + path + "')") +
+                       "; give --backend for co-located ranks, or --prefill with --decode for disaggregated ones");
+  }
+  if (top > 0 && disaggregated == top) {
+    resolve_disaggregated(s, cli, env, file, path);
+    return;
+  }
+  if (top > 0 && colocated != top) {
     read_clusters(s, file.at(clusters_key), path);
     return;
   }
+  if (auto v = pick(backend_option(), cli, env, file, path)) apply(backend_option(), *v, s);
   if (s.backends.empty()) {
-    throw config_error("no backend given: pass --backend http://HOST:PORT (repeatable) or set DPLB_BACKENDS");
+    throw config_error("no backend given: pass --backend http://HOST:PORT (repeatable) or set DPLB_BACKENDS "
+                       "(or --prefill and --decode for disaggregated serving)");
   }
   s.clusters = {cluster_spec{.name = implicit_cluster_name, .models = {}, .policy = s.policy}};
   s.default_cluster = 0;
@@ -120,8 +164,9 @@ std::string configuration_summary(const settings& s) {
       ++cluster_backends;
       cluster_ranks += b.dp;
     }
-    out += "  cluster " + cluster.name + ": " + count(cluster_backends, "backend") + ", " +
-           count(cluster_ranks, "rank") + ", policy " + cluster.policy + "\n";
+    out += "  cluster " + cluster.name + (cluster.role == rank_role::both ? "" : " (" + std::string(role_name(cluster.role)) + ")") +
+           ": " + count(cluster_backends, "backend") + ", " + count(cluster_ranks, "rank") + ", policy " +
+           cluster.policy + "\n";
   }
   out += "  " + count(s.backends.size(), "backend") + ", " + count(ranks, "rank") + " in all\n";
   if (s.admin_listen) out += "  admin API on " + s.admin_listen->host + ":" + std::to_string(s.admin_listen->port) + "\n";
@@ -145,7 +190,7 @@ parse_result parse_command_line(int argc, const char* const* argv, const environ
   }
   const std::string file_path = s.config_file.value_or("");
   for (const auto& o : options()) {
-    if (o.kind == value_kind::flag || &o == &config_option || &o == &backend_option()) continue;
+    if (o.kind == value_kind::flag || &o == &config_option || o.kind == value_kind::url_list) continue;
     if (auto v = pick(o, cli, env, file, file_path)) apply(o, *v, s);
   }
   // After the loop: a cluster without a policy of its own takes the top-level one.

@@ -121,6 +121,15 @@ std::string format_access_line(const access_entry& e, std::chrono::steady_clock:
   append_text_or_null(out, e.model);
   out += ",\"client\":";
   append_text_or_null(out, e.client);
+  if (e.prefill_rank) {
+    out += ",\"request_id\":";
+    append_text_or_null(out, e.request_id);
+    out += ",\"prefill_rank\":";
+    append_number_or_null(out, e.prefill_rank);
+    fmt::format_to(std::back_inserter(out), ",\"prefill_status\":{},\"prefill_duration\":", e.prefill_status);
+    if (e.prefill_duration) append_seconds(out, *e.prefill_duration);
+    else out += "null";
+  }
   out += '}';
   return out;
 }

@@ -103,6 +103,8 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& rank_urls, const ba
                                   "bound the policies ignore them")
                             .Register(*registry_)),
       queue_wait_(latency_buckets()),
+      prefill_leg_(latency_buckets()),
+      decode_leg_(latency_buckets()),
       families_{
           prometheus::BuildGauge()
               .Name("dplb_rank_inflight")
@@ -155,6 +157,11 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& rank_urls, const ba
               .Name("dplb_rank_cluster")
               .Help("Always 1; the cluster label names the cluster the rank serves")
               .Register(*registry_),
+          prometheus::BuildGauge()
+              .Name("dplb_rank_role")
+              .Help("Always 1; the role label says what the rank does: both (a co-located rank), or prefill "
+                    "or decode (--prefill, --decode)")
+              .Register(*registry_),
       },
       capacity_(std::max(capacity, rank_urls.size())),
       ranks_(std::make_unique<rank_handles[]>(capacity_)),
@@ -168,7 +175,7 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& rank_urls, const ba
   for (const auto& url : rank_urls) add_rank(url);
 }
 
-void proxy_metrics::add_rank(const std::string& url, const std::string& cluster) {
+void proxy_metrics::add_rank(const std::string& url, const std::string& cluster, config::rank_role role) {
   const std::size_t r = rank_count_.load(std::memory_order_relaxed);
   if (r >= capacity_) throw std::length_error("metrics: no room for rank " + std::to_string(r));
   const auto label = std::to_string(r);
@@ -195,6 +202,7 @@ void proxy_metrics::add_rank(const std::string& url, const std::string& cluster)
   }
   ranks_[r].healthy->Set(1);
   f.cluster.Add({{"rank", label}, {"cluster", cluster}}).Set(1);
+  f.role.Add({{"rank", label}, {"role", std::string(config::role_name(role))}}).Set(1);
   {
     std::lock_guard lock(render_mutex_);
     retired_.push_back(0);
@@ -516,7 +524,24 @@ std::vector<prometheus::MetricFamily> proxy_metrics::histogram_families() const 
   auto queue_wait = family("dplb_queue_wait_seconds",
                            "Time requests waited in dplb's queue, whether they then got a slot or not");
   queue_wait.metric.push_back(histogram_sample({}, queue_wait_));
-  return {std::move(duration), std::move(ttfb), std::move(queue_wait)};
+  std::vector<prometheus::MetricFamily> out{std::move(duration), std::move(ttfb), std::move(queue_wait)};
+  if (disaggregated_) {
+    auto legs = family("dplb_pd_leg_duration_seconds",
+                       "Each leg of a two-leg request: prefill from its sending to its whole answer, decode from "
+                       "its sending to the end of its response");
+    legs.metric.push_back(histogram_sample({{"leg", "prefill"}}, prefill_leg_));
+    legs.metric.push_back(histogram_sample({{"leg", "decode"}}, decode_leg_));
+    out.push_back(std::move(legs));
+    auto skipped = scraped_family("dplb_pd_prefill_skipped_total",
+                                  "Requests run in one leg on a decode rank that held their prompt "
+                                  "(--pd-skip-prefill-ratio)",
+                                  prometheus::MetricType::Counter);
+    prometheus::ClientMetric m;
+    m.counter.value = static_cast<double>(prefill_skipped_.load(std::memory_order_relaxed));
+    skipped.metric.push_back(std::move(m));
+    out.push_back(std::move(skipped));
+  }
+  return out;
 }
 
 }  // namespace dplb::metrics

@@ -25,11 +25,12 @@ class kv_request {
   // /tokenize's answer for the longest prompt dplb matches (max_prompt_token_ids ids of up to 10 digits).
   static constexpr std::size_t max_tokenize_answer_bytes = 16u << 20;
 
-  // From the body's facts, for a request of a prefix-aware cluster while some rank publishes events: a
-  // prompt of token ids is chained at once; text waits for tokenize() under --tokenize engine.
-  void prepare(request_facts& facts, const shared_state& shared, balancer::pick_context& request) {
+  // From the body's facts, for a request of a prefix-aware cluster (or, `always`, of any: a disaggregated
+  // one whose decode rank's holdings decide whether the prefill leg runs) while some rank publishes events:
+  // a prompt of token ids is chained at once; text waits for tokenize() under --tokenize engine.
+  void prepare(request_facts& facts, const shared_state& shared, balancer::pick_context& request, bool always = false) {
     if (shared.kv_events == nullptr || !shared.kv_events->any_configured() ||
-        shared.balancer.policy_of(request.cluster).name() != "prefix-aware") {
+        (!always && shared.balancer.policy_of(request.cluster).name() != "prefix-aware")) {
       return;  // only a prefix-aware cluster matches the events (least-tokens reads the body too)
     }
     model_ = std::move(facts.model);
@@ -42,6 +43,15 @@ class kv_request {
   }
 
   bool awaits_tokens() const { return tokenize_; }
+
+  // The share of the request's prompt blocks (`request.kv_chain`, set once its tokens are known) that
+  // `rank`'s KV-cache events say the rank holds, from the first block on; 0 without a chain.
+  static double share_held_by(std::size_t rank, const balancer::pick_context& request, const shared_state& shared) {
+    if (request.kv_chain.empty() || shared.kv_events == nullptr) return 0;
+    std::vector<std::uint32_t> matched;
+    shared.kv_events->match(request.kv_chain, shared.topology.ranks().size(), matched);
+    return rank < matched.size() ? static_cast<double>(matched[rank]) / static_cast<double>(request.kv_chain.size()) : 0;
+  }
 
   // --tokenize engine: the token ids of a text prompt or of chat messages, from vLLM's POST /tokenize on an
   // engine of the request's cluster (any: they share the tokenizer and the template). On any failure the

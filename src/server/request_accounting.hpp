@@ -5,6 +5,7 @@
 // with an explicit state, instead of flags that every exit path had to keep in agreement.
 
 #include <chrono>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -28,9 +29,13 @@ class request_accounting {
   };
 
   // `access`: the request's access log entry, filled as the metrics are (null without --access-log).
-  request_accounting(shared_state& shared, balancer::rank_lease lease, metrics::access_entry* access)
-      : shared_(shared), lease_(std::move(lease)), rank_(lease_.rank()), picked_at_(clock_type::now()),
-        access_(access) {}
+  // `client_request`: for the decode leg of a disaggregated request, when the client's request came: its
+  // time to first byte and duration are measured from there, whatever decode rank ends up serving it (the
+  // client's, prefill leg included), and the leg's own time, from now, goes to dplb_pd_leg_duration_seconds.
+  request_accounting(shared_state& shared, balancer::rank_lease lease, metrics::access_entry* access,
+                     std::optional<clock_type::time_point> client_request = std::nullopt)
+      : shared_(shared), lease_(std::move(lease)), rank_(lease_.rank()), leg_sent_at_(clock_type::now()),
+        picked_at_(client_request.value_or(leg_sent_at_)), decode_leg_(client_request.has_value()), access_(access) {}
 
   std::size_t rank() const noexcept { return rank_; }
   state current() const noexcept { return state_; }
@@ -40,7 +45,7 @@ class request_accounting {
   void move_to(balancer::rank_lease next) {
     lease_ = std::move(next);
     rank_ = lease_.rank();
-    picked_at_ = clock_type::now();
+    if (!decode_leg_) picked_at_ = clock_type::now();
     shared_.metrics.retried();
   }
 
@@ -90,8 +95,10 @@ class request_accounting {
   void finish(unsigned status) {
     if (std::exchange(state_, state::finished) == state::finished) return;
     lease_.release();
-    const auto duration = clock_type::now() - picked_at_;
+    const auto now = clock_type::now();
+    const auto duration = now - picked_at_;
     shared_.metrics.request_finished(rank_, status, duration);
+    if (decode_leg_) shared_.metrics.decode_leg(now - leg_sent_at_);
     if (access_) {
       access_->rank = rank_;
       access_->status = status;
@@ -103,7 +110,9 @@ class request_accounting {
   shared_state& shared_;
   balancer::rank_lease lease_;
   std::size_t rank_;
-  clock_type::time_point picked_at_;
+  clock_type::time_point leg_sent_at_;
+  clock_type::time_point picked_at_;  // where its times start: the pick, or (a decode leg) the client's request
+  bool decode_leg_;
   state state_ = state::waiting;
   unsigned status_ = 0;
   metrics::access_entry* access_;

@@ -25,6 +25,8 @@
 #include "dplb/support/io_buffers.hpp"
 #include "kv_request.hpp"
 #include "own_replies.hpp"
+#include "prefill_leg.hpp"
+#include "request_id.hpp"
 #include "request_accounting.hpp"
 #include "response_relay.hpp"
 #include "slot_wait.hpp"
@@ -156,6 +158,7 @@ class session {
       const auto decision = admit(head);
       // Decided while the target's view into the buffer is valid: the buffer is given back once the body is in.
       const bool models_list = shared_.models.by_model() && is_models_list(method, decision.target());
+      const bool two_legs = disaggregated_ && is_completion(method, decision.target());
       if (decision.refused()) {
         refused = {decision.refusal_status, decision.refusal_message};
         break;
@@ -164,6 +167,16 @@ class session {
           !prepare_upstream_request(head, decision.target(), client_address_, upstream_head_)) {
         refused = {431, "X-Forwarded-For or Via is too long to append to"};
         break;
+      }
+      // Both legs of a disaggregated request carry one X-Request-Id: the engines name the request by it, and
+      // the decode instance finds the prefill's blocks under it. The client's, else one dplb makes.
+      if (two_legs) {
+        if (auto given = first_request_id(head.fields)) {
+          request_id_ = std::move(*given);
+        } else {
+          request_id_ = new_request_id();
+          upstream_head_.bytes += "X-Request-Id: " + request_id_ + "\r\n";
+        }
       }
       // Copied now: the head's views do not outlive the body's reading.
       if (!settings_.affinity_header.empty()) session_key_ = head.fields.value(settings_.affinity_header);
@@ -194,7 +207,7 @@ class session {
         break;
       }
       if (models_list) co_return co_await replies_.models_list(method, keep_alive);
-      co_return co_await proxy(method, keep_alive, decision.pinned_rank);
+      co_return co_await proxy(method, keep_alive, decision.pinned_rank, two_legs);
     } while (false);
     co_return co_await replies_.refuse(refused);
   }
@@ -250,6 +263,12 @@ class session {
            target.substr(0, target.find('?')) == "/v1/models";
   }
 
+  // The requests a disaggregated cluster runs in two legs, as vLLM's disaggregated proxy does.
+  static bool is_completion(bhttp::verb method, std::string_view target) {
+    const auto path = target.substr(0, target.find('?'));
+    return method == bhttp::verb::post && (path == "/v1/completions" || path == "/v1/chat/completions");
+  }
+
   // An idle connection's wait for its next request, holding no buffer: what the last request left is
   // freed, and the first byte of the next is awaited with a one-byte MSG_PEEK receive (nothing consumed).
   // Returns the receive's error (end of file: the client closed), or none once a byte is there to read.
@@ -259,6 +278,7 @@ class session {
     body_bytes_.set(0);
     std::string().swap(client_framing_);
     std::string().swap(session_key_);
+    std::string().swap(request_id_);
     std::string().swap(refusal_.message);
     upstream_head_ = {};
     request_head_ = {};
@@ -273,7 +293,8 @@ class session {
 
   // Picks a rank, sends it the request and relays the response. Returns whether the client
   // connection may carry another request.
-  io::task<bool> proxy(bhttp::verb method, bool client_keep_alive, std::optional<std::int64_t> pinned) {
+  io::task<bool> proxy(bhttp::verb method, bool client_keep_alive, std::optional<std::int64_t> pinned, bool two_legs) {
+    request_started_ = clock_type::now();
     set_upstream_framing(upstream_head_, method, request_body_.size());
     balancer::pick_context request;
     balancer::request_cost cost;
@@ -307,40 +328,126 @@ class session {
       co_return co_await replies_.send_error(refusal_.status, refusal_.message, client_keep_alive,
                                              refusal_.retry_later, refusal_.param);
     }
+    if (two_legs && settings_.clusters[request.cluster].disaggregated()) {
+      co_return co_await run_two_legs(std::move(lease), request, cost, client_keep_alive);
+    }
     co_return co_await exchange_and_relay(std::move(lease), request, cost, method == bhttp::verb::head,
                                           client_keep_alive);
   }
 
+  // A disaggregated cluster's completion: the prefill leg on a rank of its prefill pool (prefill_leg.hpp),
+  // then the decode leg on `decode`, the rank picked when the request arrived (so a burst splits exactly
+  // over the decode ranks), with the prefill's kv_transfer_params. A client that leaves during the prefill
+  // leg has that engine connection closed, and no decode leg runs.
+  io::task<bool> run_two_legs(balancer::rank_lease decode, balancer::pick_context& request,
+                              balancer::request_cost cost, bool client_keep_alive) {
+    auto prefill_body = pd::prefill_body(request_body_);
+    if (!prefill_body) {
+      shared_.metrics.rejected(400);
+      co_return co_await replies_.send_error(
+          400, "the request body must be a JSON object: dplb writes the prefill leg's body from it", client_keep_alive);
+    }
+    if (access_.is_open()) access_.entry().request_id = request_id_;
+    if (may_skip_prefill(request) && kv_request::share_held_by(decode.rank(), request, shared_) >= settings_.pd_skip_prefill_ratio) {
+      // The decode rank's KV-cache events say it holds the prompt: it computes the rest itself, and the
+      // prefill leg (a transfer of blocks it already has) is skipped.
+      shared_.metrics.prefill_skipped();
+      co_return co_await exchange_and_relay(std::move(decode), request, cost, false, client_keep_alive, request_started_);
+    }
+    std::optional<std::string> decode_body;
+    {
+      request_watch watching(*this);
+      prefill_leg leg(worker_, *watch_, response_head_, upstream_deadline_);
+      set_upstream_framing(upstream_head_, bhttp::verb::post, prefill_body->size());
+      const auto result = co_await leg.run(client_, upstream_head_, *prefill_body, request, cost);
+      if (result != prefill_leg::result::no_slot && result != prefill_leg::result::client_gone && access_.is_open()) {
+        auto& entry = access_.entry();
+        entry.prefill_rank = leg.accounting().rank();
+        entry.prefill_status = leg.accounting().status();
+        entry.prefill_duration = std::chrono::duration<double>(leg.took()).count();
+      }
+      switch (result) {
+        case prefill_leg::result::client_gone:
+          shared_.metrics.rejected(499);
+          if (access_.is_open()) access_.answered_by_dplb(499, 0);
+          co_return false;
+        case prefill_leg::result::no_slot:
+          shared_.metrics.rejected(refusal_status(leg.refusal()));
+          co_return co_await replies_.send_error(
+              refusal_status(leg.refusal()),
+              "prefill leg: " + refusal_message(leg.refusal(), request, shared_.models.by_model()), client_keep_alive,
+              true);
+        case prefill_leg::result::failed:
+          if (leg.answered_without_params()) {
+            const auto rank = leg.accounting().rank();
+            shared_.metrics.rejected(502);
+            co_return co_await replies_.send_error(
+                502, "prefill rank " + std::to_string(rank) + " (" + shared_.topology.ranks()[rank].name +
+                         ") answered without kv_transfer_params: start the prefill engines with --kv-transfer-config "
+                         "(e.g. NixlConnector)",
+                client_keep_alive);
+          }
+          co_return co_await fail_before_response(leg.accounting(), leg.failure().ec, leg.failure().kind,
+                                                  client_keep_alive);
+        case prefill_leg::result::relay_answer:
+          // A 4xx (or any answer but a 200) is the client's as the engine gave it; no decode leg runs.
+          if (access_.is_open()) {
+            access_.entry().rank = leg.accounting().rank();
+            access_.entry().status = leg.accounting().status();
+          }
+          co_return co_await relay_answer(leg.exchange(), leg.accounting(), false, client_keep_alive);
+        case prefill_leg::result::params_ready:
+          shared_.metrics.prefill_leg(leg.took());
+          decode_body = pd::decode_body(request_body_, leg.params());
+          break;
+      }
+    }
+    if (watch_->client_gone) {
+      shared_.metrics.rejected(499);
+      if (access_.is_open()) access_.answered_by_dplb(499, 0);
+      co_return false;
+    }
+    request_body_ = std::move(*decode_body);  // braced: prefill_body() accepted it
+    set_upstream_framing(upstream_head_, bhttp::verb::post, request_body_.size());
+    co_return co_await exchange_and_relay(std::move(decode), request, cost, false, client_keep_alive, request_started_);
+  }
+
+  // While dplb waits for an engine and relays its answer, a watcher notices the client leaving and closes
+  // the engine connection at once: that is how vLLM learns to abort the request. The watch starts at the
+  // first deadline sweep one sweep period from now (25 ms with the default timeouts, up to twice that):
+  // most requests are over by then, and never pay for a watch (a receive and its cancellation through the
+  // event loop) nor for a sweep. One per leg; the watch's state outlives it (client_gone is read after).
+  struct request_watch {
+    explicit request_watch(session& s) : s(s) {
+      if (!s.watch_) s.watch_ = std::make_shared<client_watch>();
+      *s.watch_ = client_watch{};  // a cancelled receive of an earlier request sees operation_aborted, not this
+      s.watch_started_ = false;
+      s.client_deadline_.wake_at(clock_type::now() + s.worker_.deadlines.period(), &session::start_watch, &s);
+    }
+    ~request_watch() {
+      s.client_deadline_.cancel_wake();
+      s.watch_->done = true;
+      s.watch_->upstream = nullptr;
+      if (s.watch_started_) {
+        boost::system::error_code ignored;
+        s.client_.socket().cancel(ignored);
+      }
+    }
+    request_watch(const request_watch&) = delete;
+    request_watch& operator=(const request_watch&) = delete;
+    session& s;
+  };
+
   // Sends the request to the rank of `lease` (to another on a failure that allows it) and relays the
   // response. A coroutine of its own, apart from proxy(): each frame then fits Asio's recycling (see
-  // send_continue), where one frame holding both did not.
+  // send_continue), where one frame holding both did not. `client_request`: a decode leg's (see
+  // request_accounting), when the client's request came.
   io::task<bool> exchange_and_relay(balancer::rank_lease lease, balancer::pick_context& request,
-                                    balancer::request_cost cost, bool head_request, bool client_keep_alive) {
-    const unsigned client_version = replies_.client_version();
-    // While dplb waits for the engine and relays its answer, a watcher notices the client leaving and
-    // closes the engine connection at once: that is how vLLM learns to abort the request. The watch starts
-    // at the first deadline sweep one sweep period from now (25 ms with the default timeouts, up to twice
-    // that): most requests are over by then, and never pay for a watch (a receive and its cancellation
-    // through the event loop) nor for a sweep.
-    if (!watch_) watch_ = std::make_shared<client_watch>();
+                                    balancer::request_cost cost, bool head_request, bool client_keep_alive,
+                                    std::optional<clock_type::time_point> client_request = std::nullopt) {
+    request_watch watching(*this);
     auto& watch = watch_;
-    *watch = client_watch{};  // a cancelled receive of an earlier request sees operation_aborted, not this
-    watch_started_ = false;
-    client_deadline_.wake_at(clock_type::now() + worker_.deadlines.period(), &session::start_watch, this);
-    struct stop_watch_on_exit {
-      session& s;
-      ~stop_watch_on_exit() {
-        s.client_deadline_.cancel_wake();
-        s.watch_->done = true;
-        s.watch_->upstream = nullptr;
-        if (s.watch_started_) {
-          boost::system::error_code ignored;
-          s.client_.socket().cancel(ignored);
-        }
-      }
-    } stop_watch{*this};
-
-    request_accounting accounting(shared_, std::move(lease), access_.open_entry());
+    request_accounting accounting(shared_, std::move(lease), access_.open_entry(), client_request);
     upstream_exchange exchange(worker_, *watch, response_head_, upstream_deadline_);
     std::vector<bool> tried;  // sized on the first retry only: the usual request never needs it
     for (std::size_t retries = 0;; ++retries) {
@@ -369,10 +476,18 @@ class session {
       }
       co_return co_await fail_before_response(accounting, attempt.ec, attempt.kind, client_keep_alive);
     }
-
-    const std::size_t rank = accounting.rank();
     accounting.answered(exchange.response_head().status);
     release_large_body();  // the engine has answered: nothing will be retried
+    co_return co_await relay_answer(exchange, accounting, head_request, client_keep_alive);
+  }
+
+  // Relays the engine's answer, whose head `exchange` has read, to the client. Returns whether the client
+  // connection may carry another request.
+  io::task<bool> relay_answer(upstream_exchange& exchange, request_accounting& accounting, bool head_request,
+                              bool client_keep_alive) {
+    const unsigned client_version = replies_.client_version();
+    const auto& watch = watch_;
+    const std::size_t rank = accounting.rank();
     response_relay relay(client_.socket(), client_deadline_, exchange, settings_, client_framing_);
     // A drain that began while the engine worked closes the connection after this response: say so.
     const bool keep_client = relay.prepare_head(rank, head_request, client_version,
@@ -427,7 +542,7 @@ class session {
     const auto& models = shared_.models;
     request.cluster = models.default_cluster();
     if (request.pinned_rank) request.cluster = shared_.topology.ranks()[*request.pinned_rank].cluster;
-    if (models.by_model() || shared_.balancer.active_policy().needs_request_facts()) {
+    if (models.by_model() || shared_.balancer.active_policy().needs_request_facts() || checks_skip_prefill_) {
       auto facts = inspect_request_body(request_body_, wants_prefix_chain_);
       if (access_.is_open()) access_.entry().model = facts.model;
       if (models.by_model() && !facts.model.empty()) {
@@ -444,10 +559,19 @@ class session {
         }
         request.cluster = *served;
       }
-      if (shared_.balancer.policy_of(request.cluster).needs_request_facts()) cost = cost_of(facts, request);
+      if (shared_.balancer.policy_of(request.cluster).needs_request_facts()) {
+        cost = cost_of(facts, request);
+      } else if (may_skip_prefill(request)) {
+        kv_.prepare(facts, shared_, request, true);
+      }
     }
     request.session_key = session_key_;
     return true;
+  }
+
+  // --pd-skip-prefill-ratio: whether the request's decode rank may take it in one leg, its prompt held there.
+  bool may_skip_prefill(const balancer::pick_context& request) const {
+    return checks_skip_prefill_ && settings_.clusters[request.cluster].disaggregated();
   }
 
   // What the request costs in tokens, from its body (for a policy that asks): the prompt, and the most it
@@ -462,7 +586,7 @@ class session {
     // Kept by the session: the pick may wait in the queue, and the chain must live as long.
     prefix_chain_ = std::move(facts.prefix_chain);
     request.prefix_chain = prefix_chain_;
-    kv_.prepare(facts, shared_, request);
+    kv_.prepare(facts, shared_, request, may_skip_prefill(request));
     return cost;
   }
 
@@ -522,9 +646,17 @@ class session {
   // Reused by every request of the connection, so that the steady state allocates nothing:
   http::request_head request_head_;    // views into buffer_
   std::string session_key_;            // --affinity-header's value in the request being served
+  std::string request_id_;             // a two-leg request's X-Request-Id (the client's, or dplb's)
+  clock_type::time_point request_started_;  // when the request being proxied was read whole
   std::vector<std::uint64_t> prefix_chain_;  // its prompt's prefix blocks (prefix-aware), for the pick
   kv_request kv_;  // its prompt as the KV-cache events see it (prefix-aware with events), for the pick
-  const bool wants_prefix_chain_ = config::any_cluster_uses(settings_, "prefix-aware");
+  // The prompt's token ids are read from the body for the KV-cache events of a prefix-aware pick, or of the
+  // decode rank's holdings (--pd-skip-prefill-ratio).
+  const bool wants_prefix_chain_ =
+      config::any_cluster_uses(settings_, "prefix-aware") ||
+      (config::any_cluster_disaggregated(settings_) && settings_.pd_skip_prefill_ratio > 0);
+  const bool disaggregated_ = config::any_cluster_disaggregated(settings_);
+  const bool checks_skip_prefill_ = disaggregated_ && settings_.pd_skip_prefill_ratio > 0;
   std::string request_body_;           // de-chunked
   io::tracked_bytes body_bytes_;       // its capacity, for the memory trimmer
   upstream_head upstream_head_;        // the engine's request head, written from request_head_

@@ -29,6 +29,7 @@ const backend& topology::add(backend resolved, std::uint32_t weight, std::size_t
     h.rank_in_url = k;
     h.weight = weight;
     h.cluster = cluster;
+    h.role = resolved.role;
     h.request_lines = resolved.host_line;
     h.name = resolved.url;
     if (resolved.dp > 1) {
@@ -48,6 +49,7 @@ backend resolve_backend(const config::backend_spec& spec) {
   backend b;
   b.url = spec.url;
   b.dp = spec.dp;
+  b.role = spec.role;
   b.kv_events = spec.kv_events;
   b.kv_replay = spec.kv_replay;
   b.host = std::string(parsed->host_address());

@@ -20,15 +20,22 @@ std::string_view name_of(backend_state state) noexcept {
 }
 
 backend_registry::backend_registry(topology& topology, balancer::balancer& balancer, metrics::proxy_metrics& metrics,
-                                   health_monitor& health, std::vector<std::string> clusters, resolver resolve)
+                                   health_monitor& health, std::vector<std::string> clusters, resolver resolve,
+                                   std::vector<config::rank_role> roles)
     : topology_(topology), balancer_(balancer), metrics_(metrics), health_(health), clusters_(std::move(clusters)),
-      resolve_(std::move(resolve)),
+      roles_(std::move(roles)), resolve_(std::move(resolve)),
       states_(topology.backends().size(), backend_state::active) {}
 
-std::optional<std::size_t> backend_registry::cluster_named(std::string_view name) const {
-  const auto it = std::ranges::find(clusters_, name);
-  if (it == clusters_.end()) return std::nullopt;
-  return static_cast<std::size_t>(it - clusters_.begin());
+std::optional<std::size_t> backend_registry::cluster_named(std::string_view name, config::rank_role role) const {
+  std::optional<std::size_t> found;
+  for (std::size_t c = 0; c < clusters_.size(); ++c) {
+    if (clusters_[c] != name) continue;
+    const auto own = role_of_cluster(c);
+    // `both` asks for the cluster requests go to: a co-located one, or a disaggregated one's decode pool.
+    if (own == role || (role == config::rank_role::both && own != config::rank_role::prefill)) return c;
+    found = found.value_or(c);
+  }
+  return role == config::rank_role::both ? found : std::nullopt;
 }
 
 const backend* backend_registry::active(std::string_view url) const {
@@ -52,6 +59,7 @@ rank_status backend_registry::status_of_rank(std::size_t rank) const {
                   .backend = states_.at(b.index),
                   .cluster = clusters_.at(b.cluster),
                   .policy = policy_name(b.cluster),
+                  .role = entry.role,
                   .weight = balancer_.weight(rank),
                   .flags = balancer_.flags(rank),
                   .inflight = balancer_.inflight(rank),
@@ -136,8 +144,10 @@ backend_registry::prepared_add backend_registry::prepare_add(const config::backe
                                         "remove it first");
   }
   prepared_add out{spec, {}, nullptr};
+  out.spec.role = role_of_cluster(spec.cluster);  // a rank's role is its cluster's, whatever the caller said
   try {
-    out.resolved = resolve_(spec);  // every time: an engine may have moved since it was last added
+    out.resolved = resolve_(out.spec);  // every time: an engine may have moved since it was last added
+    out.resolved.role = out.spec.role;
   } catch (const config::config_error& e) {
     throw backend_change_error(400, e.what());
   }
@@ -173,7 +183,7 @@ const backend& backend_registry::apply(prepared_add change) {
   const backend& added = topology_.add(std::move(change.resolved), spec.weight, spec.cluster);
   states_.push_back(backend_state::active);
   std::vector<std::uint32_t> weights(added.dp, spec.weight);
-  for (std::uint32_t k = 0; k < added.dp; ++k) metrics_.add_rank(added.url, clusters_[spec.cluster]);
+  for (std::uint32_t k = 0; k < added.dp; ++k) metrics_.add_rank(added.url, clusters_[spec.cluster], added.role);
   balancer_.add_ranks(weights, spec.cluster);
   health_.add_ranks();
   spdlog::info("backend {} added: ranks {}..{}, weight {}", added.url, added.first_rank, added.first_rank + added.dp - 1,

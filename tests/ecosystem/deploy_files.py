@@ -1,5 +1,7 @@
 """The rest of the deploy kit holds: deploy/compose.yaml is valid (`docker-compose config`), mounts files that
-exist, and starts dplb and the simulated ranks with options the real binaries accept; every vLLM engine in it
+exist, and starts dplb and the simulated ranks with options the real binaries accept; its profile `pd` (prefill/decode
+disaggregation) adds a prefill and a decode mock in their roles and a dplb whose --prefill and --decode name their
+ranks, one URL per rank, on ports apart from the default services'; every vLLM engine in it
 publishes its KV-cache events (--kv-events-config) and each dplb backend that names a publisher (kv-events=,
 kv-replay=) points at the port its engine's rank binds, base + DP rank; the Dockerfile's runtime
 stage installs every library the binaries load, runs as a non-root user and checks /health; the systemd unit
@@ -27,10 +29,40 @@ compose = yaml.safe_load((deploy / "compose.yaml").read_text())
 services = compose["services"]
 check({"dplb", "rank0", "rank1", "rank2", "rank3", "prometheus", "grafana"} <= set(services),
       f"dplb, four ranks, Prometheus and Grafana: {sorted(services)}")
+default_services = {name for name, service in services.items() if not service.get("profiles")}
+pd_services = {name for name, service in services.items() if "pd" in (service.get("profiles") or [])}
+check(default_services == {"dplb", "rank0", "rank1", "rank2", "rank3", "prometheus", "grafana"},
+      f"without a profile, compose starts dplb, the four ranks, Prometheus and Grafana: {sorted(default_services)}")
+check(pd_services == {"prefill", "decode", "dplb-pd"},
+      f"profile pd adds a prefill mock, a decode mock and their dplb: {sorted(pd_services)}")
 for name, service in services.items():
     for volume in service.get("volumes", []):
         source = volume.split(":")[0]
         check((deploy / source).exists(), f"{name} mounts {source}, which exists")
+
+
+def option(args, name):
+    """The value of a command-line option, `name value` or `name=value`; None without it."""
+    values = options(args, name)
+    return values[0] if values else None
+
+
+def options(args, name):
+    """Every value of a command-line option that may be repeated (--backend, --prefill, --decode), in order."""
+    values = []
+    for at, arg in enumerate(args):
+        if arg == name and at + 1 < len(args):
+            values.append(args[at + 1])
+        elif arg.startswith(name + "="):
+            values.append(arg[len(name) + 1:])
+    return values
+
+
+def url_list(args, name):
+    """The engine URLs of --backend, --prefill or --decode: every value, each a comma-separated list."""
+    return [url.strip() for value in options(args, name) for url in value.split(",") if url.strip()]
+
+
 dplb_args = services["dplb"]["command"]
 backends = next(a.split("=", 1)[1] for a in dplb_args if a.startswith("--backend="))
 hosts = [re.match(r"http://([^:/]+)", url).group(1) for url in backends.split(",")]
@@ -41,31 +73,67 @@ check(checked.returncode == 0 and "configuration OK" in checked.stdout,
       f"dplb accepts its compose options and environment (--check-config): {checked.stdout.strip()}")
 # The ranks' options, on loopback and an ephemeral port here instead of 0.0.0.0:8000.
 rank_args = list(services["rank0"]["command"])
-for option in ("--host", "--port", "--kv-events-port", "--kv-replay-port"):
-    if option in rank_args:
-        at = rank_args.index(option)
+for flag in ("--host", "--port", "--kv-events-port", "--kv-replay-port"):
+    if flag in rank_args:
+        at = rank_args.index(flag)
         del rank_args[at:at + 2]
 events_base = benchlib.free_port_block(2)
 rank_args += ["--kv-events-port", str(events_base), "--kv-replay-port", str(events_base + 1)]
 mock, ports, _ = benchlib.start_mock(MOCK_ENGINE, rank_args + ["--host", "127.0.0.1"], OUTPUT / "compose-rank.log")
 mock.stop()
 check(len(ports) == 1, "the mock engine starts with the ranks' compose options")
+
+# Profile pd: the prefill and decode mocks in their roles, and dplb-pd naming each of their ranks once.
+pd_args = [str(a) for a in services["dplb-pd"]["command"]]
+pools = {"prefill": url_list(pd_args, "--prefill"), "decode": url_list(pd_args, "--decode")}
+check(not options(pd_args, "--backend") and all(pools.values()),
+      f"dplb-pd names its ranks with --prefill and --decode, without --backend: {pools}")
+for role, urls in pools.items():
+    endpoints = [re.match(r"http://([^:/#]+)(?::(\d+))?", url).groups() for url in urls]
+    hosts_of_role = {host for host, _ in endpoints}
+    for host in sorted(hosts_of_role):
+        engine_args = [str(a) for a in (services.get(host) or {}).get("command") or []]
+        check(host in pd_services and option(engine_args, "--kv-role") == role,
+              f"dplb-pd's --{role} host {host} is a pd service running dplb-mock-engine --kv-role {role}")
+        first = int(option(engine_args, "--port") or 8100)
+        served = {first + i for i in range(int(option(engine_args, "--ranks") or 1))}
+        listed = sorted(int(port or 80) for h, port in endpoints if h == host)
+        check(listed == sorted(served),
+              f"dplb-pd's --{role} lists each of {host}'s rank ports once: {listed}, served {sorted(served)}")
+        # The role's options, with --simulate's absence (the roles refuse it), on ephemeral ports here.
+        local = list(engine_args)
+        for flag in ("--host", "--port"):
+            if flag in local:
+                at = local.index(flag)
+                del local[at:at + 2]
+        mock, ports, _ = benchlib.start_mock(MOCK_ENGINE, local + ["--host", "127.0.0.1"], OUTPUT / f"compose-{host}.log")
+        mock.stop()
+        check(len(ports) == len(served), f"the mock engine starts with {host}'s compose options ({len(ports)} ranks)")
+pd_listen = option(pd_args, "--listen")
+pd_ports = [str(p) for p in services["dplb-pd"].get("ports", [])]
+check(pd_listen is not None and any(p.rsplit(":", 1)[-1] == pd_listen.rsplit(":", 1)[-1] for p in pd_ports),
+      f"dplb-pd publishes the port it listens on ({pd_listen}): {pd_ports}")
+published = {}
+for name, service in services.items():
+    for port in service.get("ports", []):
+        published.setdefault(str(port).rsplit(":", 1)[0].split(":")[-1], []).append(name)
+check(all(len(names) == 1 for names in published.values()),
+      f"no two services publish the same host port, so profile pd runs beside the default services: {published}")
+help_text = subprocess.run([DPLB, "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30).stdout
+if "--prefill" in help_text:
+    checked = subprocess.run([DPLB, "--check-config", *pd_args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, timeout=30)
+    check(checked.returncode == 0 and "configuration OK" in checked.stdout,
+          f"dplb accepts dplb-pd's compose options (--check-config): {checked.stdout.strip()}")
+else:
+    print("skipped: dplb-pd's options against --check-config (this dplb has no --prefill yet)")
+
 prometheus_targets = yaml.safe_load((deploy / "prometheus/prometheus.yml").read_text())["scrape_configs"]
 scraped = {t.split(":")[0] for job in prometheus_targets for group in job["static_configs"] for t in group["targets"]}
 check(scraped == {"dplb"} | set(hosts), f"Prometheus scrapes dplb and every rank: {sorted(scraped)}")
 
 
 # KV-cache events: which services publish them (vLLM's --kv-events-config) and on which ports.
-def option(args, name):
-    """The value of a command-line option, `name value` or `name=value`; None without it."""
-    for at, arg in enumerate(args):
-        if arg == name and at + 1 < len(args):
-            return args[at + 1]
-        if arg.startswith(name + "="):
-            return arg[len(name) + 1:]
-    return None
-
-
 def fragment(url):
     """The options after '#' in a backend URL, `dp=4&kv-events=tcp://h:5557`, as a dict."""
     return dict(option.split("=", 1) for option in url.partition("#")[2].split("&") if option)
@@ -103,22 +171,24 @@ for name, service in services.items():
               f"{name}: its replay ports and event ports (base + 0..{size - 1} each) do not overlap")
     publishers[name] = {**bases, "ranks": ranks, "block_size": int(option(args, "--block-size") or 16)}
 named = 0
-for url in backends.split(","):
-    options, host = fragment(url), re.match(r"http://([^:/#]+)", url).group(1)
-    dp = int(options.get("dp", 1))
+engine_urls = [(dplb_args, url) for url in url_list(dplb_args, "--backend")]
+engine_urls += [(pd_args, url) for url in pools["prefill"] + pools["decode"]]
+for args_of_dplb, url in engine_urls:
+    frag, host = fragment(url), re.match(r"http://([^:/#]+)", url).group(1)
+    dp = int(frag.get("dp", 1))
     for key in ("kv-events", "kv-replay"):
-        if key not in options:
+        if key not in frag:
             continue
         named += 1
-        target = re.fullmatch(r"tcp://([^:/]+):(\d+)", options[key])
+        target = re.fullmatch(r"tcp://([^:/]+):(\d+)", frag[key])
         engine = publishers.get(host)
         # dplb connects the backend's j-th rank to PORT + j; that engine rank binds base + its DP rank.
         check(target is not None and target.group(1) == host and engine is not None and engine[key] is not None
               and len(engine["ranks"]) == dp
               and all(int(target.group(2)) + j == engine[key] + rank for j, rank in enumerate(engine["ranks"])),
               f"backend {url}: {key} reaches the publisher of each of its ranks (base + DP rank)")
-    if host in publishers and {"kv-events", "kv-replay"} & set(options):
-        check(int(option(dplb_args, "--block-size") or 16) == publishers[host]["block_size"],
+    if host in publishers and {"kv-events", "kv-replay"} & set(frag):
+        check(int(option(args_of_dplb, "--block-size") or 16) == publishers[host]["block_size"],
               f"dplb's --block-size is {host}'s --block-size (both 16 when unset)")
 print(f"KV-cache events: {len(publishers)} publishing services ({sorted(publishers)}), {named} kv-events/kv-replay "
       "fragments in dplb's backends")

@@ -4,7 +4,9 @@
 // its key, that key is a configuration the real dplb accepts (--check-config), its backends are the engines the
 // overlay runs (names, count, #dp=N against --data-parallel-size), every engine publishes its KV-cache events and
 // dplb's kv-events=/kv-replay= fragments reach each rank's publisher (base port + DP rank, vLLM's rule) with the
-// engines' block size, and dplb's pods are locked down.
+// engines' block size, and dplb's pods are locked down. The prefill/decode overlay (pd) also: dplb's "prefill" and
+// "decode" lists name the engines of that role, every engine runs NixlConnector (kv_both) with its side channel on
+// the pod's IP and ports of its own.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -76,6 +78,18 @@ function engineOption(container, name) {
   return match ? (match[1] ?? match[2] ?? match[3]) : undefined;
 }
 
+// The engine URLs of a dplb configuration, each with its pool: "backends", or "prefill" and "decode" (P/D), at the
+// top level or in each of "clusters". The index is the URL's place in its list.
+function engineUrls(config) {
+  const groups = config.clusters ?? [config];
+  const list = (value) => (typeof value === 'string' ? value.split(',').map((u) => u.trim()).filter(Boolean) : value ?? []);
+  return groups.flatMap((group) => ['backends', 'prefill', 'decode'].flatMap(
+    (pool) => list(group[pool]).map((url, index) => ({ pool, url, index }))));
+}
+
+// Whether this dplb knows P/D disaggregation (--prefill): a P/D configuration is checked by --check-config only then.
+const dplbHasPd = execFileSync(paths.dplb, ['--help'], { encoding: 'utf8' }).includes('--prefill');
+
 // The configuration the dplb pods read: the ConfigMap key mounted where --config points.
 function dplbConfigText(objects) {
   const dplb = objects.find((o) => o.kind === 'Deployment' && o.metadata.name === 'dplb');
@@ -91,8 +105,8 @@ function dplbConfigText(objects) {
   return text;
 }
 
-test('the overlays are external-lb and internal-dp, and every YAML file belongs to one', () => {
-  assert.deepEqual(overlays.sort(), ['external-lb', 'internal-dp']);
+test('the overlays are external-lb, internal-dp and pd, and every YAML file belongs to one', () => {
+  assert.deepEqual(overlays.sort(), ['external-lb', 'internal-dp', 'pd']);
   const used = new Set(overlays.flatMap((o) => build(path.join(root, o)).map((object) => object.file)));
   const all = readdirSync(root, { recursive: true }).filter((f) => f.endsWith('.yaml') && !f.endsWith('kustomization.yaml'));
   for (const file of all) assert.ok(used.has(path.join(root, file)), `${file} is in no overlay`);
@@ -144,32 +158,79 @@ for (const overlay of overlays) {
     assert.ok(service.spec.ports.some((p) => p.name === monitor.spec.endpoints[0].port), 'and scrapes one of its ports');
   });
 
-  test(`${overlay}: dplb mounts a configuration it accepts, naming the engines the overlay runs`, () => {
-    const text = dplbConfigText(objects);
+  const pd = engineUrls(JSON.parse(dplbConfigText(objects))).some(({ pool }) => pool !== 'backends');
+  test(`${overlay}: dplb accepts the configuration it mounts (--check-config)`,
+       { skip: pd && !dplbHasPd ? 'this dplb has no --prefill yet' : false }, () => {
     const file = path.join(mkdtempSync(path.join(os.tmpdir(), 'dplb-k8s-')), 'dplb.json');
-    writeFileSync(file, text);
+    writeFileSync(file, dplbConfigText(objects));
     const summary = execFileSync(paths.dplb, ['--check-config', '--config', file], { encoding: 'utf8' });
     assert.match(summary, /configuration OK/);
+  });
 
-    const config = JSON.parse(text);
-    const ranks = config.backends.reduce((sum, url) => sum + Number(fragment(url).get('dp') ?? 1), 0);
-    const engines = podsOf(objects).filter((w) => w.metadata.name !== 'dplb');
-    const dataParallelSize = engines.map((w) => {
-      const command = [...(w.spec.template.spec.containers[0].command ?? []), ...(w.spec.template.spec.containers[0].args ?? [])].join(' ');
-      return Number(command.match(/--data-parallel-size (\d+)/)[1]);
-    });
-    assert.deepEqual(dataParallelSize, [ranks], 'the engines run as many DP ranks as dplb lists');
-    // Each backend is a Service (a stable address: dplb resolves names at start, not per request), and the
-    // ranks are listed in order: the i-th backend of a StatefulSet's ranks is its pod i.
-    config.backends.forEach((url, i) => {
+  test(`${overlay}: dplb's configuration names the engines the overlay runs`, () => {
+    const config = JSON.parse(dplbConfigText(objects));
+    const urls = engineUrls(config);
+    const pools = new Set(urls.map(({ pool }) => pool));
+    assert.ok(pools.size > 0, 'dplb names engines');
+    assert.ok(!pools.has('backends') || pools.size === 1, 'backends, or prefill and decode, never both');
+    if (pools.size > 1 || !pools.has('backends')) {
+      assert.deepEqual([...pools].sort(), ['decode', 'prefill'], 'P/D names both pools');
+    }
+    // Each URL is a Service (a stable address: dplb resolves names at start, not per request), and the ranks are
+    // listed in order: the i-th URL of a StatefulSet's ranks is its pod i.
+    const listed = new Map();  // engine workload -> DP ranks dplb lists on it
+    for (const { pool, url, index } of urls) {
       const host = new URL(url.replace(/#.*/, '')).hostname;
       const service = objects.find((o) => o.kind === 'Service' && o.metadata.name === host);
       assert.ok(service, `${host}: a Service of the overlay`);
       assert.ok(service.spec.clusterIP !== 'None', `${host} is not headless: its address outlives a pod`);
       const podName = service.spec.selector['statefulset.kubernetes.io/pod-name'];
-      if (podName) assert.ok(podName.endsWith(`-${i}`), `backend ${i} (${host}) is rank ${i}'s pod, not ${podName}`);
-    });
+      if (podName) assert.ok(podName.endsWith(`-${index}`), `${pool} ${index} (${host}) is rank ${index}'s pod, not ${podName}`);
+      const [engine] = selectedBy(service, objects);
+      if (pool !== 'backends') {
+        assert.equal(engine.spec.template.metadata.labels['app.kubernetes.io/component'], pool,
+                     `dplb's ${pool} URL ${url} reaches ${engine.metadata.name}, a ${pool} server`);
+      }
+      listed.set(engine, (listed.get(engine) ?? 0) + Number(fragment(url).get('dp') ?? 1));
+    }
+    for (const engine of podsOf(objects).filter((w) => w.metadata.name !== 'dplb')) {
+      const size = Number(engineOption(engine.spec.template.spec.containers[0], '--data-parallel-size') ?? 1);
+      assert.equal(listed.get(engine) ?? 0, size,
+                   `dplb lists as many DP ranks on ${engine.metadata.name} as its --data-parallel-size`);
+    }
   });
+
+  if (pd) {
+    test(`${overlay}: every engine runs NixlConnector, its side channel on the pod's IP and on ports of its own`, () => {
+      const config = JSON.parse(dplbConfigText(objects));
+      for (const engine of podsOf(objects).filter((w) => w.metadata.name !== 'dplb')) {
+        const name = engine.metadata.name;
+        const container = engine.spec.template.spec.containers[0];
+        const transfer = JSON.parse(engineOption(container, '--kv-transfer-config') ?? 'null');
+        assert.deepEqual(transfer, { kv_connector: 'NixlConnector', kv_role: 'kv_both' },
+                         `${name} runs --kv-transfer-config with NixlConnector as kv_both`);
+        const env = new Map((container.env ?? []).map((e) => [e.name, e]));
+        assert.equal(env.get('VLLM_NIXL_SIDE_CHANNEL_HOST')?.valueFrom?.fieldRef?.fieldPath, 'status.podIP',
+                     `${name}: NIXL's side channel is announced on the pod's IP, where the decode pods reach it`);
+        // DP rank j's side channel listens on the base port + j: container ports of their own, clear of the
+        // KV-cache event and replay ports and of the API's.
+        const base = Number(env.get('VLLM_NIXL_SIDE_CHANNEL_PORT')?.value ?? 5600);
+        const size = Number(engineOption(container, '--data-parallel-size') ?? 1);
+        const numbers = new Map((container.ports ?? []).map((p) => [p.containerPort, p.name]));
+        for (let j = 0; j < size; j++) {
+          assert.ok((numbers.get(base + j) ?? '').startsWith('nixl-'),
+                    `${name}: DP rank ${j}'s side channel ${base + j} is a container port named nixl-*`);
+        }
+        const kv = JSON.parse(engineOption(container, '--kv-events-config'));
+        for (const endpoint of [kv.endpoint, kv.replay_endpoint].filter(Boolean)) {
+          const first = Number(endpoint.match(/:(\d+)$/)[1]);
+          assert.ok(first + size - 1 < base || first > base + size - 1,
+                    `${name}: the side channel ports ${base}..${base + size - 1} and ${endpoint}'s do not overlap`);
+        }
+      }
+      assert.equal(config.backends, undefined, 'a P/D configuration has no "backends"');
+    });
+  }
 
   test(`${overlay}: every engine publishes its KV-cache events, and dplb's kv-events and kv-replay reach each rank's publisher`, () => {
     const config = JSON.parse(dplbConfigText(objects));
@@ -208,7 +269,7 @@ for (const overlay of overlays) {
       published.set(engine, bases);
     }
 
-    for (const [i, url] of config.backends.entries()) {
+    for (const [i, { url }] of engineUrls(config).entries()) {
       const options = fragment(url);
       const dp = Number(options.get('dp') ?? 1);
       const host = new URL(url.replace(/#.*/, '')).hostname;

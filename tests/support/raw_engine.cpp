@@ -211,11 +211,9 @@ bool raw_engine::perform(std::size_t connection, const std::vector<raw_action>& 
       case raw_action::kind::write:
         if (!send_all(fd, action.bytes)) return false;
         break;
-      case raw_action::kind::pause: {
-        std::unique_lock lock(mutex_);
-        if (changed_.wait_for(lock, action.pause, [this] { return stopping_; })) return false;
+      case raw_action::kind::pause:
+        if (!pause_unless_closed(connection, fd, action.pause)) return false;
         break;
-      }
       case raw_action::kind::close:
         close_fd(connection, false);
         return false;
@@ -225,6 +223,28 @@ bool raw_engine::perform(std::size_t connection, const std::vector<raw_action>& 
     }
   }
   return true;
+}
+
+bool raw_engine::pause_unless_closed(std::size_t connection, int fd, std::chrono::milliseconds pause) {
+  // Only the peer's close (or an error) wakes the poll: bytes arriving (a pipelined request) wait for the
+  // script. The destructor shuts the socket down, which wakes it too.
+  const auto until = clock_type::now() + pause;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock_type::now());
+    if (left.count() <= 0) return true;
+    pollfd watched{fd, POLLRDHUP, 0};
+    const int ready = ::poll(&watched, 1, static_cast<int>(std::min<std::int64_t>(left.count(), 1000)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) continue;
+    std::lock_guard lock(mutex_);
+    if (!stopping_) {
+      auto& state = connections_[connection];
+      state.peer_closed = true;
+      state.peer_closed_at = clock_type::now();
+    }
+    changed_.notify_all();
+    return false;
+  }
 }
 
 void raw_engine::close_fd(std::size_t connection, bool with_reset) {

@@ -7,7 +7,8 @@
 //
 // Each request is parsed just enough to know where it ends (the head, then a body framed by
 // Content-Length or chunked coding, trailers included) and recorded; the script then says what to do.
-// Tests await what the engine saw (requests, connections, dplb closing a connection) with deadlines.
+// Tests await what the engine saw (requests, connections, dplb closing a connection, even in a scripted
+// pause) with deadlines.
 
 #include <chrono>
 #include <condition_variable>
@@ -72,8 +73,8 @@ class raw_engine {
   std::vector<raw_request> requests() const;
   std::size_t request_count() const;
   std::size_t accepted_count() const;
-  // When dplb closed (or reset) that connection while the engine waited for its next request; nullopt
-  // while it has not.
+  // When dplb closed (or reset) that connection while the engine waited for its next request or paused in
+  // a script (a pause ends there, and so does the connection); nullopt while it has not.
   std::optional<std::chrono::steady_clock::time_point> peer_closed_at(std::size_t connection) const;
   // Bytes dplb sent that did not complete a request before it closed (empty for a clean close).
   std::string unfinished_bytes(std::size_t connection) const;
@@ -95,6 +96,8 @@ class raw_engine {
   void serve(std::size_t connection);
   // Runs the actions; returns false when they ended the connection (or the engine is stopping).
   bool perform(std::size_t connection, const std::vector<raw_action>& actions);
+  // A scripted pause; returns false, the close recorded, when the peer closes the connection first.
+  bool pause_unless_closed(std::size_t connection, int fd, std::chrono::milliseconds pause);
   // Reads until `buffer` holds a whole request; returns nullopt when the peer closed, the engine stops,
   // or (setting `malformed`) the request's framing cannot be read.
   std::optional<raw_request> read_request(int fd, std::string& buffer, bool& malformed);

@@ -51,6 +51,19 @@ struct zmq_endpoint {
   bool operator==(const zmq_endpoint&) const = default;
 };
 
+// What a rank does. A co-located rank (`both`) serves whole requests; with --prefill/--decode (or a
+// cluster's "prefill" and "decode" lists) dplb runs every completion in two legs: a `prefill` rank computes
+// the prompt's KV cache and answers its kv_transfer_params, a `decode` rank pulls that cache and generates.
+enum class rank_role : std::uint8_t { both, prefill, decode };
+
+inline constexpr std::string_view role_name(rank_role role) noexcept {
+  switch (role) {
+    case rank_role::prefill: return "prefill";
+    case rank_role::decode: return "decode";
+    default: return "both";
+  }
+}
+
 struct backend_spec {
   std::string url;           // normalised "http://host:port"
   std::uint32_t dp = 1;      // DP ranks served behind the URL; each gets X-data-parallel-rank: 0..dp-1
@@ -61,6 +74,7 @@ struct backend_spec {
   // gap lost. Both optional; kv_replay only with kv_events.
   std::optional<zmq_endpoint> kv_events = std::nullopt;
   std::optional<zmq_endpoint> kv_replay = std::nullopt;
+  rank_role role = rank_role::both;  // as its cluster's: both, or decode / prefill in a disaggregated one
 
   bool operator==(const backend_spec&) const = default;
 };
@@ -75,7 +89,15 @@ struct cluster_spec {
   // in the implicit cluster (serves any model).
   std::vector<std::string> models;
   std::string policy;  // its balancing policy (a balancer::policy_names entry); defaults to settings.policy
+  // A disaggregated cluster is two clusters of one name: its decode ranks (role decode, the one requests are
+  // routed to by model, its index in prefill_pool's partner) and its prefill ranks (role prefill, no models
+  // of its own, balanced by prefill_policy). Each pool then has its own rotation, queue and skew, as a
+  // cluster has. A co-located cluster has role both and no prefill pool.
+  rank_role role = rank_role::both;
+  std::optional<std::size_t> prefill_pool = std::nullopt;  // decode: the index of its prefill cluster
+  std::size_t decode_pool = 0;                             // prefill: the index of its decode cluster
 
+  bool disaggregated() const noexcept { return role == rank_role::decode; }
   bool operator==(const cluster_spec&) const = default;
 };
 // A cluster's name goes into metric labels and log lines: [A-Za-z0-9._-], 1 to this many characters.
@@ -99,6 +121,11 @@ struct settings {
   // Balancing policy name (balancer::policy_names): "round-robin" or "least-inflight", or one of the
   // baselines kept for benchmarks, "random" and "engine-stats". The policy of every cluster that sets none.
   std::string policy = "least-inflight";
+  // --prefill-policy: how a disaggregated cluster's prefill rank is picked (its decode rank by its policy).
+  std::string prefill_policy = "least-inflight";
+  // --pd-skip-prefill-ratio: a request whose prompt the picked decode rank already holds for at least this
+  // share of its blocks (from that rank's KV-cache events) runs there in one leg. 0 = never (the default).
+  double pd_skip_prefill_ratio = 0;
   // How often every backend's /metrics is read (vLLM's coordinator: 100 ms); 0 = never. Unset: 100 ms for
   // a policy that uses engine stats, never for the others (see engine_stats_interval()).
   std::optional<std::chrono::milliseconds> stats_interval;
@@ -184,6 +211,11 @@ inline constexpr std::chrono::milliseconds default_stats_interval{100};
 // engine stats (`uses_engine_stats`), else never (0).
 inline std::chrono::milliseconds engine_stats_interval(const settings& s, bool uses_engine_stats) {
   return s.stats_interval.value_or(uses_engine_stats ? default_stats_interval : std::chrono::milliseconds(0));
+}
+
+// Whether some cluster runs its requests in two legs (prefill, then decode).
+inline bool any_cluster_disaggregated(const settings& s) {
+  return std::ranges::any_of(s.clusters, [](const cluster_spec& c) { return c.disaggregated(); });
 }
 
 // Whether some backend publishes KV-cache events (#kv-events=...).

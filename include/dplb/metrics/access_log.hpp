@@ -37,12 +37,19 @@ struct access_entry {
   std::optional<double> duration;               // seconds, pick to the end; else from `started`
   std::optional<std::uint64_t> prompt_tokens;   // the response's usage
   std::optional<std::uint64_t> completion_tokens;
+  // A disaggregated request's first leg (rank, status and seconds from its sending to its whole answer),
+  // and the X-Request-Id both legs carried. Written only for a request that ran a prefill leg.
+  std::optional<std::size_t> prefill_rank;
+  unsigned prefill_status = 0;
+  std::optional<double> prefill_duration;
+  std::string request_id;
 };
 
 // The line for an entry, without its newline: {"time":"2026-12-04T10:00:00.123Z","rank":0,"method":"POST",
 // "path":"/v1/completions","status":200,"bytes":312,"ttfb":0.0123,"duration":0.5,"tokens":30,
-// "prompt_tokens":20,"completion_tokens":10,"model":"m","client":"10.0.0.9:51234"}. `now` ends a duration
-// that was not set.
+// "prompt_tokens":20,"completion_tokens":10,"model":"m","client":"10.0.0.9:51234"}, and for a request run in
+// two legs ,"request_id":"...","prefill_rank":4,"prefill_status":200,"prefill_duration":0.2 before the closing
+// brace. `now` ends a duration that was not set.
 std::string format_access_line(const access_entry& entry, std::chrono::steady_clock::time_point now);
 
 class access_log {

@@ -25,6 +25,7 @@
 #include <prometheus/metric_family.h>
 #include <prometheus/registry.h>
 
+#include "dplb/config/settings.hpp"
 #include "dplb/support/atomic_histogram.hpp"
 
 namespace dplb::balancer {
@@ -60,7 +61,8 @@ class proxy_metrics {
   // Ranks come and go at runtime (one thread at a time, as the topology's add()). add_rank takes the next
   // rank number; a retired rank's series leave the exposition (its handles stay, so that a late call on
   // it is harmless) and come back, with their values, when it is restored.
-  void add_rank(const std::string& url, const std::string& cluster = "default");
+  void add_rank(const std::string& url, const std::string& cluster = "default",
+                config::rank_role role = config::rank_role::both);
   void retire_rank(std::size_t rank);
   void restore_rank(std::size_t rank);
 
@@ -84,6 +86,15 @@ class proxy_metrics {
   void ejected(std::size_t rank);
   // The admin drained the rank (or ended its drain).
   void rank_draining(std::size_t rank, bool draining);
+
+  // Prefill/decode disaggregation: its families (dplb_pd_leg_duration_seconds{leg},
+  // dplb_pd_prefill_skipped_total) are shown from now on. Before serving.
+  void observe_disaggregation() { disaggregated_ = true; }
+  // A prefill leg ended (sent to its whole answer read), or a decode leg (sent to the end of its response).
+  void prefill_leg(std::chrono::duration<double> took) { prefill_leg_.observe(took.count()); }
+  void decode_leg(std::chrono::duration<double> took) { decode_leg_.observe(took.count()); }
+  // A request ran in one leg on its decode rank, which held its prompt (--pd-skip-prefill-ratio).
+  void prefill_skipped() noexcept { prefill_skipped_.fetch_add(1, std::memory_order_relaxed); }
 
   // A request waited this long in dplb's queue (--max-inflight-per-rank) before it got a slot or gave up.
   void queued(std::chrono::duration<double> waited);
@@ -183,6 +194,10 @@ class proxy_metrics {
   prometheus::Family<prometheus::Gauge>& engine_kv_cache_usage_;
   prometheus::Family<prometheus::Gauge>& engine_stats_age_;
   support::atomic_histogram queue_wait_;
+  bool disaggregated_ = false;
+  support::atomic_histogram prefill_leg_;
+  support::atomic_histogram decode_leg_;
+  std::atomic<std::uint64_t> prefill_skipped_{0};
   std::array<std::atomic<prometheus::Counter*>, 600> rejected_by_status_{};  // lazily filled
   // The per-rank families, for add_rank.
   struct rank_families {
@@ -198,6 +213,7 @@ class proxy_metrics {
     prometheus::Family<prometheus::Counter>& ejections;
     prometheus::Family<prometheus::Gauge>& draining;
     prometheus::Family<prometheus::Gauge>& cluster;
+    prometheus::Family<prometheus::Gauge>& role;
   };
   rank_families families_;
   // Allocated once for the capacity: [0, rank_count_) are in use, and an entry never changes once

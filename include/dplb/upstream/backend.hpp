@@ -28,6 +28,7 @@ struct backend {
   std::uint32_t dp = 1;    // DP ranks behind the URL
   std::size_t first_rank = 0;  // the global rank of its DP rank 0
   std::size_t cluster = 0;     // the cluster it serves
+  config::rank_role role = config::rank_role::both;  // its cluster's: both, or prefill / decode
   std::vector<boost::asio::ip::tcp::endpoint> endpoints;  // resolved once, when it was added
   // Its engines' KV-cache event publishers and replay sockets (#kv-events=, #kv-replay=): rank j of the
   // backend on the port + j. ZMQ resolves their hosts itself, and reconnects.
@@ -41,6 +42,7 @@ struct rank_entry {
   std::uint32_t rank_in_url = 0;  // 0..dp-1 on its server: the X-data-parallel-rank it sends
   std::uint32_t weight = 1;      // as configured when it was added (the balancer holds the live one)
   std::size_t cluster = 0;
+  config::rank_role role = config::rank_role::both;  // its backend's
   // The lines every request to this rank carries after its request line: the Host line, and for a rank
   // of a `#dp=N` backend its X-data-parallel-rank line (never for a plain backend: a one-rank server
   // under vLLM's external load balancing refuses any value but its own global rank, which dplb does not know).

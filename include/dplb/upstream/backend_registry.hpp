@@ -72,6 +72,7 @@ struct rank_status {
   backend_state backend = backend_state::active;
   std::string_view cluster;
   std::string_view policy;  // its cluster's
+  config::rank_role role = config::rank_role::both;
   std::uint32_t weight = 1;
   std::uint8_t flags = 0;  // balancer::rank_flag bits: usable when none is set
   std::uint32_t inflight = 0;
@@ -111,10 +112,11 @@ class backend_registry {
  public:
   using resolver = std::function<backend(const config::backend_spec&)>;
 
-  // `clusters` names the clusters, in index order (fixed for the process's life).
+  // `clusters` names the clusters, in index order (fixed for the process's life); `roles` gives their
+  // roles (empty: every cluster co-located). A disaggregated cluster's two pools share its name.
   backend_registry(topology& topology, balancer::balancer& balancer, metrics::proxy_metrics& metrics,
                    health_monitor& health, std::vector<std::string> clusters = {config::implicit_cluster_name},
-                   resolver resolve = resolve_backend);
+                   resolver resolve = resolve_backend, std::vector<config::rank_role> roles = {});
 
   // Adds a backend (or brings a removed one back: same URL, dp and cluster, and its host still resolves to
   // the same addresses). Its host is resolved on every add. Throws backend_change_error: 409 when the URL
@@ -151,7 +153,12 @@ class backend_registry {
 
   backend_state state_of(std::size_t backend) const { return states_.at(backend); }
   const std::string& cluster_name(std::size_t cluster) const { return clusters_.at(cluster); }
-  std::optional<std::size_t> cluster_named(std::string_view name) const;
+  // The cluster of that name (of a disaggregated one, its pool with `role`; both: its decode pool).
+  std::optional<std::size_t> cluster_named(std::string_view name,
+                                           config::rank_role role = config::rank_role::both) const;
+  config::rank_role role_of_cluster(std::size_t cluster) const {
+    return cluster < roles_.size() ? roles_[cluster] : config::rank_role::both;
+  }
   // The active backend with this normalised URL, or nullptr.
   const backend* active(std::string_view url) const;
 
@@ -176,6 +183,7 @@ class backend_registry {
   metrics::proxy_metrics& metrics_;
   health_monitor& health_;
   std::vector<std::string> clusters_;
+  std::vector<config::rank_role> roles_;
   resolver resolve_;
   std::vector<backend_state> states_;  // per backend, in topology order
 };

@@ -106,6 +106,7 @@ function renderRank(r, clusters, maxInflight) {
   const details = [];
   if (r.dp > 1) details.push(`DP rank ${r.index_in_url} of ${r.dp}`);
   if (clusters > 1) details.push(`group ${r.cluster}`);
+  if (r.role && r.role !== 'both') details.push(r.role);
   if (r.backend_state && r.backend_state !== 'active') details.push(`backend ${r.backend_state}`);
   setLines(cells.engine, [[r.url, 'url'], ...(details.length ? [[details.join(' · '), 'sub']] : [])]);
   cells.state.replaceChildren(make('span', `badge ${state.level}`, state.words));
@@ -145,7 +146,9 @@ function render(doc, now) {
   byId('version').textContent = doc.version ?? '–';
   byId('uptime').textContent = duration(doc.uptime_seconds);
   byId('updated').textContent = new Date().toLocaleTimeString();
-  const policies = new Map(doc.ranks.map((r) => [r.cluster, r.policy]));
+  // A disaggregated cluster's two pools have a policy each: shown as "name prefill: policy".
+  const poolOf = (r) => (r.role && r.role !== 'both' ? `${r.cluster} ${r.role}` : r.cluster);
+  const policies = new Map(doc.ranks.map((r) => [poolOf(r), r.policy]));
   byId('policy').textContent = policies.size > 1 ? [...policies].map(([c, p]) => `${c}: ${p}`).join(', ') : doc.policy;
   const live = doc.ranks.filter((r) => !(r.flags || []).includes('removed'));
   const usable = live.filter((r) => r.usable).length;

@@ -248,7 +248,7 @@ TEST_CASE("a cluster's models: a non-empty array of names, none twice, none in t
 
 TEST_CASE("a cluster's backends: required, parsed as --backend, each engine in one cluster and once", "[config][clusters]") {
   CHECK(error_with(json{without(llama_cluster(), "backends")}) ==
-        "cluster 'llama' in config file '%' has no \"backends\"; list the URLs of the engines that serve its models");
+        "cluster 'llama' in config file '%' has no \"backends\"; list the URLs of the engines that serve its models (or \"prefill\" and \"decode\" for disaggregated serving)");
   for (const json& empty : {json::array(), json("")}) {
     INFO(empty.dump());
     CHECK_THAT(error_with(json{with(llama_cluster(), "backends", empty)}),
@@ -291,7 +291,7 @@ TEST_CASE("unknown or repeated keys in a cluster are refused, naming the cluster
         "unknown key 'modles' in cluster 'llama' in config file '%' (did you mean 'models'?)");
   CHECK(error_with(json{with(llama_cluster(), "weight", 2)}) ==
         "unknown key 'weight' in cluster 'llama' in config file '%'; known keys: name, models, backends, policy, "
-        "default");
+        "default, prefill, decode, prefill_policy");
   // Before the name is known, the cluster is called by its place.
   CHECK(error_with(json{with(without(llama_cluster(), "name"), "nmae", "llama")}) ==
         "unknown key 'nmae' in clusters[0] in config file '%' (did you mean 'name'?)");

@@ -455,9 +455,9 @@ TEST_CASE("numeric values reach the settings unchanged at the range edges", "[co
 }
 
 TEST_CASE("no backend at all is an error that says how to give one", "[config]") {
-  CHECK(error_of({}) == "no backend given: pass --backend http://HOST:PORT (repeatable) or set DPLB_BACKENDS");
+  CHECK(error_of({}) == "no backend given: pass --backend http://HOST:PORT (repeatable) or set DPLB_BACKENDS (or --prefill and --decode for disaggregated serving)");
   CHECK(error_of({"--listen", "0.0.0.0:8000", "--policy", "round-robin"}) ==
-        "no backend given: pass --backend http://HOST:PORT (repeatable) or set DPLB_BACKENDS");
+        "no backend given: pass --backend http://HOST:PORT (repeatable) or set DPLB_BACKENDS (or --prefill and --decode for disaggregated serving)");
 }
 
 TEST_CASE("command-line mistakes give one line that points to --help", "[config]") {

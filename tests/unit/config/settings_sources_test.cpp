@@ -172,7 +172,7 @@ TEST_CASE("an empty environment variable counts as unset", "[config]") {
   CHECK(s.threads == 0);
   CHECK(s.listen.port == 8000);
   CHECK(error_of({}, {{"DPLB_BACKENDS", ""}}) ==
-        "no backend given: pass --backend http://HOST:PORT (repeatable) or set DPLB_BACKENDS");
+        "no backend given: pass --backend http://HOST:PORT (repeatable) or set DPLB_BACKENDS (or --prefill and --decode for disaggregated serving)");
 }
 
 TEST_CASE("precedence: command line over environment", "[config]") {
@@ -310,7 +310,7 @@ TEST_CASE("unknown config keys are errors that name the key", "[config]") {
     const std::string file = dir.write_json("dplb.json", json{{"backends", {a_backend}}, {"tls_certificate", "x.pem"}});
     const std::string msg = error_of({"--config", file});
     CHECK_THAT(msg, Catch::StartsWith("unknown key 'tls_certificate' in config file '" + file + "'; known keys: "));
-    CHECK_THAT(msg, Catch::Contains("listen, backends, policy, stats_interval, kv_pressure_weight, default_max_tokens, load_bound, prefix_min_match, prefix_index_blocks, block_size, kv_index_blocks, tokenize, affinity_header, slow_start, threads, log_level, log_format"));
+    CHECK_THAT(msg, Catch::Contains("listen, backends, prefill, decode, policy, prefill_policy, pd_skip_prefill_ratio, stats_interval, kv_pressure_weight, default_max_tokens, load_bound, prefix_min_match, prefix_index_blocks, block_size, kv_index_blocks, tokenize, affinity_header, slow_start, threads, log_level, log_format"));
     CHECK_THAT(msg, Catch::Contains("upstream_max_idle_per_rank"));
   }
   SECTION("the file cannot name another config file") {
@@ -371,7 +371,7 @@ TEST_CASE("an empty backends list in the file counts as none", "[config]") {
   temp_dir dir;
   const std::string file = dir.write_json("dplb.json", json{{"backends", json::array()}});
   CHECK(error_of({"--config", file}) ==
-        "no backend given: pass --backend http://HOST:PORT (repeatable) or set DPLB_BACKENDS");
+        "no backend given: pass --backend http://HOST:PORT (repeatable) or set DPLB_BACKENDS (or --prefill and --decode for disaggregated serving)");
   CHECK(urls_of(run({"--config", file}, {{"DPLB_BACKENDS", a_backend}}).backends) == std::vector<std::string>{a_backend});
 }
 

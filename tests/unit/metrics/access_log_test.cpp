@@ -59,3 +59,28 @@ TEST_CASE("an access line escapes whatever the client sent, and sums the tokens"
   CHECK(keys == std::vector<std::string>{"time", "rank", "method", "path", "status", "bytes", "ttfb", "duration",
                                          "tokens", "prompt_tokens", "completion_tokens", "model", "client"});
 }
+
+TEST_CASE("an access line of a two-leg request adds its request id and its prefill leg, after the rest",
+          "[access-log][pd]") {
+  access_entry e;
+  e.rank = 5;
+  e.status = 200;
+  e.duration = 0.9;
+  e.request_id = "id-\"7\"";
+  e.prefill_rank = 1;
+  e.prefill_status = 200;
+  e.prefill_duration = 0.25;
+  const auto ordered = nlohmann::ordered_json::parse(format_access_line(e, {}));
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : ordered.items()) keys.push_back(key);
+  CHECK(keys == std::vector<std::string>{"time", "rank", "method", "path", "status", "bytes", "ttfb", "duration",
+                                         "tokens", "prompt_tokens", "completion_tokens", "model", "client",
+                                         "request_id", "prefill_rank", "prefill_status", "prefill_duration"});
+  CHECK(ordered["request_id"] == "id-\"7\"");
+  CHECK(ordered["prefill_rank"] == 1);
+  CHECK(ordered["prefill_status"] == 200);
+  CHECK(ordered["prefill_duration"] == 0.25);
+  // A request that ran one leg has none of them.
+  e.prefill_rank.reset();
+  CHECK_FALSE(json::parse(format_access_line(e, {})).contains("request_id"));
+}
