@@ -4,7 +4,8 @@
 Run through bench/pd.sh (it documents the knobs). Two parts, each run --repeats times with fresh processes:
 
 1. Mixed workload, two setups of 8 simulated engines each (dplb-mock-engine --simulate --dp-lockstep: MoE DP
-   ranks that step together, each step as long as the slowest rank's CUDA-graph-padded batch and prefill):
+   ranks that step together, each step as long as the slowest rank's CUDA-graph-padded batch and prefill;
+   --clocks independent: each rank on its own clock, as a dense model's DP ranks):
    - "pd": 4 prefill ranks (one mock process, --ranks 4 --kv-role prefill) and 4 decode ranks (another,
      --ranks 4 --kv-role decode) behind dplb in P/D mode (--prefill URL x4 --decode URL x4, least-inflight on
      both pools). Every request runs a prefill leg (max_tokens 1: the simulated prefill compute of its prompt,
@@ -73,8 +74,9 @@ def urls(ports):
     return [f"http://127.0.0.1:{p}" for p in ports]
 
 
-def engine_args(opts, ranks, role, start_after=0, scale=None):
-    return (["--ranks", str(ranks), "--simulate", "--dp-lockstep", "--time-scale", str(scale or opts.time_scale),
+def engine_args(opts, ranks, role, start_after=0, scale=None, lockstep=True):
+    return (["--ranks", str(ranks), "--simulate"] + (["--dp-lockstep"] if lockstep else [])
+            + ["--time-scale", str(scale or opts.time_scale),
              "--max-num-seqs", str(opts.max_num_seqs), "--threads", "1", "--kv-role", role]
             + (["--start-after", str(start_after)] if start_after else []) + opts.mock_args.split())
 
@@ -109,16 +111,16 @@ class Setup:
             proc.stop()
 
 
-def start_setup(opts, workdir, tag, setup, policy, start_after=0, scale=None):
+def start_setup(opts, workdir, tag, setup, policy, start_after=0, scale=None, lockstep=True):
     """Engines and dplb: (Setup, dplb port, {"prefill"|"decode"|"both": (admin port, ranks)})."""
     s = Setup()
     try:
         pools = {}
         if setup == "pd":
-            _, prefill_ports, prefill_admin = s.add(start_mock(opts.mock, engine_args(opts, POOL, "prefill", 0, scale),
+            _, prefill_ports, prefill_admin = s.add(start_mock(opts.mock, engine_args(opts, POOL, "prefill", 0, scale, lockstep),
                                                                workdir / f"{tag}.prefill.log"))
             _, decode_ports, decode_admin = s.add(start_mock(opts.mock, engine_args(opts, POOL, "decode", start_after,
-                                                                                    scale),
+                                                                                    scale, lockstep),
                                                              workdir / f"{tag}.decode.log"))
             pools = {"prefill": (prefill_admin, POOL), "decode": (decode_admin, POOL)}
             args = ["--policy", policy, "--stats-interval", f"{opts.stats_interval_ms}ms"]
@@ -127,7 +129,7 @@ def start_setup(opts, workdir, tag, setup, policy, start_after=0, scale=None):
             for url in urls(decode_ports):
                 args += ["--decode", url]
         else:
-            _, ports, admin = s.add(start_mock(opts.mock, engine_args(opts, 2 * POOL, "both", start_after, scale),
+            _, ports, admin = s.add(start_mock(opts.mock, engine_args(opts, 2 * POOL, "both", start_after, scale, lockstep),
                                                workdir / f"{tag}.mock.log"))
             pools = {"both": (admin, 2 * POOL)}
             args = ["--policy", policy, "--stats-interval", f"{opts.stats_interval_ms}ms"]
@@ -161,7 +163,7 @@ def lag_share(admin, ranks, scale):
 
 def run_mixed(opts, workdir, setup, repeat):
     tag = f"mixed-{setup}-{repeat}"
-    s, port, pools = start_setup(opts, workdir, tag, setup, "least-inflight")
+    s, port, pools = start_setup(opts, workdir, tag, setup, "least-inflight", lockstep=opts.clocks == "lockstep")
     try:
         result_path = workdir / f"{tag}.json"
         bench = start_bench(opts.bench, port, [
@@ -231,6 +233,9 @@ def main():
     parser.add_argument("--long-input-len", type=int, default=6000)
     parser.add_argument("--long-output-len", type=int, default=32)
     parser.add_argument("--time-scale", type=float, default=4.0, help="mixed: the mocks' --time-scale")
+    parser.add_argument("--clocks", choices=("lockstep", "independent"), default="lockstep",
+                        help="mixed: every pool's ranks step together (MoE DP, the default) or each on its own clock "
+                        "(a dense model's DP ranks); the burst is always lockstep")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--burst", type=int, default=256)
     parser.add_argument("--burst-input-len", type=int, default=64)
@@ -267,7 +272,8 @@ def main():
 def report(opts, records, elapsed):
     med = statistics.median
     lines = [f"# dplb P/D benchmark: {POOL} prefill + {POOL} decode ranks (dplb --prefill/--decode) against "
-             f"{2 * POOL} co-located ranks (dplb --policy least-inflight), mock --simulate --dp-lockstep "
+             f"{2 * POOL} co-located ranks (dplb --policy least-inflight), mock --simulate "
+             f"({'--dp-lockstep' if opts.clocks == 'lockstep' else 'independent clocks'} in the mixed part) "
              f"--max-num-seqs {opts.max_num_seqs}{(' ' + opts.mock_args) if opts.mock_args else ''}, "
              f"{opts.repeats} run(s) per cell, {elapsed:.0f} s", ""]
     mixed = [r for r in records if r["part"] == "mixed"]
