@@ -326,8 +326,9 @@ TEST_CASE("mock pd: with --simulate an expired hold frees the prefill engine's b
 TEST_CASE("mock pd: a decode that fails or is abandoned leaves no block held on the prefill", "[mock][pd]") {
   const bool simulate = GENERATE(false, true);
   INFO("simulate " << simulate);
+  // Without --simulate, 5 ms between tokens: an unread stream of 100,000 tokens never ends during the test.
   const auto args = [&](const char* role) {
-    return simulate ? simulated(role) : std::vector<std::string>{"--kv-role", role};
+    return simulate ? simulated(role) : std::vector<std::string>{"--kv-role", role, "--itl-ms", "5"};
   };
   mock_engine prefill(1, args("prefill"));
   mock_engine decode(1, args("decode"));
