@@ -58,13 +58,25 @@ int source_level(const option_spec& o, const command_line_values& cli, const env
 // requests go) and its prefill ranks (cluster 1, --prefill-policy). The prefill ranks are numbered first.
 void resolve_disaggregated(settings& s, const command_line_values& cli, const environment& env, const json& file,
                            const std::string& path) {
+  // Both from one source, never merged: a file's lists and a variable's would make one deployment of two.
+  const int prefill_level = source_level(prefill_option(), cli, env, file);
+  const int decode_level = source_level(decode_option(), cli, env, file);
+  const auto source_name = [](int level) {
+    return std::string(level == 3 ? "the command line" : level == 2 ? "the environment" : "the config file");
+  };
+  if (prefill_level != decode_level) {
+    const bool prefill_higher = prefill_level > decode_level;
+    const auto given = source_name(std::max(prefill_level, decode_level));
+    throw config_error(std::string(prefill_higher ? "--prefill is given without --decode" : "--decode is given without --prefill") +
+                       " in " + given + (std::min(prefill_level, decode_level) > 0
+                                             ? " (the other list is in " + source_name(std::min(prefill_level, decode_level)) + ")"
+                                             : "") +
+                       ": a disaggregated dplb needs both pools from one source; pass --prefill URL and --decode URL "
+                       "(DPLB_PREFILL and DPLB_DECODE, or the file's \"prefill\" and \"decode\"), or --backend for "
+                       "co-located ranks");
+  }
   auto prefill = pick(prefill_option(), cli, env, file, path);
   auto decode = pick(decode_option(), cli, env, file, path);
-  if (!prefill || !decode) {
-    throw config_error(std::string(prefill ? "--prefill is given without --decode" : "--decode is given without --prefill") +
-                       ": a disaggregated dplb needs both pools; pass --prefill URL and --decode URL (or use "
-                       "--backend for co-located ranks)");
-  }
   rank_list ranks;
   ranks.add(*prefill, 1, "", rank_role::prefill, prefill_option());
   ranks.add(*decode, 0, "", rank_role::decode, decode_option());

@@ -121,9 +121,11 @@ std::string format_access_line(const access_entry& e, std::chrono::steady_clock:
   append_text_or_null(out, e.model);
   out += ",\"client\":";
   append_text_or_null(out, e.client);
-  if (e.prefill_rank) {
+  if (!e.request_id.empty()) {
     out += ",\"request_id\":";
     append_text_or_null(out, e.request_id);
+  }
+  if (e.prefill_rank) {
     out += ",\"prefill_rank\":";
     append_number_or_null(out, e.prefill_rank);
     fmt::format_to(std::back_inserter(out), ",\"prefill_status\":{},\"prefill_duration\":", e.prefill_status);

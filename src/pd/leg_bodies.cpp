@@ -16,6 +16,10 @@ using json = nlohmann::ordered_json;
 constexpr std::array<std::string_view, 3> dropped_on_prefill{"stream_options", "min_tokens", "min_completion_tokens"};
 
 std::optional<json> object_of(std::string_view body) {
+  // The object's own braces first and last (whitespace aside): nlohmann also takes a byte order mark before
+  // it, which decode_body(), writing into the client's bytes, could not place the params after.
+  const auto open = body.find_first_not_of(" \t\r\n");
+  if (open == std::string_view::npos || body[open] != '{') return std::nullopt;
   if (support::json_nesting_depth(body, max_body_nesting) > max_body_nesting) return std::nullopt;
   json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (!parsed.is_object()) return std::nullopt;

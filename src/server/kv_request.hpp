@@ -25,13 +25,13 @@ class kv_request {
   // /tokenize's answer for the longest prompt dplb matches (max_prompt_token_ids ids of up to 10 digits).
   static constexpr std::size_t max_tokenize_answer_bytes = 16u << 20;
 
-  // From the body's facts, for a request of a prefix-aware cluster (or, `always`, of any: a disaggregated
-  // one whose decode rank's holdings decide whether the prefill leg runs) while some rank publishes events:
-  // a prompt of token ids is chained at once; text waits for tokenize() under --tokenize engine.
-  void prepare(request_facts& facts, const shared_state& shared, balancer::pick_context& request, bool always = false) {
-    if (shared.kv_events == nullptr || !shared.kv_events->any_configured() ||
-        (!always && shared.balancer.policy_of(request.cluster).name() != "prefix-aware")) {
-      return;  // only a prefix-aware cluster matches the events (least-tokens reads the body too)
+  // From the body's facts, for a request whose pick matches the events (`matched`: a prefix-aware pick of its
+  // rank or of its prefill rank, or its decode rank's holdings for a skipped prefill) while some rank
+  // publishes events: a prompt of token ids is chained at once; text waits for tokenize() under --tokenize
+  // engine.
+  void prepare(request_facts& facts, const shared_state& shared, balancer::pick_context& request, bool matched) {
+    if (shared.kv_events == nullptr || !shared.kv_events->any_configured() || !matched) {
+      return;  // only a prefix-aware pick (or a skip) matches the events (least-tokens reads the body too)
     }
     model_ = std::move(facts.model);
     salt_ = std::move(facts.cache_salt);

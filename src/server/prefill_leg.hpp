@@ -32,36 +32,45 @@ class prefill_leg {
   enum class result {
     params_ready,    // a 200 with kv_transfer_params: params() is the decode leg's
     relay_answer,    // the engine's answer (its head read, its body not) goes to the client as it came
-    failed,          // no answer from any prefill rank: the client gets failure_status() (accounted for)
-    no_slot,         // no prefill rank could take it (none usable, queue full or timed out)
+    failed,          // no usable answer from any prefill rank: failure() says why (see the session)
     client_gone,     // the client left: the engine connection is closed, no further leg may run
   };
 
-  prefill_leg(worker_state& worker, client_watch& watch, http::response_head& response_head, socket_deadline& deadline)
-      : shared_(worker.shared), watch_(watch), exchange_(worker, watch, response_head, deadline),
-        deadline_(deadline) {}
+  // `request`: the decode leg's pick, whose cluster's prefill pool serves this leg; `cost`: its cost, of which
+  // the prefill leg has the prompt and one token. `watch`: the session's, for the exchange (armed later).
+  prefill_leg(worker_state& worker, client_watch& watch, http::response_head& response_head, socket_deadline& deadline,
+              const balancer::pick_context& request, balancer::request_cost cost)
+      : shared_(worker.shared), watch_(watch), exchange_(worker, watch, response_head, deadline), deadline_(deadline),
+        request_(request), cost_{cost.prompt, 1} {
+    request_.cluster = *shared_.settings.clusters.at(request.cluster).prefill_pool;
+    request_.pinned_rank.reset();  // a pinned rank is the decode leg's
+    request_.avoid = nullptr;
+    request_.decode_tokens = 1;
+  }
 
-  // `request`: the decode leg's pick, whose cluster's prefill pool serves this leg. `body`: the prefill body.
-  io::task<result> run(io::tcp_stream& client, const upstream_head& head, std::string_view body,
-                       balancer::pick_context request, balancer::request_cost cost) {
-    request.cluster = *shared_.settings.clusters.at(request.cluster).prefill_pool;
-    request.pinned_rank.reset();
-    request.avoid = nullptr;
+  // A prefill rank, at once or after a wait in the prefill ranks' queue (--max-inflight-per-rank). Called
+  // before the session arms its client watch: the queue's wait watches the client itself. `access`: the
+  // request's access log entry, which this leg's accounting fills until the decode leg takes it over.
+  io::task<slot_refusal> acquire(io::tcp_stream& client, metrics::access_entry* access) {
     slot_result slot;
     if (shared_.balancer.queueing()) {
-      slot = co_await wait_for_slot(client, shared_, request, cost);
+      slot = co_await wait_for_slot(client, shared_, request_, cost_);
     } else {
-      slot.lease = shared_.balancer.acquire(request, cost);
-      slot.refusal = slot_refusal::no_usable_rank;
+      slot.lease = shared_.balancer.acquire(request_, cost_);
+      slot.refusal = slot_refusal::no_usable_rank;  // read only when there is no lease
     }
-    if (slot.refusal == slot_refusal::client_gone) co_return result::client_gone;
-    if (!slot.lease) {
-      refusal_ = slot.refusal;
-      co_return result::no_slot;
-    }
-    // Accounted for as any request of the rank (its in-flight count, its status, its errors); the access
-    // log's entry gets the decode leg's numbers, and the session adds this leg's to its prefill fields.
-    accounting_.emplace(shared_, std::move(slot.lease), nullptr);
+    if (!slot.lease) co_return slot.refusal;
+    accounting_.emplace(shared_, std::move(slot.lease), access);
+    co_return slot_refusal::none;
+  }
+
+  // What the client is told when acquire() found no prefill rank.
+  std::string refusal_text(slot_refusal refusal) const {
+    return "no prefill rank for the request: " + refusal_message(refusal, request_, false);
+  }
+
+  // Sends the prefill body (`head` framed for it) to the acquired rank, and to another on a refusal.
+  io::task<result> run(const upstream_head& head, std::string_view body) {
     std::vector<bool> tried;
     const auto sent_at = std::chrono::steady_clock::now();
     for (std::size_t retries = 0;; ++retries) {
@@ -72,20 +81,14 @@ class prefill_leg {
         co_return result::client_gone;
       }
       accounting_->attempt_failed(attempt.kind, attempt.health);
-      if (attempt.retry_elsewhere && retries < shared_.settings.max_retries) {
-        const auto ranks = shared_.topology.ranks();
-        const auto& failed = shared_.topology.backends()[ranks[accounting_->rank()].backend];
-        tried.resize(ranks.size());
-        std::fill_n(tried.begin() + static_cast<std::ptrdiff_t>(failed.first_rank), failed.dp, true);
-        request.avoid = &tried;
-        if (auto next = shared_.balancer.acquire(request, cost)) {
-          accounting_->move_to(std::move(next));
-          continue;
-        }
+      if (attempt.retry_elsewhere && retries < shared_.settings.max_retries &&
+          accounting_->move_elsewhere(request_, cost_, tried)) {
+        continue;
       }
       failure_ = attempt;
       co_return result::failed;
     }
+    took_ = std::chrono::steady_clock::now() - sent_at;
     const unsigned status = exchange_.response_head().status;
     accounting_->answered(status);
     if (status != 200) co_return result::relay_answer;
@@ -99,7 +102,7 @@ class prefill_leg {
       }
       const bool silent = read_ec == boost::beast::error::timeout;
       accounting_->attempt_failed("midstream", silent ? upstream::request_outcome::timeout : upstream::request_outcome::reset);
-      failure_ = upstream_exchange::outcome{read_ec, "midstream", {}, false};
+      failure_ = upstream_exchange::outcome{silent ? read_ec : boost::asio::error::connection_reset, "midstream", {}, false};
       co_return result::failed;
     }
     metrics::usage_scanner usage;
@@ -107,23 +110,22 @@ class prefill_leg {
     accounting_->engine_finished(usage);
     exchange_.give_back_if_clean(accounting_->rank());
     params_ = pd::kv_transfer_params_of(answer_);
-    if (!params_) {
-      // A 200 without kv_transfer_params: an engine not configured for disaggregation (no
-      // --kv-transfer-config). No decode leg can run; the client is told what to fix.
-      failure_ = upstream_exchange::outcome{boost::beast::http::error::bad_value, "protocol", {}, false};
-      co_return result::failed;
-    }
-    co_return result::params_ready;
+    // A 200 without them: an engine not configured for disaggregation (no --kv-transfer-config). Counted as
+    // answered on the rank; the session tells the client what to fix.
+    co_return params_ ? result::params_ready : result::failed;
   }
 
   std::string_view params() const noexcept { return params_.value_or(std::string_view{}); }
   upstream_exchange& exchange() noexcept { return exchange_; }
   request_accounting& accounting() noexcept { return *accounting_; }
-  slot_refusal refusal() const noexcept { return refusal_; }
-  // Why the leg failed (result::failed); kind "protocol" with bad_value: a 200 without kv_transfer_params.
+  // Why the leg failed (result::failed), unless the engine answered 200 without kv_transfer_params.
   const upstream_exchange::outcome& failure() const noexcept { return failure_; }
-  bool answered_without_params() const noexcept { return accounting_ && accounting_->status() == 200 && !params_; }
-  std::chrono::steady_clock::duration took() const noexcept { return took_; }
+  bool answered_without_params() const noexcept {
+    return accounting_ && accounting_->current() == request_accounting::state::finished &&
+           accounting_->status() == 200 && !params_;
+  }
+  // From the leg's sending to its answer's head (a relayed answer) or its whole answer; none without one.
+  std::optional<std::chrono::steady_clock::duration> took() const noexcept { return took_; }
 
  private:
   // The rest of the engine's answer, into answer_, bounded by max_prefill_answer_bytes and by
@@ -161,12 +163,13 @@ class prefill_leg {
   client_watch& watch_;
   upstream_exchange exchange_;
   socket_deadline& deadline_;
+  balancer::pick_context request_;  // the pick over the prefill pool
+  balancer::request_cost cost_;
   std::optional<request_accounting> accounting_;
-  slot_refusal refusal_ = slot_refusal::none;
   upstream_exchange::outcome failure_;
   std::string answer_;
   std::optional<std::string_view> params_;  // a view into answer_
-  std::chrono::steady_clock::duration took_{};
+  std::optional<std::chrono::steady_clock::duration> took_;
 };
 
 }  // namespace dplb::server

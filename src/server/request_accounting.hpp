@@ -4,8 +4,13 @@
 // final status; each failed attempt counts against its rank's errors and health. One object per request
 // with an explicit state, instead of flags that every exit path had to keep in agreement.
 
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <optional>
+#include <vector>
 #include <string_view>
 #include <utility>
 
@@ -47,6 +52,22 @@ class request_accounting {
     rank_ = lease_.rank();
     if (!decode_leg_) picked_at_ = clock_type::now();
     shared_.metrics.retried();
+  }
+
+  // After an attempt that failed before the engine took the request: the request moves to another rank of
+  // its cluster, none behind the failed rank's URL (they share its server); false when no rank is left.
+  // `tried` holds the ranks ruled out so far (sized on the first retry: the usual request never needs it).
+  bool move_elsewhere(balancer::pick_context& request, balancer::request_cost cost, std::vector<bool>& tried) {
+    const auto ranks = shared_.topology.ranks();
+    const auto& failed = shared_.topology.backends()[ranks[rank_].backend];
+    tried.resize(ranks.size());
+    std::fill_n(tried.begin() + static_cast<std::ptrdiff_t>(failed.first_rank), failed.dp, true);
+    request.avoid = &tried;
+    auto next = shared_.balancer.acquire(request, cost);
+    if (!next) return false;
+    spdlog::debug("rank {} failed; retrying on rank {}", rank_, next.rank());
+    move_to(std::move(next));
+    return true;
   }
 
   // An attempt on the rank failed (`kind`: one of metrics::upstream_error_kinds).

@@ -6,7 +6,10 @@
 #include <boost/beast/http.hpp>
 #include <spdlog/spdlog.h>
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -171,11 +174,11 @@ class session {
       // Both legs of a disaggregated request carry one X-Request-Id: the engines name the request by it, and
       // the decode instance finds the prefill's blocks under it. The client's, else one dplb makes.
       if (two_legs) {
-        if (auto given = first_request_id(head.fields)) {
+        if (auto given = forwarded_request_id(head.fields)) {
           request_id_ = std::move(*given);
         } else {
           request_id_ = new_request_id();
-          upstream_head_.bytes += "X-Request-Id: " + request_id_ + "\r\n";
+          replace_request_id(upstream_head_.bytes, upstream_head_.request_line_end, request_id_);
         }
       }
       // Copied now: the head's views do not outlive the body's reading.
@@ -341,12 +344,6 @@ class session {
   // leg has that engine connection closed, and no decode leg runs.
   io::task<bool> run_two_legs(balancer::rank_lease decode, balancer::pick_context& request,
                               balancer::request_cost cost, bool client_keep_alive) {
-    auto prefill_body = pd::prefill_body(request_body_);
-    if (!prefill_body) {
-      shared_.metrics.rejected(400);
-      co_return co_await replies_.send_error(
-          400, "the request body must be a JSON object: dplb writes the prefill leg's body from it", client_keep_alive);
-    }
     if (access_.is_open()) access_.entry().request_id = request_id_;
     if (may_skip_prefill(request) && kv_request::share_held_by(decode.rank(), request, shared_) >= settings_.pd_skip_prefill_ratio) {
       // The decode rank's KV-cache events say it holds the prompt: it computes the rest itself, and the
@@ -354,33 +351,42 @@ class session {
       shared_.metrics.prefill_skipped();
       co_return co_await exchange_and_relay(std::move(decode), request, cost, false, client_keep_alive, request_started_);
     }
-    std::optional<std::string> decode_body;
     {
+      auto prefill_body = pd::prefill_body(request_body_);
+      if (!prefill_body) {
+        decode.release();  // free before the answer leaves, as every refusal's slot is
+        shared_.metrics.rejected(400);
+        co_return co_await replies_.send_error(
+            400, "the request body must be a JSON object: dplb writes the prefill leg's body from it", client_keep_alive);
+      }
+      if (!watch_) watch_ = std::make_shared<client_watch>();
+      prefill_leg leg(worker_, *watch_, response_head_, upstream_deadline_, request, cost);
+      if (const auto refusal = co_await leg.acquire(client_, access_.open_entry()); refusal != slot_refusal::none) {
+        decode.release();
+        shared_.metrics.rejected(refusal == slot_refusal::client_gone ? 499 : refusal_status(refusal));
+        if (refusal == slot_refusal::client_gone) {
+          if (access_.is_open()) access_.answered_by_dplb(499, 0);
+          co_return false;
+        }
+        co_return co_await replies_.send_error(refusal_status(refusal), leg.refusal_text(refusal), client_keep_alive, true);
+      }
       request_watch watching(*this);
-      prefill_leg leg(worker_, *watch_, response_head_, upstream_deadline_);
       set_upstream_framing(upstream_head_, bhttp::verb::post, prefill_body->size());
-      const auto result = co_await leg.run(client_, upstream_head_, *prefill_body, request, cost);
-      if (result != prefill_leg::result::no_slot && result != prefill_leg::result::client_gone && access_.is_open()) {
+      const auto result = co_await leg.run(upstream_head_, *prefill_body);
+      if (access_.is_open()) {
         auto& entry = access_.entry();
         entry.prefill_rank = leg.accounting().rank();
         entry.prefill_status = leg.accounting().status();
-        entry.prefill_duration = std::chrono::duration<double>(leg.took()).count();
+        if (const auto took = leg.took()) entry.prefill_duration = std::chrono::duration<double>(*took).count();
       }
+      if (result != prefill_leg::result::params_ready) decode.release();  // no decode leg: the slot goes now
       switch (result) {
-        case prefill_leg::result::client_gone:
-          shared_.metrics.rejected(499);
-          if (access_.is_open()) access_.answered_by_dplb(499, 0);
+        case prefill_leg::result::client_gone:  // counted on its prefill rank (499)
           co_return false;
-        case prefill_leg::result::no_slot:
-          shared_.metrics.rejected(refusal_status(leg.refusal()));
-          co_return co_await replies_.send_error(
-              refusal_status(leg.refusal()),
-              "prefill leg: " + refusal_message(leg.refusal(), request, shared_.models.by_model()), client_keep_alive,
-              true);
         case prefill_leg::result::failed:
           if (leg.answered_without_params()) {
             const auto rank = leg.accounting().rank();
-            shared_.metrics.rejected(502);
+            if (access_.is_open()) access_.entry().forget_rank_outcome();  // the client gets dplb's 502
             co_return co_await replies_.send_error(
                 502, "prefill rank " + std::to_string(rank) + " (" + shared_.topology.ranks()[rank].name +
                          ") answered without kv_transfer_params: start the prefill engines with --kv-transfer-config "
@@ -391,25 +397,33 @@ class session {
                                                   client_keep_alive);
         case prefill_leg::result::relay_answer:
           // A 4xx (or any answer but a 200) is the client's as the engine gave it; no decode leg runs.
-          if (access_.is_open()) {
-            access_.entry().rank = leg.accounting().rank();
-            access_.entry().status = leg.accounting().status();
-          }
           co_return co_await relay_answer(leg.exchange(), leg.accounting(), false, client_keep_alive);
         case prefill_leg::result::params_ready:
-          shared_.metrics.prefill_leg(leg.took());
-          decode_body = pd::decode_body(request_body_, leg.params());
           break;
       }
+      shared_.metrics.prefill_leg(*leg.took());
+      // The client's body, braced (prefill_body() accepted it), with the prefill's params: it cannot fail.
+      request_body_ = pd::decode_body(request_body_, leg.params()).value();
+      body_bytes_.set(request_body_.capacity());
     }
-    if (watch_->client_gone) {
-      shared_.metrics.rejected(499);
+    // The decode leg's accounting fills the access log entry anew: the prefill leg's stays in its own fields.
+    if (access_.is_open()) access_.entry().forget_rank_outcome();
+    // A client that left during the prefill leg's last moments (before its watch began, or with its close
+    // not yet seen): no decode leg starts for it.
+    if (watch_->client_gone || client_left_already()) {
       if (access_.is_open()) access_.answered_by_dplb(499, 0);
       co_return false;
     }
-    request_body_ = std::move(*decode_body);  // braced: prefill_body() accepted it
     set_upstream_framing(upstream_head_, bhttp::verb::post, request_body_.size());
     co_return co_await exchange_and_relay(std::move(decode), request, cost, false, client_keep_alive, request_started_);
+  }
+
+  // Whether the client's connection is closed (or failed) already, seen without waiting: a one-byte
+  // MSG_PEEK receive that does not block (bytes of a pipelined request are no departure).
+  bool client_left_already() {
+    char byte = 0;
+    const auto n = ::recv(client_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
   }
 
   // While dplb waits for an engine and relays its answer, a watcher notices the client leaving and closes
@@ -459,20 +473,10 @@ class session {
       }
       accounting.attempt_failed(attempt.kind, attempt.health);
       // A pinned request has one rank: it never moves to another.
-      if (attempt.retry_elsewhere && retries < settings_.max_retries && !request.pinned_rank) {
-        // Nothing reached the engine's application and nothing reached the client: try another rank.
-        // The ranks behind the same URL share the failed server: none of them is tried either.
-        const auto ranks = shared_.topology.ranks();
-        const auto& failed = shared_.topology.backends()[ranks[accounting.rank()].backend];
-        tried.resize(ranks.size());
-        std::fill_n(tried.begin() + static_cast<std::ptrdiff_t>(failed.first_rank), failed.dp, true);
-        request.avoid = &tried;
-        if (auto next = shared_.balancer.acquire(request, cost)) {
-          spdlog::debug("rank {} failed ({}); retrying on rank {}", accounting.rank(), attempt.ec.message(),
-                        next.rank());
-          accounting.move_to(std::move(next));
-          continue;
-        }
+      // Nothing reached the engine's application and nothing reached the client: try another rank.
+      if (attempt.retry_elsewhere && retries < settings_.max_retries && !request.pinned_rank &&
+          accounting.move_elsewhere(request, cost, tried)) {
+        continue;
       }
       co_return co_await fail_before_response(accounting, attempt.ec, attempt.kind, client_keep_alive);
     }
@@ -542,7 +546,7 @@ class session {
     const auto& models = shared_.models;
     request.cluster = models.default_cluster();
     if (request.pinned_rank) request.cluster = shared_.topology.ranks()[*request.pinned_rank].cluster;
-    if (models.by_model() || shared_.balancer.active_policy().needs_request_facts() || checks_skip_prefill_) {
+    if (models.by_model() || shared_.balancer.active_policy().needs_request_facts() || reads_body_for_pd_) {
       auto facts = inspect_request_body(request_body_, wants_prefix_chain_);
       if (access_.is_open()) access_.entry().model = facts.model;
       if (models.by_model() && !facts.model.empty()) {
@@ -552,18 +556,17 @@ class session {
           refusal_ = {404, "The model `" + facts.model + "` does not exist.", "model"};
           return false;
         }
-        if (request.pinned_rank && *served != request.cluster) {
+        // (A pinned prefill rank serves its disaggregated cluster's models, in one leg.)
+        const auto& pinned_pool = settings_.clusters[request.cluster];
+        const auto home = pinned_pool.role == config::rank_role::prefill ? pinned_pool.decode_pool : request.cluster;
+        if (request.pinned_rank && *served != home) {
           refusal_ = {400, "X-data-parallel-rank " + std::to_string(*request.pinned_rank) +
                                " is not a rank of the cluster serving `" + facts.model + "`"};
           return false;
         }
-        request.cluster = *served;
+        if (!request.pinned_rank) request.cluster = *served;
       }
-      if (shared_.balancer.policy_of(request.cluster).needs_request_facts()) {
-        cost = cost_of(facts, request);
-      } else if (may_skip_prefill(request)) {
-        kv_.prepare(facts, shared_, request, true);
-      }
+      if (needs_request_facts(request.cluster)) cost = cost_of(facts, request);
     }
     request.session_key = session_key_;
     return true;
@@ -572,6 +575,24 @@ class session {
   // --pd-skip-prefill-ratio: whether the request's decode rank may take it in one leg, its prompt held there.
   bool may_skip_prefill(const balancer::pick_context& request) const {
     return checks_skip_prefill_ && settings_.clusters[request.cluster].disaggregated();
+  }
+
+  // Whether a pick for a request of `cluster` weighs its body's facts: its policy's, or for a disaggregated
+  // cluster its prefill pool's (the prefill leg's pick), or its decode rank's holdings (a skipped prefill).
+  bool needs_request_facts(std::size_t cluster) const {
+    const auto& spec = settings_.clusters[cluster];
+    return shared_.balancer.policy_of(cluster).needs_request_facts() ||
+           (spec.prefill_pool && shared_.balancer.policy_of(*spec.prefill_pool).needs_request_facts()) ||
+           (checks_skip_prefill_ && spec.disaggregated());
+  }
+
+  // Whether the request's prompt is matched against KV-cache events: for a prefix-aware pick of its rank
+  // or of its prefill rank, or for its decode rank's holdings (a skipped prefill).
+  bool matches_kv_events(const balancer::pick_context& request) const {
+    const auto& spec = settings_.clusters[request.cluster];
+    const auto prefix_aware = [&](std::size_t c) { return shared_.balancer.policy_of(c).name() == "prefix-aware"; };
+    return prefix_aware(request.cluster) || (spec.prefill_pool && prefix_aware(*spec.prefill_pool)) ||
+           may_skip_prefill(request);
   }
 
   // What the request costs in tokens, from its body (for a policy that asks): the prompt, and the most it
@@ -586,7 +607,7 @@ class session {
     // Kept by the session: the pick may wait in the queue, and the chain must live as long.
     prefix_chain_ = std::move(facts.prefix_chain);
     request.prefix_chain = prefix_chain_;
-    kv_.prepare(facts, shared_, request, may_skip_prefill(request));
+    kv_.prepare(facts, shared_, request, matches_kv_events(request));
     return cost;
   }
 
@@ -657,6 +678,16 @@ class session {
       (config::any_cluster_disaggregated(settings_) && settings_.pd_skip_prefill_ratio > 0);
   const bool disaggregated_ = config::any_cluster_disaggregated(settings_);
   const bool checks_skip_prefill_ = disaggregated_ && settings_.pd_skip_prefill_ratio > 0;
+  // Some prefill pool's policy weighs the body (prefix-aware, least-tokens), or a skipped prefill does.
+  const bool reads_body_for_pd_ = checks_skip_prefill_ || [this] {
+    for (std::size_t c = 0; c < settings_.clusters.size(); ++c) {
+      if (settings_.clusters[c].role == config::rank_role::prefill &&
+          shared_.balancer.policy_of(c).needs_request_facts()) {
+        return true;
+      }
+    }
+    return false;
+  }();
   std::string request_body_;           // de-chunked
   io::tracked_bytes body_bytes_;       // its capacity, for the memory trimmer
   upstream_head upstream_head_;        // the engine's request head, written from request_head_

@@ -153,6 +153,7 @@ class upstream_exchange {
     if (parser_->is_done() && parser_->keep_alive() && connection_->buffer.size() == 0 &&
         connection_->stream.socket().is_open()) {
       deadline_.guard(nullptr);
+      watch_.upstream = nullptr;  // the watcher must never close a connection another request may take
       worker_.pool.give_back(worker_.shared.topology.ranks()[rank].backend, std::move(connection_));
     }
   }

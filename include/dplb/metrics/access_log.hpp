@@ -42,14 +42,24 @@ struct access_entry {
   std::optional<std::size_t> prefill_rank;
   unsigned prefill_status = 0;
   std::optional<double> prefill_duration;
-  std::string request_id;
+  std::string request_id;  // a disaggregated request's X-Request-Id (either leg, or the one run alone)
+
+  // What a rank's accounting wrote (its rank, status, times and tokens), for the next leg to write anew.
+  void forget_rank_outcome() {
+    rank.reset();
+    status = 0;
+    ttfb.reset();
+    duration.reset();
+    prompt_tokens.reset();
+    completion_tokens.reset();
+  }
 };
 
 // The line for an entry, without its newline: {"time":"2026-12-04T10:00:00.123Z","rank":0,"method":"POST",
 // "path":"/v1/completions","status":200,"bytes":312,"ttfb":0.0123,"duration":0.5,"tokens":30,
-// "prompt_tokens":20,"completion_tokens":10,"model":"m","client":"10.0.0.9:51234"}, and for a request run in
-// two legs ,"request_id":"...","prefill_rank":4,"prefill_status":200,"prefill_duration":0.2 before the closing
-// brace. `now` ends a duration that was not set.
+// "prompt_tokens":20,"completion_tokens":10,"model":"m","client":"10.0.0.9:51234"}; a disaggregated cluster's
+// completion adds ,"request_id":"..." and, when it ran a prefill leg, ,"prefill_rank":4,"prefill_status":200,
+// "prefill_duration":0.2 before the closing brace. `now` ends a duration that was not set.
 std::string format_access_line(const access_entry& entry, std::chrono::steady_clock::time_point now);
 
 class access_log {

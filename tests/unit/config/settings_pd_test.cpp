@@ -94,6 +94,10 @@ TEST_CASE("config pd: what is refused says what to do", "[config][pd]") {
   // One engine in both pools would prefill and decode on itself.
   CHECK_THAT(error_of({"--prefill", "http://e:1", "--decode", "http://e:1"}), Catch::Contains("duplicate --decode"));
   CHECK_THAT(error_of({"--prefill", "ftp://p:1", "--decode", "http://d:1"}), Catch::Contains("invalid --prefill"));
+  // Never merged from two sources.
+  CHECK_THAT(error_of({"--prefill", "http://p:1"}, {{"DPLB_DECODE", "http://d:1"}}),
+             Catch::Contains("--prefill is given without --decode in the command line (the other list is in the "
+                             "environment)"));
   CHECK_THAT(error_of({"--prefill", "http://p:1", "--decode", "http://d:1", "--pd-skip-prefill-ratio", "1.5"}),
              Catch::Contains("from 0 to 1"));
   CHECK_THAT(error_of({"--prefill", "http://p:1", "--decode", "http://d:1", "--prefill-policy", "fastest"}),

@@ -80,7 +80,11 @@ TEST_CASE("an access line of a two-leg request adds its request id and its prefi
   CHECK(ordered["prefill_rank"] == 1);
   CHECK(ordered["prefill_status"] == 200);
   CHECK(ordered["prefill_duration"] == 0.25);
-  // A request that ran one leg has none of them.
+  // A request that ran one leg (its prefill skipped) has its id alone; another request, none of them.
   e.prefill_rank.reset();
+  const auto one_leg = json::parse(format_access_line(e, {}));
+  CHECK(one_leg["request_id"] == "id-\"7\"");
+  CHECK_FALSE(one_leg.contains("prefill_rank"));
+  e.request_id.clear();
   CHECK_FALSE(json::parse(format_access_line(e, {})).contains("request_id"));
 }

@@ -8,7 +8,6 @@
 
 #include "../../../src/server/request_id.hpp"
 
-using dplb::server::first_request_id;
 using dplb::server::new_request_id;
 
 TEST_CASE("request id: dplb's are version-4 UUIDs, never the same twice", "[server][pd]") {
@@ -23,13 +22,27 @@ TEST_CASE("request id: dplb's are version-4 UUIDs, never the same twice", "[serv
   CHECK(seen.size() == 1000);
 }
 
-TEST_CASE("request id: the client's first X-Request-Id, whatever its case, even empty", "[server][pd]") {
+TEST_CASE("request id: the client's first X-Request-Id, whatever its case, unless empty or hop-by-hop",
+          "[server][pd]") {
+  using dplb::server::forwarded_request_id;
+  namespace bhttp = boost::beast::http;
   dplb::http::field_list fields;
-  CHECK_FALSE(first_request_id(fields));
-  fields.add(boost::beast::http::field::unknown, "x-REQUEST-id", "abc");
-  fields.add(boost::beast::http::field::unknown, "X-Request-Id", "second");
-  CHECK(first_request_id(fields) == std::optional<std::string>("abc"));
+  CHECK_FALSE(forwarded_request_id(fields));
+  fields.add(bhttp::field::unknown, "x-REQUEST-id", "abc");
+  fields.add(bhttp::field::unknown, "X-Request-Id", "second");
+  CHECK(forwarded_request_id(fields) == std::optional<std::string>("abc"));
   dplb::http::field_list empty;
-  empty.add(boost::beast::http::field::unknown, "X-Request-Id", "");
-  CHECK(first_request_id(empty) == std::optional<std::string>(""));
+  empty.add(bhttp::field::unknown, "X-Request-Id", "");
+  CHECK_FALSE(forwarded_request_id(empty));
+  dplb::http::field_list hop;
+  hop.add(bhttp::field::connection, "Connection", "x-request-id");
+  hop.add(bhttp::field::unknown, "X-Request-Id", "stripped");
+  CHECK_FALSE(forwarded_request_id(hop));
+}
+
+TEST_CASE("request id: dplb's replaces every X-Request-Id line of the engine's head", "[server][pd]") {
+  std::string head = "POST /v1/completions HTTP/1.1\r\nA: 1\r\nx-request-id: \r\nB: 2\r\nX-REQUEST-ID: old\r\n";
+  const auto fields_from = head.find("\r\n") + 2;
+  dplb::server::replace_request_id(head, fields_from, "new-id");
+  CHECK(head == "POST /v1/completions HTTP/1.1\r\nA: 1\r\nB: 2\r\nX-Request-Id: new-id\r\n");
 }
