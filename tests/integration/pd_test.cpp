@@ -418,3 +418,59 @@ TEST_CASE("pd: the admin API shows each rank's role, and a backend added with a 
   CHECK(decode.request_count() == 2);
   CHECK(scrape_metrics(proxy.port()).count("dplb_rank_role{rank=\"2\",role=\"prefill\"}") == 1);
 }
+
+TEST_CASE("pd: a prefill engine that answers 200 without kv_transfer_params gets the client a 502 that says what to "
+          "fix, and a body that is no JSON object a 400, with no leg sent",
+          "[integration][pd]") {
+  raw_engine prefill([](const raw_request&) { return std::vector{write_bytes(decode_answer())}; });
+  auto decode = decode_engine();
+  dplb_proxy proxy({}, pd_args({prefill.url()}, {decode.url()}));
+  http_connection client(proxy.port());
+  const auto r = client.send(post("/v1/completions", R"({"model":"m","prompt":"p"})"));
+  CHECK(r.status == 502);
+  CHECK_THAT(r.body, Catch::Contains("without kv_transfer_params") && Catch::Contains("--kv-transfer-config"));
+  CHECK(json::parse(r.body)["error"]["code"] == 502);
+  CHECK(decode.request_count() == 0);
+  // A byte order mark before the object: JSON parsers differ on it, and the decode leg's body could not be written.
+  const auto bom = client.send(post("/v1/completions", "\xEF\xBB\xBF" R"({"model":"m","prompt":"p"})"));
+  CHECK(bom.status == 400);
+  CHECK(client.send(post("/v1/completions", R"(["not", "an", "object"])")).status == 400);
+  CHECK(prefill.request_count() == 1);
+  CHECK(decode.request_count() == 0);
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_rank_inflight{") == 0);
+}
+
+TEST_CASE("pd: under --max-inflight-per-rank a request waits for a prefill slot, and leaving during its prefill leg "
+          "after that wait still closes the leg",
+          "[integration][pd]") {
+  // The first request holds the one prefill slot for 20 s; the second waits in the prefill queue for it.
+  raw_engine prefill([](const raw_request&) { return std::vector{pause_for(20s), write_bytes(prefill_answer())}; });
+  auto decode_a = decode_engine();
+  auto decode_b = decode_engine();
+  dplb_proxy proxy({}, pd_args({prefill.url()}, {decode_a.url(), decode_b.url()},
+                               {"--max-inflight-per-rank", "1", "--queue-timeout-ms", "20000"}));
+  const auto send_raw = [&](http_connection& c, const std::string& body) {
+    c.write_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                std::to_string(body.size()) + "\r\n\r\n" + body);
+  };
+  http_connection first(proxy.port());
+  send_raw(first, R"({"model":"m","prompt":"first"})");
+  REQUIRE(prefill.await_requests(1, 5s));
+  http_connection second(proxy.port());
+  send_raw(second, R"({"model":"m","prompt":"second"})");
+  // Queued for the prefill slot, its decode slot held: both decode ranks are taken.
+  const auto queued = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_queue_depth") == 1; });
+  REQUIRE(metric_sum(queued, "dplb_queue_depth") == 1);
+  CHECK(metric_sum(queued, "dplb_rank_inflight{", {"rank=\"1\""}) + metric_sum(queued, "dplb_rank_inflight{", {"rank=\"2\""}) == 2);
+  first.close();  // frees the prefill slot: the second request's prefill leg starts
+  REQUIRE(prefill.await_requests(2, 5s));
+  const auto left_at = steady::now();
+  second.close();
+  const auto second_connection = prefill.requests().at(1).connection;
+  REQUIRE(prefill.await_peer_close(second_connection, 5s));
+  CHECK(*prefill.peer_closed_at(second_connection) - left_at < scaled(1s));
+  const auto m = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_rank_inflight{") == 0; });
+  CHECK(metric_sum(m, "dplb_rank_inflight{") == 0);
+  CHECK(decode_a.request_count() + decode_b.request_count() == 0);
+}
