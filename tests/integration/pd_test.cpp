@@ -275,8 +275,8 @@ TEST_CASE("pd: the mock's two roles end to end: streams and not, chat and comple
 
 TEST_CASE("pd: a burst lands exactly even on the decode ranks", "[integration][pd]") {
   mock_engine prefill(2, {"--kv-role", "prefill"});
-  // Every decode leg streams for a second: the whole burst is in flight at once, each pick sees all before it.
-  mock_engine decode(4, {"--kv-role", "decode", "--itl-ms", "50"});
+  // Every decode leg takes two seconds: the whole burst is in flight at once, each pick sees all before it.
+  mock_engine decode(4, {"--kv-role", "decode", "--itl-ms", "100"});
   dplb_proxy proxy({}, pd_args(prefill.urls(), decode.urls(), {"--threads", "2"}));
   constexpr int burst = 64;
   std::vector<std::future<unsigned>> answers;
