@@ -149,21 +149,35 @@ def start_mock(mock, args, log_path):
     return proc, ports, admin
 
 
-def start_dplb(dplb, policy, backend_ports, log_path, extra=(), dp=1, fragments=None):
-    """A dplb on an ephemeral port in front of 127.0.0.1:<each of backend_ports>: (process, its port). With dp > 1
-    each port serves that many DP engines (`--backend URL#dp=N`, vLLM's internal LB). fragments, one per port:
-    more of each backend's URL fragment (e.g. "kv-events=tcp://127.0.0.1:P&kv-replay=tcp://127.0.0.1:R")."""
-    args = [dplb, "--listen", "127.0.0.1:0", "--policy", policy, "--log-level", "info"]
-    for i, port in enumerate(backend_ports):
-        parts = ([f"dp={dp}"] if dp > 1 else []) + ([fragments[i]] if fragments and fragments[i] else [])
-        args += ["--backend", f"http://127.0.0.1:{port}" + ("#" + "&".join(parts) if parts else "")]
-    proc = Process(args + list(extra), log_path)
+def start_router(dplb, args, log_path):
+    """A dplb on an ephemeral port with these options (its backends among them): (process, its port)."""
+    proc = Process([dplb, "--listen", "127.0.0.1:0", "--log-level", "info"] + list(args), log_path)
     try:
         port = int(proc.await_line(r"listening on 127\.0\.0\.1:(\d+)").group(1))
     except BaseException:
         proc.stop()
         raise
     return proc, port
+
+
+def start_dplb(dplb, policy, backend_ports, log_path, extra=(), dp=1, fragments=None):
+    """A dplb on an ephemeral port in front of 127.0.0.1:<each of backend_ports>: (process, its port). With dp > 1
+    each port serves that many DP engines (`--backend URL#dp=N`, vLLM's internal LB). fragments, one per port:
+    more of each backend's URL fragment (e.g. "kv-events=tcp://127.0.0.1:P&kv-replay=tcp://127.0.0.1:R")."""
+    args = ["--policy", policy]
+    for i, port in enumerate(backend_ports):
+        parts = ([f"dp={dp}"] if dp > 1 else []) + ([fragments[i]] if fragments and fragments[i] else [])
+        args += ["--backend", f"http://127.0.0.1:{port}" + ("#" + "&".join(parts) if parts else "")]
+    return start_router(dplb, args + list(extra), log_path)
+
+
+def labelled_sum(text, name, label=""):
+    """Sum of a metric's samples whose labels contain `label` (e.g. 'outcome="ok"'), in Prometheus text."""
+    total = 0.0
+    for line in text.splitlines():
+        if (line.startswith(name + "{") or line.startswith(name + " ")) and label in line.split(" ")[0]:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def free_port_block(count, avoid=(), low=20000, high=30000, tries=200):

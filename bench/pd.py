@@ -62,8 +62,8 @@ import statistics
 import subprocess
 import time
 
-from benchlib import (Process, add_run_arguments, binaries, finish_bench, free_port_block, log, metric_by_engine,
-                      metric_sum, quantile, run_cells, scrape, start_bench, start_mock)
+from benchlib import (add_run_arguments, binaries, finish_bench, free_port_block, labelled_sum, log, metric_by_engine,
+                      metric_sum, quantile, run_cells, scrape, start_bench, start_mock, start_router)
 from chatload import run_chat
 
 POOL = 4  # ranks per pool in P/D; the co-located setup has 2 x POOL
@@ -85,17 +85,6 @@ def skip_offered(dplb):
     """True when this dplb has --pd-skip-prefill-ratio."""
     return "--pd-skip-prefill-ratio" in subprocess.run([dplb, "--help"], stdout=subprocess.PIPE,
                                                        stderr=subprocess.STDOUT, text=True, timeout=30).stdout
-
-
-def start_router(dplb, args, log_path):
-    """A dplb on an ephemeral port with these options: (process, its port)."""
-    proc = Process([dplb, "--listen", "127.0.0.1:0", "--log-level", "info"] + args, log_path)
-    try:
-        port = int(proc.await_line(r"listening on 127\.0\.0\.1:(\d+)").group(1))
-    except BaseException:
-        proc.stop()
-        raise
-    return proc, port
 
 
 def urls(ports):
@@ -246,15 +235,6 @@ def run_burst(opts, workdir, policy, repeat):
             "failed": result["failed"], "split": split, "max_min": max(split) - min(split),
             "padding": padded / real if real else 0.0, "decode_busy_s": busy,
             "decode_tok_s": generated / busy if busy else 0.0, "lag_share": lag}
-
-
-def labelled_sum(text, name, label=""):
-    """Sum of a metric's samples whose label text contains `label`, in Prometheus text."""
-    total = 0.0
-    for line in text.splitlines():
-        if (line.startswith(name + "{") or line.startswith(name + " ")) and label in line.split(" ")[0]:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def start_chat_setup(opts, workdir, tag, policy, ratio):

@@ -94,8 +94,8 @@ import statistics
 import subprocess
 import time
 
-from benchlib import (add_run_arguments, compared_policies, finish_bench, free_port_block, log, metric_by_engine,
-                      quantile, run_cells, scrape, start_bench, start_dplb, start_mock)
+from benchlib import (add_run_arguments, compared_policies, finish_bench, free_port_block, labelled_sum, log,
+                      metric_by_engine, quantile, run_cells, scrape, start_bench, start_dplb, start_mock)
 
 ENGINES = 4
 ORACLE = "oracle"
@@ -152,15 +152,6 @@ def events_offered(dplb, mock):
         return flag in subprocess.run([binary, "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                       timeout=30).stdout
     return helps(dplb, "--tokenize") and helps(mock, "--kv-events-port")
-
-
-def labelled_sum(text, name, label=""):
-    """Sum of a metric's samples whose labels contain `label` (e.g. 'outcome="ok"'), in Prometheus text."""
-    total = 0.0
-    for line in text.splitlines():
-        if (line.startswith(name + "{") or line.startswith(name + " ")) and label in line.split(" ")[0]:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def dplb_figures(metrics_text):

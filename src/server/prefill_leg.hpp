@@ -52,15 +52,10 @@ class prefill_leg {
   // before the session arms its client watch: the queue's wait watches the client itself. `access`: the
   // request's access log entry, which this leg's accounting fills until the decode leg takes it over.
   io::task<slot_refusal> acquire(io::tcp_stream& client, metrics::access_entry* access) {
-    slot_result slot;
-    if (shared_.balancer.queueing()) {
-      slot = co_await wait_for_slot(client, shared_, request_, cost_);
-    } else {
-      slot.lease = shared_.balancer.acquire(request_, cost_);
-      slot.refusal = slot_refusal::no_usable_rank;  // read only when there is no lease
-    }
-    if (!slot.lease) co_return slot.refusal;
-    accounting_.emplace(shared_, std::move(slot.lease), access);
+    auto slot = slot_without_queue(shared_, request_, cost_);
+    if (!slot) slot = co_await wait_for_slot(client, shared_, request_, cost_);
+    if (!slot->lease) co_return slot->refusal;
+    accounting_.emplace(shared_, std::move(slot->lease), access);
     co_return slot_refusal::none;
   }
 

@@ -304,17 +304,12 @@ class session {
     balancer::rank_lease lease;
     if (describe_request(pinned, request, cost)) {  // else refusal_ says why
       if (kv_.awaits_tokens()) co_await kv_.tokenize(request_body_, shared_, request);
-      // Without --max-inflight-per-rank a slot is taken at once, without a coroutine of its own. (Not a
-      // conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among them.)
-      slot_result slot;
-      if (shared_.balancer.queueing()) {
-        slot = co_await wait_for_slot(client_, shared_, request, cost);
-      } else {
-        slot.lease = shared_.balancer.acquire(request, cost);
-        slot.refusal = slot_refusal::no_usable_rank;  // read only when there is no lease
-      }
-      lease = std::move(slot.lease);
-      if (slot.refusal == slot_refusal::client_gone) {
+      // (Not a conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among
+      // them.)
+      auto slot = slot_without_queue(shared_, request, cost);
+      if (!slot) slot = co_await wait_for_slot(client_, shared_, request, cost);
+      lease = std::move(slot->lease);
+      if (slot->refusal == slot_refusal::client_gone) {
         // Counted as nginx counts a client that closes first (499), among the rejected: it never had a
         // rank to be counted on in dplb_requests_total. Nobody is left to answer.
         shared_.metrics.rejected(499);
@@ -322,7 +317,7 @@ class session {
         co_return false;
       }
       if (!lease) {
-        refusal_ = {refusal_status(slot.refusal), refusal_message(slot.refusal, request, shared_.models.by_model())};
+        refusal_ = {refusal_status(slot->refusal), refusal_message(slot->refusal, request, shared_.models.by_model())};
         refusal_.retry_later = true;
       }
     }

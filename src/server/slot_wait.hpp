@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "dplb/balancer/balancer.hpp"
@@ -98,6 +99,15 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
   co_return slot_result{{}, state->client_gone   ? slot_refusal::client_gone
                             : state->turned_away ? slot_refusal::no_usable_rank
                                                  : slot_refusal::queue_timeout};
+}
+
+// Without --max-inflight-per-rank there is no queue: the slot is taken at once, without a coroutine of its
+// own (the usual request's path). Nullopt when the caller must wait for one with wait_for_slot().
+inline std::optional<slot_result> slot_without_queue(shared_state& shared, const balancer::pick_context& request,
+                                                     balancer::request_cost cost) {
+  if (shared.balancer.queueing()) return std::nullopt;
+  auto lease = shared.balancer.acquire(request, cost);
+  return slot_result{std::move(lease), slot_refusal::no_usable_rank};  // the refusal is read only without a lease
 }
 
 // What the client is told when a request got no slot (not for client_gone: nobody is left to tell).
