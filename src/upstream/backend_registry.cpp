@@ -27,15 +27,13 @@ backend_registry::backend_registry(topology& topology, balancer::balancer& balan
       states_(topology.backends().size(), backend_state::active) {}
 
 std::optional<std::size_t> backend_registry::cluster_named(std::string_view name, config::rank_role role) const {
-  std::optional<std::size_t> found;
   for (std::size_t c = 0; c < clusters_.size(); ++c) {
     if (clusters_[c] != name) continue;
     const auto own = role_of_cluster(c);
     // `both` asks for the cluster requests go to: a co-located one, or a disaggregated one's decode pool.
     if (own == role || (role == config::rank_role::both && own != config::rank_role::prefill)) return c;
-    found = found.value_or(c);
   }
-  return role == config::rank_role::both ? found : std::nullopt;
+  return std::nullopt;
 }
 
 const backend* backend_registry::active(std::string_view url) const {
