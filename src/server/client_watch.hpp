@@ -2,8 +2,13 @@
 // Private to the session: the watch that notices a client leaving while its request is proxied.
 
 #include <boost/asio/buffer.hpp>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <chrono>
 #include <memory>
 
+#include "dplb/server/deadline_sweeper.hpp"
 #include "dplb/support/io_types.hpp"
 #include "dplb/upstream/connection_pool.hpp"
 
@@ -37,6 +42,54 @@ inline void watch_client(io::socket& socket, std::shared_ptr<client_watch> watch
                            watch->upstream->stream.socket().close(ignored);
                          }
                        });
+}
+
+// The watch over one leg of a request (one exchange with an engine and its relay), for the leg's lifetime.
+// It starts at the first deadline sweep `delay` from now (one sweep period: 25 ms with the default timeouts,
+// up to twice that): most requests are over by then, and never pay for a watch (a receive and its
+// cancellation through the event loop) nor for a sweep. The watch's state outlives it: client_gone is read
+// after the leg.
+class leg_watch {
+ public:
+  leg_watch(socket_deadline& client_deadline, io::socket& client, std::shared_ptr<client_watch>& watch,
+            std::chrono::steady_clock::duration delay)
+      : deadline_(client_deadline), client_(client), watch_(watch) {
+    if (!watch_) watch_ = std::make_shared<client_watch>();
+    *watch_ = client_watch{};  // a cancelled receive of an earlier leg sees operation_aborted, not this
+    deadline_.wake_at(std::chrono::steady_clock::now() + delay, &leg_watch::start, this);
+  }
+  ~leg_watch() {
+    deadline_.cancel_wake();
+    watch_->done = true;
+    watch_->upstream = nullptr;
+    if (started_) {
+      boost::system::error_code ignored;
+      client_.cancel(ignored);
+    }
+  }
+  leg_watch(const leg_watch&) = delete;
+  leg_watch& operator=(const leg_watch&) = delete;
+
+ private:
+  static void start(void* self) {  // called by the deadline sweeper
+    auto& w = *static_cast<leg_watch*>(self);
+    w.started_ = true;
+    watch_client(w.client_, w.watch_);
+  }
+
+  socket_deadline& deadline_;
+  io::socket& client_;
+  std::shared_ptr<client_watch>& watch_;
+  bool started_ = false;
+};
+
+// Whether the client's connection is closed (or failed) already, seen without waiting: a one-byte MSG_PEEK
+// receive that does not block (the bytes of a pipelined request are no departure). For a moment the watch
+// does not cover: between two legs of a request, before the next leg's watch starts.
+inline bool client_closed_now(io::socket& socket) {
+  char byte = 0;
+  const auto n = ::recv(socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 }  // namespace dplb::server

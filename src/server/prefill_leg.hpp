@@ -59,6 +59,14 @@ class prefill_leg {
     co_return slot_refusal::none;
   }
 
+  // What the client is told when the prefill rank answered 200 without kv_transfer_params.
+  std::string missing_params_text() const {
+    const auto rank = accounting_->rank();
+    return "prefill rank " + std::to_string(rank) + " (" + shared_.topology.ranks()[rank].name +
+           ") answered without kv_transfer_params: start the prefill engines with --kv-transfer-config (e.g. "
+           "NixlConnector)";
+  }
+
   // What the client is told when acquire() found no prefill rank.
   std::string refusal_text(slot_refusal refusal) const {
     return "no prefill rank for the request: " + refusal_message(refusal, request_, false);

@@ -6,10 +6,7 @@
 #include <boost/beast/http.hpp>
 #include <spdlog/spdlog.h>
 
-#include <sys/socket.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -28,6 +25,7 @@
 #include "dplb/support/io_buffers.hpp"
 #include "kv_request.hpp"
 #include "own_replies.hpp"
+#include "pick_inputs.hpp"
 #include "prefill_leg.hpp"
 #include "request_id.hpp"
 #include "request_accounting.hpp"
@@ -161,7 +159,7 @@ class session {
       const auto decision = admit(head);
       // Decided while the target's view into the buffer is valid: the buffer is given back once the body is in.
       const bool models_list = shared_.models.by_model() && is_models_list(method, decision.target());
-      const bool two_legs = disaggregated_ && is_completion(method, decision.target());
+      const bool two_legs = reads_.disaggregated() && is_completion(method, decision.target());
       if (decision.refused()) {
         refused = {decision.refusal_status, decision.refusal_message};
         break;
@@ -261,17 +259,6 @@ class session {
     s.client_.socket().cancel(ignored);  // completes through the event loop, never inline
   }
 
-  static bool is_models_list(bhttp::verb method, std::string_view target) {
-    return (method == bhttp::verb::get || method == bhttp::verb::head) &&
-           target.substr(0, target.find('?')) == "/v1/models";
-  }
-
-  // The requests a disaggregated cluster runs in two legs, as vLLM's disaggregated proxy does.
-  static bool is_completion(bhttp::verb method, std::string_view target) {
-    const auto path = target.substr(0, target.find('?'));
-    return method == bhttp::verb::post && (path == "/v1/completions" || path == "/v1/chat/completions");
-  }
-
   // An idle connection's wait for its next request, holding no buffer: what the last request left is
   // freed, and the first byte of the next is awaited with a one-byte MSG_PEEK receive (nothing consumed).
   // Returns the receive's error (end of file: the client closed), or none once a byte is there to read.
@@ -340,7 +327,7 @@ class session {
   io::task<bool> run_two_legs(balancer::rank_lease decode, balancer::pick_context& request,
                               balancer::request_cost cost, bool client_keep_alive) {
     if (access_.is_open()) access_.entry().request_id = request_id_;
-    if (may_skip_prefill(request) && kv_request::share_held_by(decode.rank(), request, shared_) >= settings_.pd_skip_prefill_ratio) {
+    if (reads_.may_skip_prefill(request.cluster) && kv_request::share_held_by(decode.rank(), request, shared_) >= settings_.pd_skip_prefill_ratio) {
       // The decode rank's KV-cache events say it holds the prompt: it computes the rest itself, and the
       // prefill leg (a transfer of blocks it already has) is skipped.
       shared_.metrics.prefill_skipped();
@@ -365,7 +352,7 @@ class session {
         }
         co_return co_await replies_.send_error(refusal_status(refusal), leg.refusal_text(refusal), client_keep_alive, true);
       }
-      request_watch watching(*this);
+      const auto watching = watch_leg();
       set_upstream_framing(upstream_head_, bhttp::verb::post, prefill_body->size());
       const auto result = co_await leg.run(upstream_head_, *prefill_body);
       if (access_.is_open()) {
@@ -380,13 +367,8 @@ class session {
           co_return false;
         case prefill_leg::result::failed:
           if (leg.answered_without_params()) {
-            const auto rank = leg.accounting().rank();
             if (access_.is_open()) access_.entry().forget_rank_outcome();  // the client gets dplb's 502
-            co_return co_await replies_.send_error(
-                502, "prefill rank " + std::to_string(rank) + " (" + shared_.topology.ranks()[rank].name +
-                         ") answered without kv_transfer_params: start the prefill engines with --kv-transfer-config "
-                         "(e.g. NixlConnector)",
-                client_keep_alive);
+            co_return co_await replies_.send_error(502, leg.missing_params_text(), client_keep_alive);
           }
           co_return co_await fail_before_response(leg.accounting(), leg.failure().ec, leg.failure().kind,
                                                   client_keep_alive);
@@ -405,7 +387,7 @@ class session {
     if (access_.is_open()) access_.entry().forget_rank_outcome();
     // A client that left during the prefill leg's last moments (before its watch began, or with its close
     // not yet seen): no decode leg starts for it.
-    if (watch_->client_gone || client_left_already()) {
+    if (watch_->client_gone || client_closed_now(client_.socket())) {
       if (access_.is_open()) access_.answered_by_dplb(499, 0);
       co_return false;
     }
@@ -413,39 +395,9 @@ class session {
     co_return co_await exchange_and_relay(std::move(decode), request, cost, false, client_keep_alive, request_started_);
   }
 
-  // Whether the client's connection is closed (or failed) already, seen without waiting: a one-byte
-  // MSG_PEEK receive that does not block (bytes of a pipelined request are no departure).
-  bool client_left_already() {
-    char byte = 0;
-    const auto n = ::recv(client_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-  }
-
   // While dplb waits for an engine and relays its answer, a watcher notices the client leaving and closes
-  // the engine connection at once: that is how vLLM learns to abort the request. The watch starts at the
-  // first deadline sweep one sweep period from now (25 ms with the default timeouts, up to twice that):
-  // most requests are over by then, and never pay for a watch (a receive and its cancellation through the
-  // event loop) nor for a sweep. One per leg; the watch's state outlives it (client_gone is read after).
-  struct request_watch {
-    explicit request_watch(session& s) : s(s) {
-      if (!s.watch_) s.watch_ = std::make_shared<client_watch>();
-      *s.watch_ = client_watch{};  // a cancelled receive of an earlier request sees operation_aborted, not this
-      s.watch_started_ = false;
-      s.client_deadline_.wake_at(clock_type::now() + s.worker_.deadlines.period(), &session::start_watch, &s);
-    }
-    ~request_watch() {
-      s.client_deadline_.cancel_wake();
-      s.watch_->done = true;
-      s.watch_->upstream = nullptr;
-      if (s.watch_started_) {
-        boost::system::error_code ignored;
-        s.client_.socket().cancel(ignored);
-      }
-    }
-    request_watch(const request_watch&) = delete;
-    request_watch& operator=(const request_watch&) = delete;
-    session& s;
-  };
+  // the engine connection at once: that is how vLLM learns to abort the request (client_watch.hpp).
+  leg_watch watch_leg() { return leg_watch(client_deadline_, client_.socket(), watch_, worker_.deadlines.period()); }
 
   // Sends the request to the rank of `lease` (to another on a failure that allows it) and relays the
   // response. A coroutine of its own, apart from proxy(): each frame then fits Asio's recycling (see
@@ -454,7 +406,7 @@ class session {
   io::task<bool> exchange_and_relay(balancer::rank_lease lease, balancer::pick_context& request,
                                     balancer::request_cost cost, bool head_request, bool client_keep_alive,
                                     std::optional<clock_type::time_point> client_request = std::nullopt) {
-    request_watch watching(*this);
+    const auto watching = watch_leg();
     auto& watch = watch_;
     request_accounting accounting(shared_, std::move(lease), access_.open_entry(), client_request);
     upstream_exchange exchange(worker_, *watch, response_head_, upstream_deadline_);
@@ -541,8 +493,8 @@ class session {
     const auto& models = shared_.models;
     request.cluster = models.default_cluster();
     if (request.pinned_rank) request.cluster = shared_.topology.ranks()[*request.pinned_rank].cluster;
-    if (models.by_model() || shared_.balancer.active_policy().needs_request_facts() || reads_body_for_pd_) {
-      auto facts = inspect_request_body(request_body_, wants_prefix_chain_);
+    if (models.by_model() || reads_.body_for_any()) {
+      auto facts = inspect_request_body(request_body_, reads_.prefix_chain());
       if (access_.is_open()) access_.entry().model = facts.model;
       if (models.by_model() && !facts.model.empty()) {
         const auto served = models.cluster_of(facts.model);
@@ -561,33 +513,10 @@ class session {
         }
         if (!request.pinned_rank) request.cluster = *served;
       }
-      if (needs_request_facts(request.cluster)) cost = cost_of(facts, request);
+      if (reads_.body_for(request.cluster)) cost = cost_of(facts, request);
     }
     request.session_key = session_key_;
     return true;
-  }
-
-  // --pd-skip-prefill-ratio: whether the request's decode rank may take it in one leg, its prompt held there.
-  bool may_skip_prefill(const balancer::pick_context& request) const {
-    return checks_skip_prefill_ && settings_.clusters[request.cluster].disaggregated();
-  }
-
-  // Whether a pick for a request of `cluster` weighs its body's facts: its policy's, or for a disaggregated
-  // cluster its prefill pool's (the prefill leg's pick), or its decode rank's holdings (a skipped prefill).
-  bool needs_request_facts(std::size_t cluster) const {
-    const auto& spec = settings_.clusters[cluster];
-    return shared_.balancer.policy_of(cluster).needs_request_facts() ||
-           (spec.prefill_pool && shared_.balancer.policy_of(*spec.prefill_pool).needs_request_facts()) ||
-           (checks_skip_prefill_ && spec.disaggregated());
-  }
-
-  // Whether the request's prompt is matched against KV-cache events: for a prefix-aware pick of its rank
-  // or of its prefill rank, or for its decode rank's holdings (a skipped prefill).
-  bool matches_kv_events(const balancer::pick_context& request) const {
-    const auto& spec = settings_.clusters[request.cluster];
-    const auto prefix_aware = [&](std::size_t c) { return shared_.balancer.policy_of(c).name() == "prefix-aware"; };
-    return prefix_aware(request.cluster) || (spec.prefill_pool && prefix_aware(*spec.prefill_pool)) ||
-           may_skip_prefill(request);
   }
 
   // What the request costs in tokens, from its body (for a policy that asks): the prompt, and the most it
@@ -602,7 +531,7 @@ class session {
     // Kept by the session: the pick may wait in the queue, and the chain must live as long.
     prefix_chain_ = std::move(facts.prefix_chain);
     request.prefix_chain = prefix_chain_;
-    kv_.prepare(facts, shared_, request, matches_kv_events(request));
+    kv_.prepare(facts, shared_, request, reads_.kv_events_for(request.cluster));
     return cost;
   }
 
@@ -629,13 +558,6 @@ class session {
     co_return co_await replies_.send_error(status, message, client_keep_alive, not_delivered);
   }
 
-  // Called by the deadline sweeper (see proxy()).
-  static void start_watch(void* self) {
-    auto& s = *static_cast<session*>(self);
-    s.watch_started_ = true;
-    watch_client(s.client_.socket(), s.watch_);
-  }
-
   worker_state& worker_;
   shared_state& shared_;
   const config::settings& settings_;
@@ -655,7 +577,6 @@ class session {
     bool retry_later = false;
   } refusal_;
   std::shared_ptr<client_watch> watch_;  // of the request being proxied, made once per connection
-  bool watch_started_ = false;
   std::size_t idle_slot_ = idle_client_set::not_member;  // in worker_.idle_clients while waiting for a head
   bool releasing_ = false;  // release_when_idle cancelled the head read
   char idle_probe_ = 0;     // where the idle wait's MSG_PEEK copies a byte (never read)
@@ -666,23 +587,7 @@ class session {
   clock_type::time_point request_started_;  // when the request being proxied was read whole
   std::vector<std::uint64_t> prefix_chain_;  // its prompt's prefix blocks (prefix-aware), for the pick
   kv_request kv_;  // its prompt as the KV-cache events see it (prefix-aware with events), for the pick
-  // The prompt's token ids are read from the body for the KV-cache events of a prefix-aware pick, or of the
-  // decode rank's holdings (--pd-skip-prefill-ratio).
-  const bool wants_prefix_chain_ =
-      config::any_cluster_uses(settings_, "prefix-aware") ||
-      (config::any_cluster_disaggregated(settings_) && settings_.pd_skip_prefill_ratio > 0);
-  const bool disaggregated_ = config::any_cluster_disaggregated(settings_);
-  const bool checks_skip_prefill_ = disaggregated_ && settings_.pd_skip_prefill_ratio > 0;
-  // Some prefill pool's policy weighs the body (prefix-aware, least-tokens), or a skipped prefill does.
-  const bool reads_body_for_pd_ = checks_skip_prefill_ || [this] {
-    for (std::size_t c = 0; c < settings_.clusters.size(); ++c) {
-      if (settings_.clusters[c].role == config::rank_role::prefill &&
-          shared_.balancer.policy_of(c).needs_request_facts()) {
-        return true;
-      }
-    }
-    return false;
-  }();
+  const pick_inputs reads_{settings_, shared_.balancer};  // what the picks read of a request's body
   std::string request_body_;           // de-chunked
   io::tracked_bytes body_bytes_;       // its capacity, for the memory trimmer
   upstream_head upstream_head_;        // the engine's request head, written from request_head_

@@ -6,6 +6,7 @@
 // then written from the client's by prepare_upstream_request(), straight into bytes.
 
 #include <boost/asio/buffer.hpp>
+#include <boost/beast/http/verb.hpp>
 
 #include <array>
 #include <cstdint>
@@ -45,6 +46,19 @@ struct admission {
 // Connection header listing more than http::connection_options::max_options options (400). An
 // absolute-form target leaves as its path: only configured backends are ever reached.
 admission admit(const http::request_head& head);
+
+// GET or HEAD /v1/models (any query): answered by dplb itself when clusters list their models.
+inline bool is_models_list(boost::beast::http::verb method, std::string_view target) {
+  namespace bhttp = boost::beast::http;
+  return (method == bhttp::verb::get || method == bhttp::verb::head) && target.substr(0, target.find('?')) == "/v1/models";
+}
+
+// POST /v1/completions or /v1/chat/completions (any query): what a disaggregated cluster runs in two legs, as
+// vLLM's disaggregated proxy does.
+inline bool is_completion(boost::beast::http::verb method, std::string_view target) {
+  const auto path = target.substr(0, target.find('?'));
+  return method == boost::beast::http::verb::post && (path == "/v1/completions" || path == "/v1/chat/completions");
+}
 
 // The engine's request head, written once per request and sent with each attempt as
 //   request line | the rank's Host line | fields | framing
