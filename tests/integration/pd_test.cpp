@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <fstream>
 #include <future>
 #include <map>
 #include <numeric>
@@ -473,4 +474,33 @@ TEST_CASE("pd: under --max-inflight-per-rank a request waits for a prefill slot,
   const auto m = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_rank_inflight{") == 0; });
   CHECK(metric_sum(m, "dplb_rank_inflight{") == 0);
   CHECK(decode_a.request_count() + decode_b.request_count() == 0);
+}
+
+TEST_CASE("pd: the access log has one line per two-leg request: the decode leg's rank and times, the prefill leg's, "
+          "and the request id",
+          "[integration][pd]") {
+  const temp_file log_file;  // dplb appends to it
+  auto prefill = prefill_engine();
+  auto decode = decode_engine();
+  dplb_proxy proxy({}, pd_args({prefill.url()}, {decode.url()}, {"--access-log", log_file.path()}));
+  http_connection client(proxy.port());
+  CHECK(client.send(post("/v1/completions", R"({"model":"m","prompt":"p"})", "log-id-1")).status == 200);
+  const auto lines = await_until(
+      [&] {
+        std::ifstream in(log_file.path());
+        std::vector<json> out;
+        for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
+        return out;
+      },
+      [](const auto& l) { return l.size() == 1; });
+  REQUIRE(lines.size() == 1);
+  const auto& line = lines[0];
+  CHECK(line["rank"] == 1);
+  CHECK(line["status"] == 200);
+  CHECK(line["request_id"] == "log-id-1");
+  CHECK(line["prefill_rank"] == 0);
+  CHECK(line["prefill_status"] == 200);
+  CHECK(line["prefill_duration"].is_number());
+  CHECK(line["ttfb"].get<double>() >= line["prefill_duration"].get<double>());
+  CHECK(line["completion_tokens"] == 3);  // the decode leg's usage, not the prefill's one token
 }
