@@ -2,8 +2,8 @@
 // tree-less JSON reads under them (src/support/json_text.cpp): a client's body and an engine's prefill answer
 // are network input. Checks, for every input (taken as a client body, and as a prefill answer):
 //  - nothing crashes or hangs, however the text is broken or nested;
-//  - a body that parses as a JSON object (nested at most pd::max_body_nesting deep) always gets a prefill
-//    body, and that body is the client's object with kv_transfer_params asking for a remote decode, stream
+//  - a body that parses as a JSON object (nested at most pd::max_body_nesting deep) and starts with its brace
+//    (a byte order mark, which nlohmann skips, is refused) always gets a prefill body, and that body is the client's object with kv_transfer_params asking for a remote decode, stream
 //    false, max_tokens 1, and without stream_options, min_tokens, min_completion_tokens;
 //  - a top-level member's raw text (json_member_text) lies inside the input, and, on the canonical text of a
 //    parsed object, parses to the member's value;
@@ -44,8 +44,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   if (dplb::support::json_nesting_depth(input, dplb::pd::max_body_nesting) > dplb::pd::max_body_nesting) return 0;
   const json dom = json::parse(input, nullptr, /*allow_exceptions=*/false);
-  if (!dom.is_object()) {
-    if (prefill) fail("a prefill body from a body that is not a JSON object", input);
+  const auto first = input.find_first_not_of(" \t\r\n");
+  if (!dom.is_object() || first == std::string_view::npos || input[first] != '{') {
+    if (prefill) fail("a prefill body from a body that is not a braced JSON object", input);
     return 0;
   }
   if (!prefill) fail("no prefill body for a JSON object", input);

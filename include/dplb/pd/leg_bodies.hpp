@@ -7,7 +7,7 @@
 //                stream_options, min_tokens and min_completion_tokens (a 1-token answer, in one piece);
 //   decode leg:  the client's body as it came, plus the prefill answer's kv_transfer_params object verbatim
 //                (every key, byte for byte: its numbers and key order are the engine's business).
-// Pure functions of the texts; never throw. The first step of routing in two legs: not wired to the proxy yet.
+// Pure functions of the texts; never throw.
 
 #include <cstddef>
 #include <optional>
@@ -20,7 +20,8 @@ namespace dplb::pd {
 // dump recurse once per level. Real requests nest a handful of levels (chat content parts: 5).
 inline constexpr std::size_t max_body_nesting = 64;
 
-// The prefill leg's body; nullopt when the client's body is not a JSON object (or nests too deep).
+// The prefill leg's body; nullopt when the client's body is not a JSON object (or nests too deep), or does not
+// start with the object's brace (a byte order mark before it: the decode body is written into these bytes).
 std::optional<std::string> prefill_body(std::string_view client_body);
 
 // The raw text of a prefill answer's top-level kv_transfer_params object; nullopt when it has none, or when

@@ -47,6 +47,9 @@ TEST_CASE("prefill leg: a body that is not a JSON object, or nests too deep, get
   CHECK_FALSE(pd::prefill_body("{\"prompt\":"));
   CHECK_FALSE(pd::prefill_body(""));
   CHECK_FALSE(pd::prefill_body(R"({"x":)" + std::string(1'000, '[') + std::string(1'000, ']') + "}"));
+  // A byte order mark before the object: JSON parsers take it or not, and the decode body could not follow.
+  CHECK_FALSE(pd::prefill_body("\xEF\xBB\xBF{\"prompt\":\"p\"}"));
+  CHECK(pd::prefill_body(" \r\n{\"prompt\":\"p\"} \n"));
 }
 
 TEST_CASE("decode leg: the client's body byte for byte plus the prefill answer's kv_transfer_params verbatim", "[pd]") {
