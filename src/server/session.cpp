@@ -327,7 +327,8 @@ class session {
   io::task<bool> run_two_legs(balancer::rank_lease decode, balancer::pick_context& request,
                               balancer::request_cost cost, bool client_keep_alive) {
     if (access_.is_open()) access_.entry().request_id = request_id_;
-    if (reads_.may_skip_prefill(request.cluster) && kv_request::share_held_by(decode.rank(), request, shared_) >= settings_.pd_skip_prefill_ratio) {
+    if (reads_.may_skip_prefill(request.cluster) &&
+        kv_request::share_held_by(decode.rank(), request, shared_) >= settings_.pd_skip_prefill_ratio) {
       // The decode rank's KV-cache events say it holds the prompt: it computes the rest itself, and the
       // prefill leg (a transfer of blocks it already has) is skipped.
       shared_.metrics.prefill_skipped();
@@ -350,7 +351,8 @@ class session {
           if (access_.is_open()) access_.answered_by_dplb(499, 0);
           co_return false;
         }
-        co_return co_await replies_.send_error(refusal_status(refusal), leg.refusal_text(refusal), client_keep_alive, true);
+        co_return co_await replies_.send_error(refusal_status(refusal), leg.refusal_text(refusal), client_keep_alive,
+                                               true);
       }
       const auto watching = watch_leg();
       set_upstream_framing(upstream_head_, bhttp::verb::post, prefill_body->size());
