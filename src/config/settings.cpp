@@ -25,33 +25,28 @@ namespace {
 
 using namespace detail;
 
+// Where an option is given, by precedence: 3 on the command line, 2 in the environment, 1 in the config file,
+// 0 nowhere. An empty variable counts as unset: container and systemd files often define every variable.
+int source_level(const option_spec& o, const command_line_values& cli, const environment& env, const json& file) {
+  if (cli.contains(o.flag)) return 3;
+  if (!o.env.empty()) {
+    if (const auto it = env.find(std::string(o.env)); it != env.end() && !it->second.empty()) return 2;
+  }
+  return !o.key.empty() && file.is_object() && file.contains(o.key) ? 1 : 0;
+}
+
 // Precedence, per option: command line > environment > config file. Only the winning source is validated,
 // so that a flag can override a broken environment variable.
 std::optional<raw_value> pick(const option_spec& o, const command_line_values& cli, const environment& env,
                               const json& file, const std::string& file_path) {
-  if (const auto it = cli.find(o.flag); it != cli.end()) {
-    return raw_value{it->second, ""};
-  }
-  if (!o.env.empty()) {
-    // An empty variable counts as unset: container and systemd files often define every variable.
-    if (const auto it = env.find(std::string(o.env)); it != env.end() && !it->second.empty()) {
-      return raw_value{{it->second}, " (from " + std::string(o.env) + ")"};
-    }
-  }
-  if (!o.key.empty() && file.is_object()) {
-    if (const auto it = file.find(o.key); it != file.end()) {
-      return raw_value{texts_from_json(o, *it, file_path),
+  switch (source_level(o, cli, env, file)) {
+    case 3: return raw_value{cli.find(o.flag)->second, ""};
+    case 2: return raw_value{{env.find(std::string(o.env))->second}, " (from " + std::string(o.env) + ")"};
+    case 1:
+      return raw_value{texts_from_json(o, file.at(std::string(o.key)), file_path),
                        " (from key '" + std::string(o.key) + "' in config file '" + file_path + "')"};
-    }
+    default: return std::nullopt;
   }
-  return std::nullopt;
-}
-
-// Where a list option is given: 3 on the command line, 2 in the environment, 1 in the config file, 0 nowhere.
-int source_level(const option_spec& o, const command_line_values& cli, const environment& env, const json& file) {
-  if (cli.contains(o.flag)) return 3;
-  if (const auto it = env.find(std::string(o.env)); it != env.end() && !it->second.empty()) return 2;
-  return file.is_object() && file.contains(o.key) ? 1 : 0;
 }
 
 // --prefill with --decode: one implicit cluster, disaggregated: its decode ranks (cluster 0, --policy, where
