@@ -25,7 +25,6 @@
 #include "dplb/support/io_buffers.hpp"
 #include "kv_request.hpp"
 #include "own_replies.hpp"
-#include "pick_inputs.hpp"
 #include "prefill_leg.hpp"
 #include "request_id.hpp"
 #include "request_accounting.hpp"
@@ -589,7 +588,7 @@ class session {
   clock_type::time_point request_started_;  // when the request being proxied was read whole
   std::vector<std::uint64_t> prefix_chain_;  // its prompt's prefix blocks (prefix-aware), for the pick
   kv_request kv_;  // its prompt as the KV-cache events see it (prefix-aware with events), for the pick
-  const pick_inputs reads_{settings_, shared_.balancer};  // what the picks read of a request's body
+  const pick_inputs& reads_ = shared_.reads;  // what the picks read of a request's body
   std::string request_body_;           // de-chunked
   io::tracked_bytes body_bytes_;       // its capacity, for the memory trimmer
   upstream_head upstream_head_;        // the engine's request head, written from request_head_

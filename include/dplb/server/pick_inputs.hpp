@@ -1,6 +1,6 @@
 #pragma once
-// Private to the session: what the picks of a request read of its body, fixed for the process by the
-// configuration. A cluster's policy may weigh the body's facts (least-tokens: its tokens; prefix-aware: its
+// What the picks of a request read of its body, fixed for the process by the configuration (worked out once,
+// in shared_state, and read by every session). A cluster's policy may weigh the body's facts (least-tokens: its tokens; prefix-aware: its
 // prompt's prefix, and the KV-cache events its token ids match), and so may a disaggregated cluster's two
 // other readers: its prefill pool's policy (the prefill leg's pick), and the skip of its prefill leg
 // (--pd-skip-prefill-ratio: whether the decode rank's KV-cache events hold the prompt). A body nobody reads

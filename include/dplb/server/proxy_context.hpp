@@ -13,6 +13,7 @@
 #include "dplb/metrics/proxy_metrics.hpp"
 #include "dplb/server/deadline_sweeper.hpp"
 #include "dplb/server/model_routes.hpp"
+#include "dplb/server/pick_inputs.hpp"
 #include "dplb/upstream/backend.hpp"
 #include "dplb/upstream/connection_pool.hpp"
 #include "dplb/upstream/health_monitor.hpp"
@@ -31,6 +32,7 @@ struct shared_state {
   metrics::access_log* access_log = nullptr;       // --access-log, else null
   // What the engines' KV-cache events say the ranks hold (prefix-aware): null when no policy reads them.
   const kv::event_index* kv_events = nullptr;
+  const pick_inputs reads{settings, balancer};  // what the picks read of a request's body
   std::atomic<std::size_t> client_connections{0};  // open now, all workers
   std::atomic<bool> draining{false};               // SIGTERM received: finish what is in flight, take nothing new
 };
