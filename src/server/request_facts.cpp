@@ -24,6 +24,7 @@ enum class place : std::uint8_t {
   max_completion_tokens,
   choices,
   data_parallel_rank,
+  priority,
   cache_salt,
   prompt_item,  // an element of "prompt": [...]
   prompt_id,    // an element of an array inside "prompt": [[...], ...]
@@ -45,6 +46,7 @@ place top_level_place(std::string_view key) {
   if (key == "max_completion_tokens") return place::max_completion_tokens;
   if (key == "n") return place::choices;
   if (key == "data_parallel_rank") return place::data_parallel_rank;
+  if (key == "priority") return place::priority;
   if (key == "cache_salt") return place::cache_salt;
   return place::other;
 }
@@ -183,6 +185,7 @@ bool facts_handler::integer(whole_number n) {
       if (!n.negative && n.magnitude >= 1) facts_.choices = clamp_u32(std::min<std::uint64_t>(n.magnitude, max_choices));
       break;
     case place::data_parallel_rank: facts_.data_parallel_rank = n.as_int64(); break;
+    case place::priority: facts_.priority = n.as_int64(); break;
     case place::prompt_item:
     case place::prompt_id:
       ++prompt_tokens_;
@@ -253,6 +256,7 @@ bool facts_handler::key(std::string_view k) {
         case place::max_completion_tokens: max_completion_tokens_.reset(); break;
         case place::choices: facts_.choices = 1; break;
         case place::data_parallel_rank: facts_.data_parallel_rank.reset(); break;
+        case place::priority: facts_.priority.reset(); break;
         case place::cache_salt: facts_.cache_salt.clear(); break;
         default: break;
       }

@@ -103,7 +103,9 @@ tenant_directory::tenant_directory(std::span<const tenant_spec> specs) {
                       .weight = spec.weight,
                       .requests_per_second = spec.requests_per_second,
                       .burst = spec.burst,
-                      .max_queued = spec.max_queued};
+                      .max_queued = spec.max_queued,
+                      .tokens_per_minute = spec.tokens_per_minute,
+                      .max_queue_wait = spec.max_queue_wait};
     if (is_default) {
       tenants_[default_tenant] = kept;
       default_configured = true;

@@ -70,6 +70,20 @@ std::optional<token_bucket::clock::duration> token_bucket::retry_after(clock::ti
   return std::chrono::ceil<clock::duration>(std::chrono::duration<double>(missing / rate_));
 }
 
+void token_bucket::give_back(std::uint64_t units) {
+  tokens_ = std::min(static_cast<double>(burst_), tokens_ + static_cast<double>(units));
+}
+
+void token_bucket::charge(clock::time_point now, std::uint64_t units) {
+  tokens_ = available(now);
+  updated_ = std::max(updated_, now);
+  tokens_ = std::max(-static_cast<double>(burst_), tokens_ - static_cast<double>(units));
+}
+
+std::uint64_t token_bucket::missing(clock::time_point now) const {
+  return static_cast<std::uint64_t>(std::ceil(std::max(0.0, static_cast<double>(burst_) - available(now))));
+}
+
 std::int64_t retry_after_seconds(token_bucket::clock::duration wait) {
   return std::max<std::int64_t>(1, std::chrono::ceil<std::chrono::seconds>(wait).count());
 }

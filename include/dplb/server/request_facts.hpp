@@ -50,6 +50,9 @@ struct request_facts {
   // X-data-parallel-rank header only, since a pin names a global rank and the engine would need the field
   // rewritten to its own index, and dplb never rewrites a body (docs/configuration.md, Pinning).
   std::optional<std::int64_t> data_parallel_rank;
+  // vLLM's "priority", when an integer (lower is served sooner; absent: 0): the order of dplb's queue among
+  // tenants' requests. Forwarded unchanged, as every field is.
+  std::optional<std::int64_t> priority;
   // Only when asked (prefix-aware): the prompt's blocks, chained by hash and seeded by the model
   // (balancer/prefix_index.hpp). Fed, in order: a text prompt's bytes after unescaping (each prompt of a
   // batch followed by a separator), a token id as its 4 bytes (so a block is 64 ids), and every message's

@@ -10,6 +10,7 @@
 // Immutable once built, so it may be shared between threads without a lock.
 
 #include <boost/unordered/unordered_flat_map.hpp>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -36,6 +37,8 @@ class tenant_directory {
     std::optional<double> requests_per_second = std::nullopt;
     std::optional<std::uint64_t> burst = std::nullopt;
     std::optional<std::size_t> max_queued = std::nullopt;
+    std::optional<double> tokens_per_minute = std::nullopt;
+    std::optional<std::chrono::milliseconds> max_queue_wait = std::nullopt;
   };
 
   // The default tenant, then `specs` in their order (one named "default" configures index 0 instead).
@@ -49,6 +52,8 @@ class tenant_directory {
   std::size_t tenant_of(std::string_view authorization, std::string_view tenant_header) const;
   // Whether `authorization` carries a configured key.
   bool has_known_key(std::string_view authorization) const;
+  // The tenant whose configured key `authorization` carries, if it carries one.
+  std::optional<std::size_t> tenant_of_key(std::string_view authorization) const;
   // The tenant of that name, if configured (names are case-sensitive).
   std::optional<std::size_t> tenant_named(std::string_view name) const;
 
@@ -65,8 +70,6 @@ class tenant_directory {
     using is_transparent = void;
     std::size_t operator()(std::string_view name) const noexcept;
   };
-
-  std::optional<std::size_t> tenant_of_key(std::string_view authorization) const;
 
   std::vector<tenant> tenants_;
   boost::unordered_flat_map<std::string, std::size_t, name_hash, std::equal_to<>> by_name_;

@@ -35,6 +35,14 @@ class token_bucket {
   // cost is above the burst: waiting would not help, the request is too large for this limit.
   std::optional<clock::duration> retry_after(clock::time_point now, std::uint64_t cost = 1) const;
 
+  // Units a reservation did not use, back in the bucket (never above the burst).
+  void give_back(std::uint64_t units);
+  // Units used beyond a reservation, taken whether or not they are there: the bucket may go below empty,
+  // down to one burst in debt, and takes nothing more until it has refilled past that.
+  void charge(clock::time_point now, std::uint64_t units);
+  // The units missing to a full bucket at `now` (a debt included): what a replacement bucket inherits.
+  std::uint64_t missing(clock::time_point now) const;
+
   double rate() const { return rate_; }
   std::uint64_t burst() const { return burst_; }
 

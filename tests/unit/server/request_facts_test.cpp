@@ -346,3 +346,14 @@ TEST_CASE("token ids: ids and arrays of ids mixed at the top of a prompt give no
   CHECK(inspect_request_body(R"({"prompt":[[],[1,2]]})", true).prompt_token_ids.empty());  // the first is empty
   CHECK(inspect_request_body(R"({"prompt":[-0,1]})", true).prompt_token_ids == std::vector<std::uint32_t>{0, 1});
 }
+
+TEST_CASE("priority: vLLM's integer field at the top level, negative values kept, the last one wins", "[request-facts]") {
+  CHECK_FALSE(inspect_request_body(R"({"prompt": "a"})").priority);
+  CHECK(inspect_request_body(R"({"prompt": "a", "priority": 5})").priority == 5);
+  CHECK(inspect_request_body(R"({"priority": -3, "prompt": "a"})").priority == -3);
+  CHECK(inspect_request_body(R"({"priority": 1, "priority": 2})").priority == 2);
+  // Not an integer, or not at the top level: no priority (the engine decides what it makes of it).
+  CHECK_FALSE(inspect_request_body(R"({"priority": 1, "priority": "high"})").priority);
+  CHECK_FALSE(inspect_request_body(R"({"priority": 1.5})").priority);
+  CHECK_FALSE(inspect_request_body(R"({"messages": [{"content": "x", "priority": 4}]})").priority);
+}

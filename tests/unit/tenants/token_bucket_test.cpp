@@ -123,3 +123,29 @@ TEST_CASE("token bucket: a rate that is no rate, a burst of 0 or a year-long ref
   CHECK_THROWS_WITH(token_bucket(1e-6, 1'000'000), Catch::Contains("more than a year"));
   CHECK_THROWS_AS(token_bucket::per_minute(0.0), std::invalid_argument);
 }
+
+TEST_CASE("token bucket: an unused reservation comes back, never above the burst", "[tenants]") {
+  token_bucket bucket(1.0, 10);
+  REQUIRE(bucket.try_take(t0, 8));
+  CHECK(bucket.missing(t0) == 8);
+  bucket.give_back(5);
+  CHECK(bucket.missing(t0) == 3);
+  CHECK(bucket.try_take(t0, 7));
+  CHECK_FALSE(bucket.try_take(t0, 1));
+  bucket.give_back(100);
+  CHECK(bucket.missing(t0) == 0);
+  CHECK_FALSE(bucket.try_take(t0, 11));
+}
+
+TEST_CASE("token bucket: use beyond a reservation is charged into debt, at most one burst deep", "[tenants]") {
+  token_bucket bucket(1.0, 10);
+  REQUIRE(bucket.try_take(t0, 10));
+  bucket.charge(t0, 4);  // the engine reported 4 more than reserved
+  CHECK(bucket.missing(t0) == 14);
+  // Nothing passes until the debt is paid: 4 s to empty, then 1 s for one unit.
+  CHECK_FALSE(bucket.try_take(t0 + 4s, 1));
+  CHECK(bucket.try_take(t0 + 5s, 1));
+  bucket.charge(t0 + 5s, 1000);
+  CHECK(bucket.missing(t0 + 5s) == 20);  // the debt stops at one burst
+  CHECK(bucket.retry_after(t0 + 5s, 1) == std::chrono::seconds(11));
+}

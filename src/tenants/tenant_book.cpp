@@ -1,0 +1,181 @@
+#include "dplb/tenants/tenant_book.hpp"
+
+#include <algorithm>
+#include <utility>
+
+namespace dplb::tenants {
+
+namespace {
+
+std::optional<token_bucket> request_bucket(const tenant_state::limits& l) {
+  if (!l.requests_per_second) return std::nullopt;
+  return l.burst ? token_bucket(*l.requests_per_second, *l.burst) : token_bucket(*l.requests_per_second);
+}
+
+std::optional<token_bucket> token_bucket_of(const tenant_state::limits& l) {
+  if (!l.tokens_per_minute) return std::nullopt;
+  return token_bucket::per_minute(*l.tokens_per_minute);
+}
+
+// A bucket for new limits that starts where the old one stood: its units missing (a debt included) carried over.
+void replace_bucket(std::optional<token_bucket>& bucket, std::optional<token_bucket> next,
+                    token_bucket::clock::time_point now) {
+  if (bucket && next && bucket->rate() == next->rate() && bucket->burst() == next->burst()) return;
+  if (bucket && next) {
+    if (const auto missing = bucket->missing(now)) next->charge(now, missing);
+  }
+  bucket = std::move(next);
+}
+
+std::int64_t seconds_since_epoch(tenant_state::clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::seconds>(t.time_since_epoch()).count();
+}
+
+}  // namespace
+
+tenant_state::tenant_state(std::string name, std::uint64_t id) : name_(std::move(name)), id_(id) {
+  limits_.name = name_;
+}
+
+tenant_state::limits tenant_state::current_limits() const {
+  std::lock_guard lock(mutex_);
+  return limits_;
+}
+
+verdict tenant_state::admit(clock::time_point now, std::uint64_t tokens) {
+  std::lock_guard lock(mutex_);
+  // Both limits are checked before either is taken from, so that a refusal takes nothing.
+  if (request_rate_) {
+    if (const auto wait = request_rate_->retry_after(now, 1); wait && wait->count() > 0) {
+      return {verdict::refusal::request_rate, retry_after_seconds(*wait)};
+    }
+  }
+  if (token_budget_ && tokens > 0) {
+    const auto wait = token_budget_->retry_after(now, tokens);
+    if (!wait) return {verdict::refusal::larger_than_budget, 60};
+    if (wait->count() > 0) return {verdict::refusal::token_budget, retry_after_seconds(*wait)};
+  }
+  if (request_rate_) request_rate_->try_take(now, 1);
+  if (token_budget_ && tokens > 0) token_budget_->try_take(now, tokens);
+  note_admitted_locked(now);
+  return {};
+}
+
+void tenant_state::settle(clock::time_point now, std::uint64_t reserved, std::uint64_t used) {
+  std::lock_guard lock(mutex_);
+  if (!token_budget_) return;
+  if (used < reserved) {
+    token_budget_->give_back(reserved - used);
+  } else if (used > reserved) {
+    token_budget_->charge(now, used - reserved);
+  }
+}
+
+void tenant_state::count_status(unsigned status) noexcept {
+  by_status_[std::min<unsigned>(status, by_status_.size() - 1)].fetch_add(1, std::memory_order_relaxed);
+}
+
+void tenant_state::count_tokens(std::uint64_t prompt, std::uint64_t completion) noexcept {
+  prompt_tokens_.fetch_add(prompt, std::memory_order_relaxed);
+  completion_tokens_.fetch_add(completion, std::memory_order_relaxed);
+}
+
+void tenant_state::note_admitted_locked(clock::time_point now) {
+  const auto second = seconds_since_epoch(now);
+  if (second > admitted_second_) {
+    // Seconds that passed without a request were empty; a gap of a whole window clears it all.
+    const auto passed = std::min<std::int64_t>(second - admitted_second_, rate_window_seconds);
+    for (std::int64_t s = 1; s <= passed; ++s) admitted_[static_cast<std::size_t>((admitted_second_ + s) % rate_window_seconds)] = 0;
+    admitted_second_ = second;
+  }
+  ++admitted_[static_cast<std::size_t>(admitted_second_ % rate_window_seconds)];
+}
+
+double tenant_state::rate_locked(clock::time_point now) const {
+  const auto second = seconds_since_epoch(now);
+  std::uint64_t sum = 0;
+  for (std::int64_t s = second - rate_window_seconds + 1; s <= second; ++s) {
+    // Only the seconds the ring holds for this window: those after the last write are empty.
+    if (s > admitted_second_ || s <= admitted_second_ - rate_window_seconds) continue;
+    sum += admitted_[static_cast<std::size_t>(((s % rate_window_seconds) + rate_window_seconds) % rate_window_seconds)];
+  }
+  return static_cast<double>(sum) / rate_window_seconds;
+}
+
+tenant_state::snapshot tenant_state::read(clock::time_point now) const {
+  snapshot out;
+  out.name = name_;
+  {
+    std::lock_guard lock(mutex_);
+    out.limits = limits_;
+    out.requests_per_second = rate_locked(now);
+  }
+  out.queued = queued_.load(std::memory_order_relaxed);
+  out.in_flight = in_flight_.load(std::memory_order_relaxed);
+  out.prompt_tokens = prompt_tokens_.load(std::memory_order_relaxed);
+  out.completion_tokens = completion_tokens_.load(std::memory_order_relaxed);
+  for (unsigned status = 0; status < by_status_.size(); ++status) {
+    if (const auto n = by_status_[status].load(std::memory_order_relaxed)) out.requests_by_status.emplace_back(status, n);
+  }
+  return out;
+}
+
+void tenant_state::apply(const limits& next, clock::time_point now) {
+  std::lock_guard lock(mutex_);
+  replace_bucket(request_rate_, request_bucket(next), now);
+  replace_bucket(token_budget_, token_bucket_of(next), now);
+  limits_ = next;
+}
+
+tenant_book::tenant_book(std::span<const tenant_spec> specs, tenant_state::clock::time_point now) {
+  roster_ = make_roster(specs, now);
+}
+
+std::shared_ptr<const tenant_book::roster> tenant_book::make_roster(std::span<const tenant_spec> specs,
+                                                                   tenant_state::clock::time_point now) {
+  tenant_directory directory(specs);  // throws for specs it refuses: nothing below has happened yet
+  // Every limit's bucket is built before any tenant changes, so that a limit token_bucket refuses (a refill
+  // of over a year) also changes nothing.
+  for (const auto& t : directory.tenants()) {
+    (void)request_bucket(t);
+    (void)token_bucket_of(t);
+  }
+  std::vector<std::shared_ptr<tenant_state>> states;
+  std::lock_guard lock(mutex_);
+  for (const auto& t : directory.tenants()) {
+    auto& state = known_[t.name];
+    if (!state) state = std::make_shared<tenant_state>(t.name, next_id_++);
+    state->apply(t, now);
+    states.push_back(state);
+  }
+  return std::make_shared<const roster>(roster{std::move(directory), std::move(states)});
+}
+
+void tenant_book::reload(std::span<const tenant_spec> specs, tenant_state::clock::time_point now) {
+  auto next = make_roster(specs, now);
+  std::lock_guard lock(mutex_);
+  roster_ = std::move(next);
+}
+
+std::shared_ptr<const tenant_book::roster> tenant_book::current() const {
+  std::lock_guard lock(mutex_);
+  return roster_;
+}
+
+tenant_book::identity tenant_book::identify(std::string_view authorization, std::string_view tenant_header) const {
+  const auto r = current();
+  if (const auto by_key = r->directory.tenant_of_key(authorization)) return {r->states[*by_key], true};
+  return {r->states[r->directory.tenant_named(tenant_header).value_or(tenant_directory::default_tenant)], false};
+}
+
+std::vector<std::shared_ptr<tenant_state>> tenant_book::tenants() const { return current()->states; }
+
+std::vector<std::shared_ptr<tenant_state>> tenant_book::every_tenant() const {
+  std::lock_guard lock(mutex_);
+  std::vector<std::shared_ptr<tenant_state>> out;
+  out.reserve(known_.size());
+  for (const auto& [name, state] : known_) out.push_back(state);
+  return out;
+}
+
+}  // namespace dplb::tenants
