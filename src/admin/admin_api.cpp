@@ -14,6 +14,7 @@
 #include "dplb/balancer/policy.hpp"
 #include "dplb/config/settings.hpp"
 #include "dplb/http/error_response.hpp"
+#include "dplb/tenants/tenant_book.hpp"
 #include "dplb/upstream/backend.hpp"
 #include "dplb/upstream/backend_registry.hpp"
 
@@ -96,6 +97,38 @@ json backend_json(const upstream::backend_status& b) {
               {"cluster", b.cluster},
               {"state", upstream::name_of(b.state)},
               {"ranks", std::move(ranks)}};
+}
+
+json optional_json(const auto& value) { return value ? json(*value) : json(nullptr); }
+
+// A tenant as the admin API shows it: its limits as configured (a burst left to its default shown as it
+// applies) and its counts now. Its keys are not shown, not even as digests.
+json tenant_json(const tenants::tenant_state::snapshot& t) {
+  const auto& l = t.limits;
+  std::optional<std::uint64_t> burst = l.burst;
+  if (!burst && l.requests_per_second) burst = static_cast<std::uint64_t>(std::max(1.0, std::ceil(*l.requests_per_second)));
+  std::optional<std::int64_t> max_queue_wait_ms;
+  if (l.max_queue_wait) max_queue_wait_ms = l.max_queue_wait->count();
+  json by_status = json::object();
+  std::uint64_t total = 0;
+  for (const auto& [status, count] : t.requests_by_status) {
+    by_status[std::to_string(status)] = count;
+    total += count;
+  }
+  return json{{"name", t.name},
+              {"weight", l.weight},
+              {"limits", json{{"requests_per_second", optional_json(l.requests_per_second)},
+                              {"burst", optional_json(burst)},
+                              {"max_queued", optional_json(l.max_queued)},
+                              {"tokens_per_minute", optional_json(l.tokens_per_minute)},
+                              {"max_queue_wait_ms", optional_json(max_queue_wait_ms)}}},
+              {"in_flight", t.in_flight},
+              {"queued", t.queued},
+              {"requests_per_second", t.requests_per_second},
+              {"requests_total", total},
+              {"requests_by_status", std::move(by_status)},
+              {"prompt_tokens_total", t.prompt_tokens},
+              {"completion_tokens_total", t.completion_tokens}};
 }
 
 // The body as a JSON object, or the 400 that says why it is not one.
@@ -224,6 +257,8 @@ const std::vector<admin_api::route>& admin_api::routes() {
       {"POST", "/backends/remove", &admin_api::remove_backend},
       {"POST", "/backends/drain", &admin_api::drain_backend},
       {"POST", "/backends/undrain", &admin_api::undrain_backend},
+      {"GET", "/tenants", &admin_api::list_tenants},
+      {"POST", "/tenants/reload", &admin_api::reload_tenants},
   };
   return table;
 }
@@ -425,6 +460,23 @@ response admin_api::set_rank_weight(const call& c) const {
   const auto w = static_cast<std::uint32_t>(weight->get<std::uint64_t>());
   registry_.set_weight(*rank, w);
   return json_response(200, rank_json(registry_.status_of_rank(*rank)));
+}
+
+response admin_api::list_tenants(const call&) const {
+  json tenants = json::array();
+  if (tenants_) {
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& t : tenants_->tenants()) tenants.push_back(tenant_json(t->read(now)));
+  }
+  return json_response(200, json{{"tenants", std::move(tenants)}});
+}
+
+response admin_api::reload_tenants(const call&) const {
+  if (!tenants_ || !reload_tenants_) return error(409, "this dplb has no configuration file to reload tenants from");
+  if (auto failed = reload_tenants_(); !failed.empty()) {
+    return error(400, "tenants not reloaded (the running ones are kept): " + failed);
+  }
+  return list_tenants({});
 }
 
 }  // namespace dplb::admin

@@ -185,11 +185,13 @@ struct application::impl {
         registry(topology, balancer, metrics, health, cluster_names(settings), upstream::resolve_backend,
                  cluster_roles(settings)),
         models(settings),
-        shared{settings, topology, balancer, metrics, health, models},
+        tenants(configured_tenants(settings)),
+        shared{settings, topology, balancer, metrics, health, models, *tenants},
         signals(signal_io, SIGINT, SIGTERM),
         reload_signal(signal_io, SIGHUP) {
     arm_test_faults();
     metrics.observe_internal_errors(supervisor);
+    metrics.observe_tenants(*tenants);
     if (!settings.access_log.empty()) {
       try {
         access_log = std::make_unique<metrics::access_log>(settings.access_log, supervisor);
@@ -238,9 +240,35 @@ struct application::impl {
     bound = endpoint;
     if (settings.admin_listen) {
       admin.emplace(registry, settings.admin_token, settings.default_cluster);
+      admin->serve_tenants(*tenants, [this]() -> std::string {
+        if (!reload_backends) return "this dplb has no configuration to reload";
+        try {
+          return apply_tenants(reload_backends(), "admin API");
+        } catch (const std::exception& e) {
+          return e.what();
+        }
+      });
       admin_acceptor.emplace(admin::open_acceptor(signal_io.get_executor(), listen_endpoint(*settings.admin_listen)));
       admin_bound = admin_acceptor->local_endpoint();
     }
+  }
+
+  // The tenants of a configuration read again (SIGHUP, the admin API), applied whole or not at all: what
+  // kept them from being applied, or "". Queued requests keep their places: they hold their tenant's state,
+  // which a reload keeps by name.
+  std::string apply_tenants(const config::settings& fresh, std::string_view by) {
+    try {
+      tenants->reload(fresh.tenants);
+    } catch (const std::exception& e) {
+      spdlog::error("{}: tenants not reloaded: {}; fix the configuration and reload again", by, e.what());
+      return e.what();
+    }
+    spdlog::info("{}: tenants reloaded ({} configured)", by, fresh.tenants.size());
+    if (fresh.require_api_key != settings.require_api_key || fresh.tenant_header != settings.tenant_header ||
+        fresh.fair_by != settings.fair_by || fresh.max_queue_wait != settings.max_queue_wait) {
+      spdlog::warn("{}: require_api_key, tenant_header, fair_by and max_queue_wait_ms change only with a restart", by);
+    }
+    return {};
   }
 
   config::settings settings;
@@ -261,6 +289,7 @@ struct application::impl {
   side_channel_thread side_channels;  // runs health and stats: stopped before them
   upstream::backend_registry registry;  // the main thread's: admin API, SIGHUP, retirements
   server::model_routes models;
+  std::unique_ptr<tenants::tenant_book> tenants;  // SIGHUP and the admin API reload it
   std::unique_ptr<metrics::access_log> access_log;  // outlives the workers that write to it
   server::shared_state shared;
   std::unique_ptr<kv::event_subscriber> kv_subscriber;  // with kv_index: reads the events into it
@@ -347,7 +376,7 @@ void application::await_reload_signal() {
         spdlog::error("SIGHUP: cannot reopen the access log {}: {}", s.settings.access_log, e.what());
       }
     }
-    // Only the backends and the admin token are applied: every other setting needs a restart. A configuration
+    // Only the backends, the tenants and the admin token are applied: every other setting needs a restart. A configuration
     // that cannot be read again (a broken file, the token's file gone) changes nothing.
     std::optional<config::settings> fresh;
     if (!s.reload_backends) {
@@ -369,6 +398,7 @@ void application::await_reload_signal() {
       }
       warn_if_token_file_exposed(*fresh);
     }
+    if (fresh) s.apply_tenants(*fresh, "SIGHUP");
     if (fresh) {
       try {
         const auto summary = s.registry.reload(backends_for_reload(s.settings, *fresh));

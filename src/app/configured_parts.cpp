@@ -104,4 +104,12 @@ std::unique_ptr<upstream::topology> configured_topology(const std::vector<config
   return topology;
 }
 
+std::unique_ptr<tenants::tenant_book> configured_tenants(const config::settings& s) {
+  try {
+    return std::make_unique<tenants::tenant_book>(s.tenants);
+  } catch (const std::invalid_argument& e) {
+    throw config::config_error(std::string("tenants: ") + e.what());
+  }
+}
+
 }  // namespace dplb::app

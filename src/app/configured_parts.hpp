@@ -14,6 +14,7 @@
 #include "dplb/balancer/routing_stats.hpp"
 #include "dplb/config/settings.hpp"
 #include "dplb/kv/event_index.hpp"
+#include "dplb/tenants/tenant_book.hpp"
 #include "dplb/upstream/backend.hpp"
 
 namespace dplb::app {
@@ -35,6 +36,8 @@ std::vector<config::backend_spec> backends_for_reload(const config::settings& ru
 std::vector<std::size_t> rank_clusters(const upstream::topology& topology);
 // The age past which engine stats are stale.
 std::chrono::milliseconds stats_max_age(const config::settings& s);
+// The configured tenants; throws config::config_error, saying what to fix, for a list it refuses.
+std::unique_ptr<tenants::tenant_book> configured_tenants(const config::settings& s);
 // Every configured backend, resolved (blocking) and numbered.
 std::unique_ptr<upstream::topology> configured_topology(const std::vector<config::backend_spec>& specs);
 

@@ -121,6 +121,8 @@ std::string format_access_line(const access_entry& e, std::chrono::steady_clock:
   append_text_or_null(out, e.model);
   out += ",\"client\":";
   append_text_or_null(out, e.client);
+  out += ",\"tenant\":";
+  append_text_or_null(out, e.tenant);
   if (!e.request_id.empty()) {
     out += ",\"request_id\":";
     append_text_or_null(out, e.request_id);

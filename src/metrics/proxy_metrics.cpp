@@ -10,6 +10,7 @@
 
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/support/supervisor.hpp"
+#include "scraped_families.hpp"
 
 #include <algorithm>
 #include <stdexcept>
@@ -17,33 +18,6 @@
 
 namespace dplb::metrics {
 
-namespace {
-
-// LLM latencies span milliseconds (a cached short prompt) to minutes (a long generation queued behind
-// others); the buckets cover both ends.
-prometheus::Histogram::BucketBoundaries latency_buckets() {
-  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,   2.5,
-          5,     10,     20,    30,   60,    120,  300, 600, 1200, 1800, 3600};
-}
-
-// A family assembled at scrape time, outside the registry (lock-free histograms, routing counters).
-prometheus::MetricFamily scraped_family(std::string name, std::string help, prometheus::MetricType type) {
-  prometheus::MetricFamily f;
-  f.name = std::move(name);
-  f.help = std::move(help);
-  f.type = type;
-  return f;
-}
-
-prometheus::ClientMetric histogram_sample(std::vector<prometheus::ClientMetric::Label> labels,
-                                          const support::atomic_histogram& h) {
-  prometheus::ClientMetric m;
-  m.label = std::move(labels);
-  m.histogram = h.snapshot();
-  return m;
-}
-
-}  // namespace
 
 proxy_metrics::proxy_metrics(const std::vector<std::string>& rank_urls, const balancer::balancer& balancer,
                              std::string_view policy_name, std::size_t capacity)
@@ -172,6 +146,7 @@ proxy_metrics::proxy_metrics(const std::vector<std::string>& rank_urls, const ba
       .Register(*registry_)
       .Add({{"version", DPLB_VERSION}, {"policy", std::string(policy_name)}})
       .Set(1);
+  for (auto& band : queue_wait_by_band_) band = std::make_unique<support::atomic_histogram>(latency_buckets());
   for (const auto& url : rank_urls) add_rank(url);
 }
 
@@ -296,7 +271,10 @@ void proxy_metrics::ejected(std::size_t rank) { ranks_[rank].ejections->Incremen
 
 void proxy_metrics::rank_draining(std::size_t rank, bool draining) { ranks_[rank].draining->Set(draining ? 1 : 0); }
 
-void proxy_metrics::queued(std::chrono::duration<double> waited) { queue_wait_.observe(waited.count()); }
+void proxy_metrics::queued(std::chrono::duration<double> waited, std::int64_t priority) {
+  queue_wait_.observe(waited.count());
+  queue_wait_by_band_[priority < 0 ? 0 : priority == 0 ? 1 : 2]->observe(waited.count());
+}
 
 void proxy_metrics::client_connection_opened() {
   client_connections_.Increment();
@@ -331,6 +309,9 @@ std::string proxy_metrics::render() {
   for (auto& family : histogram_families()) families.push_back(std::move(family));
   for (auto& family : routing_families()) families.push_back(std::move(family));
   for (auto& family : kv_event_families()) families.push_back(std::move(family));
+  if (tenants_ != nullptr) {
+    for (auto& family : tenant_families(*tenants_)) families.push_back(std::move(family));
+  }
   if (access_log_ != nullptr) {
     auto dropped = scraped_family("dplb_access_log_dropped_total",
                                   "Access log lines dropped because the queue to its writing thread was full",
@@ -524,7 +505,14 @@ std::vector<prometheus::MetricFamily> proxy_metrics::histogram_families() const 
   auto queue_wait = family("dplb_queue_wait_seconds",
                            "Time requests waited in dplb's queue, whether they then got a slot or not");
   queue_wait.metric.push_back(histogram_sample({}, queue_wait_));
-  std::vector<prometheus::MetricFamily> out{std::move(duration), std::move(ttfb), std::move(queue_wait)};
+  auto by_band = family("dplb_queue_wait_by_priority_seconds",
+                        "Time requests waited in dplb's queue, by the band of their priority: high (below 0), "
+                        "normal (0, or none), low (above 0)");
+  for (std::size_t b = 0; b < priority_bands.size(); ++b) {
+    by_band.metric.push_back(histogram_sample({{"band", std::string(priority_bands[b])}}, *queue_wait_by_band_[b]));
+  }
+  std::vector<prometheus::MetricFamily> out{std::move(duration), std::move(ttfb), std::move(queue_wait),
+                                            std::move(by_band)};
   if (disaggregated_) {
     auto legs = family("dplb_pd_leg_duration_seconds",
                        "Each leg of a two-leg request: prefill from its sending to its whole answer, decode from "

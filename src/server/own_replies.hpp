@@ -8,6 +8,7 @@
 #include <boost/beast/http.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -16,6 +17,7 @@
 #include "dplb/server/proxy_context.hpp"
 #include "dplb/support/io_types.hpp"
 #include "access_record.hpp"
+#include "tenant_pass.hpp"
 
 namespace dplb::server {
 
@@ -23,8 +25,9 @@ class own_replies {
  public:
   using string_response = boost::beast::http::response<boost::beast::http::string_body>;
 
-  own_replies(io::tcp_stream& client, socket_deadline& deadline, shared_state& shared, access_record& access)
-      : client_(client), deadline_(deadline), shared_(shared), access_(access) {}
+  own_replies(io::tcp_stream& client, socket_deadline& deadline, shared_state& shared, access_record& access,
+              tenant_pass& tenant)
+      : client_(client), deadline_(deadline), shared_(shared), access_(access), tenant_(tenant) {}
 
   // The HTTP version of the request being answered: how a response says it keeps the connection open.
   void set_client_version(unsigned version) noexcept { client_version_ = version; }
@@ -36,13 +39,17 @@ class own_replies {
     co_return co_await send_error(status, message, keep_alive);
   }
 
-  // An OpenAI-style error (as vLLM writes them); `retry_later` adds Retry-After: 1, `param` names the field
-  // at fault. Counting is the caller's: a rank's failure is counted by its accounting.
-  io::task<bool> send_error(unsigned status, std::string_view message, bool keep_alive, bool retry_later = false,
+  // An OpenAI-style error (as vLLM writes them); `retry_after` (seconds, when above 0) adds a Retry-After,
+  // `param` names the field at fault. Counting is the caller's (a rank's failure is counted by its
+  // accounting), but for the request's tenant, whose answer this is (tenant_pass counts a request once).
+  io::task<bool> send_error(unsigned status, std::string_view message, bool keep_alive, std::int64_t retry_after = 0,
                             std::string_view param = {}) {
     string_response response{static_cast<boost::beast::http::status>(status), 11};
     response.set(boost::beast::http::field::content_type, "application/json");
-    if (retry_later) response.set(boost::beast::http::field::retry_after, "1");
+    if (retry_after > 0) response.set(boost::beast::http::field::retry_after, std::to_string(retry_after));
+    // A 401 names the scheme that would be accepted (RFC 9110 11.6.1).
+    if (status == 401) response.set(boost::beast::http::field::www_authenticate, "Bearer");
+    tenant_.answered(status);
     response.body() = http::error_body(status, message, param);
     co_return co_await send(response, keep_alive, false);
   }
@@ -158,6 +165,7 @@ class own_replies {
   socket_deadline& deadline_;
   shared_state& shared_;
   access_record& access_;
+  tenant_pass& tenant_;  // the request's tenant: counted with the answer
   unsigned client_version_ = 11;
 };
 

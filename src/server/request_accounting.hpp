@@ -20,6 +20,7 @@
 #include "dplb/metrics/usage_scanner.hpp"
 #include "dplb/server/proxy_context.hpp"
 #include "dplb/upstream/health_monitor.hpp"
+#include "tenant_pass.hpp"
 
 namespace dplb::server {
 
@@ -41,6 +42,10 @@ class request_accounting {
                      std::optional<clock_type::time_point> client_request = std::nullopt)
       : shared_(shared), lease_(std::move(lease)), rank_(lease_.rank()), leg_sent_at_(clock_type::now()),
         picked_at_(client_request.value_or(leg_sent_at_)), decode_leg_(client_request.has_value()), access_(access) {}
+
+  // The request's answer to the client is this accounting's (its main leg's, or a prefill leg's that is
+  // relayed): its tenant counts it with its status and tokens.
+  void speak_for(tenant_pass& tenant) noexcept { tenant_ = &tenant; }
 
   std::size_t rank() const noexcept { return rank_; }
   state current() const noexcept { return state_; }
@@ -81,6 +86,7 @@ class request_accounting {
   void answered(unsigned status) {
     state_ = state::answered;
     status_ = status;
+    if (tenant_) tenant_->reached_engine();
     const auto first_byte = clock_type::now() - picked_at_;
     shared_.metrics.first_byte(rank_, first_byte);
     if (access_) access_->ttfb = std::chrono::duration<double>(first_byte).count();
@@ -103,6 +109,7 @@ class request_accounting {
     const bool counts_tokens = status_ == 200 && (usage.prompt_tokens() || usage.completion_tokens());
     if (counts_tokens) {
       shared_.metrics.tokens(rank_, usage.prompt_tokens().value_or(0), usage.completion_tokens().value_or(0));
+      if (tenant_) tenant_->used(usage.prompt_tokens().value_or(0), usage.completion_tokens().value_or(0));
       if (access_) {
         access_->prompt_tokens = usage.prompt_tokens();
         access_->completion_tokens = usage.completion_tokens();
@@ -116,6 +123,7 @@ class request_accounting {
   void finish(unsigned status) {
     if (std::exchange(state_, state::finished) == state::finished) return;
     lease_.release();
+    if (tenant_) tenant_->answered(status);
     const auto now = clock_type::now();
     const auto duration = now - picked_at_;
     shared_.metrics.request_finished(rank_, status, duration);
@@ -137,6 +145,7 @@ class request_accounting {
   state state_ = state::waiting;
   unsigned status_ = 0;
   metrics::access_entry* access_;
+  tenant_pass* tenant_ = nullptr;
 };
 
 }  // namespace dplb::server

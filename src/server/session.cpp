@@ -30,6 +30,7 @@
 #include "request_accounting.hpp"
 #include "response_relay.hpp"
 #include "slot_wait.hpp"
+#include "tenant_pass.hpp"
 #include "upstream_exchange.hpp"
 
 namespace dplb::server {
@@ -61,7 +62,7 @@ class session {
   session(worker_state& worker, io::socket socket)
       : worker_(worker), shared_(worker.shared), settings_(worker.shared.settings), client_(std::move(socket)),
         buffer_(settings_.max_header_bytes + 64 * 1024), client_deadline_(worker.deadlines),
-        upstream_deadline_(worker.deadlines), replies_(client_, client_deadline_, shared_, access_) {
+        upstream_deadline_(worker.deadlines), replies_(client_, client_deadline_, shared_, access_, tenant_) {
     client_deadline_.guard(&client_.socket());
     boost::system::error_code ec;
     auto remote = client_.socket().remote_endpoint(ec);
@@ -108,6 +109,7 @@ class session {
  private:
   // Reads and answers one request. Returns whether the connection stays open for another.
   io::task<bool> serve_one_request() {
+    tenant_.end();  // the last request's: this one's tenant is not known until its head is in
     reuse_request_body();
     http::request_head_parser parser(request_head_, request_body_);
     parser.header_limit(static_cast<std::uint32_t>(settings_.max_header_bytes));
@@ -163,6 +165,8 @@ class session {
         refused = {decision.refusal_status, decision.refusal_message};
         break;
       }
+      // Whose request it is, read while the head's views are valid (the key is digested, never kept).
+      if (decision.route == request_route::proxy) identify_tenant(head);
       if (decision.route == request_route::proxy &&
           !prepare_upstream_request(head, decision.target(), client_address_, upstream_head_)) {
         refused = {431, "X-Forwarded-For or Via is too long to append to"};
@@ -201,6 +205,12 @@ class session {
             method, decision.route == request_route::metrics ? "/metrics" : "/health", keep_alive);
         access_.drop();
         co_return again;
+      }
+      if (settings_.require_api_key && !known_key_) {
+        // Before anything is routed: no engine sees a request without a key (dplb's own paths need none).
+        refused = {401, "this endpoint requires an API key: send Authorization: Bearer <key> with a key configured "
+                        "for your tenant", keep_alive};
+        break;
       }
       if (decision.pinned_rank_conflict) {
         refused = {400, "request has X-data-parallel-rank headers that disagree; send one", keep_alive};
@@ -288,7 +298,7 @@ class session {
     balancer::pick_context request;
     balancer::request_cost cost;
     balancer::rank_lease lease;
-    if (describe_request(pinned, request, cost)) {  // else refusal_ says why
+    if (describe_request(pinned, request, cost) && admit_by_tenant()) {  // else refusal_ says why
       if (kv_.awaits_tokens()) co_await kv_.tokenize(request_body_, shared_, request);
       // (Not a conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among
       // them.)
@@ -299,19 +309,21 @@ class session {
         // Counted as nginx counts a client that closes first (499), among the rejected: it never had a
         // rank to be counted on in dplb_requests_total. Nobody is left to answer.
         shared_.metrics.rejected(499);
+        tenant_.answered(499);
         if (access_.is_open()) access_.answered_by_dplb(499, 0);
         co_return false;
       }
       if (!lease) {
         refusal_ = {refusal_status(slot->refusal), refusal_message(slot->refusal, request, shared_.models.by_model())};
-        refusal_.retry_later = true;
+        refusal_.retry_after = 1;
       }
     }
     if (!lease) {
       shared_.metrics.rejected(refusal_.status);
       co_return co_await replies_.send_error(refusal_.status, refusal_.message, client_keep_alive,
-                                             refusal_.retry_later, refusal_.param);
+                                             refusal_.retry_after, refusal_.param);
     }
+    tenant_.holding_slot();
     if (two_legs && settings_.clusters[request.cluster].disaggregated()) {
       co_return co_await run_two_legs(std::move(lease), request, cost, client_keep_alive);
     }
@@ -351,7 +363,7 @@ class session {
           co_return false;
         }
         co_return co_await replies_.send_error(refusal_status(refusal), leg.refusal_text(refusal), client_keep_alive,
-                                               true);
+                                               1);
       }
       const auto watching = watch_leg();
       set_upstream_framing(upstream_head_, bhttp::verb::post, prefill_body->size());
@@ -365,6 +377,7 @@ class session {
       if (result != prefill_leg::result::params_ready) decode.release();  // no decode leg: the slot goes now
       switch (result) {
         case prefill_leg::result::client_gone:  // counted on its prefill rank (499)
+          tenant_.answered(499);
           co_return false;
         case prefill_leg::result::failed:
           if (leg.answered_without_params()) {
@@ -375,6 +388,7 @@ class session {
                                                   client_keep_alive);
         case prefill_leg::result::relay_answer:
           // A 4xx (or any answer but a 200) is the client's as the engine gave it; no decode leg runs.
+          leg.accounting().speak_for(tenant_);
           co_return co_await relay_answer(leg.exchange(), leg.accounting(), false, client_keep_alive);
         case prefill_leg::result::params_ready:
           break;
@@ -410,6 +424,7 @@ class session {
     const auto watching = watch_leg();
     auto& watch = watch_;
     request_accounting accounting(shared_, std::move(lease), access_.open_entry(), client_request);
+    accounting.speak_for(tenant_);
     upstream_exchange exchange(worker_, *watch, response_head_, upstream_deadline_);
     std::vector<bool> tried;  // sized on the first retry only: the usual request never needs it
     for (std::size_t retries = 0;; ++retries) {
@@ -494,8 +509,14 @@ class session {
     const auto& models = shared_.models;
     request.cluster = models.default_cluster();
     if (request.pinned_rank) request.cluster = shared_.topology.ranks()[*request.pinned_rank].cluster;
-    if (models.by_model() || reads_.body_for_any()) {
+    priority_ = 0;
+    tenant_tokens_ = 0;
+    // The queue orders by the body's priority and, fair by tokens, by its tokens; a token budget reserves them.
+    const bool tenant_reads = shared_.balancer.queueing() || (tenant_ && tenant_.tenant().has_token_budget());
+    if (models.by_model() || reads_.body_for_any() || tenant_reads) {
       auto facts = inspect_request_body(request_body_, reads_.prefix_chain());
+      priority_ = facts.priority.value_or(0);
+      if (tenant_reads) tenant_tokens_ = std::uint64_t{facts.prompt_tokens} + most_generated(facts);
       if (access_.is_open()) access_.entry().model = facts.model;
       if (models.by_model() && !facts.model.empty()) {
         const auto served = models.cluster_of(facts.model);
@@ -524,9 +545,8 @@ class session {
   // may generate (max_tokens, else --default-max-tokens, times n). A separate function, so that the facts
   // are not part of proxy()'s coroutine frame.
   balancer::request_cost cost_of(request_facts& facts, balancer::pick_context& request) {
-    const std::uint64_t decode =
-        std::uint64_t{facts.max_tokens.value_or(settings_.default_max_tokens)} * std::max<std::uint32_t>(1, facts.choices);
-    const balancer::request_cost cost{facts.prompt_tokens, static_cast<std::uint32_t>(std::min<std::uint64_t>(decode, UINT32_MAX))};
+    const balancer::request_cost cost{facts.prompt_tokens,
+                                      static_cast<std::uint32_t>(std::min<std::uint64_t>(most_generated(facts), UINT32_MAX))};
     request.prompt_tokens = cost.prompt;
     request.decode_tokens = cost.decode;
     // Kept by the session: the pick may wait in the queue, and the chain must live as long.
@@ -534,6 +554,47 @@ class session {
     request.prefix_chain = prefix_chain_;
     kv_.prepare(facts, shared_, request, reads_.kv_events_for(request.cluster));
     return cost;
+  }
+
+  // The most tokens a request may generate: max_tokens (else --default-max-tokens) in each of its n choices.
+  std::uint64_t most_generated(const request_facts& facts) const {
+    return std::uint64_t{facts.max_tokens.value_or(settings_.default_max_tokens)} * std::max<std::uint32_t>(1, facts.choices);
+  }
+
+  // The request's tenant: a configured key's, else the one --tenant-header names, else default.
+  void identify_tenant(const http::request_head& head) {
+    const auto named = settings_.tenant_header.empty() ? std::string_view{} : head.fields.value(settings_.tenant_header);
+    auto who = shared_.tenants.identify(head.fields.value(bhttp::field::authorization), named);
+    known_key_ = who.known_key;
+    tenant_.begin(std::move(who.tenant));
+    if (access_.is_open()) access_.entry().tenant = tenant_.tenant().name();
+  }
+
+  // The tenant's request rate and token budget (which reserves the request's tokens); false, with the
+  // refusal in refusal_, when either says no. Other tenants are not affected.
+  bool admit_by_tenant() {
+    if (!tenant_) return true;
+    auto& tenant = tenant_.tenant();
+    const auto verdict = tenant.admit(clock_type::now(), tenant_tokens_);
+    if (verdict.admitted()) {
+      tenant_.reserve(tenant_tokens_);
+      return true;
+    }
+    using why = tenants::verdict::refusal;
+    switch (verdict.why) {
+      case why::request_rate:
+        refusal_ = {429, "tenant '" + tenant.name() + "' is over its requests_per_second; retry after the Retry-After seconds"};
+        break;
+      case why::token_budget:
+        refusal_ = {429, "tenant '" + tenant.name() + "' is over its tokens_per_minute; retry after the Retry-After seconds"};
+        break;
+      default:
+        refusal_ = {429, "the request's tokens (prompt and max_tokens) exceed tenant '" + tenant.name() +
+                             "''s whole tokens_per_minute; lower max_tokens or shorten the prompt"};
+        break;
+    }
+    refusal_.retry_after = verdict.retry_after_seconds;
+    return false;
   }
 
   // The client's answer when the request got no response from an engine. A request that reached no engine
@@ -556,7 +617,7 @@ class session {
         : status == 504 ? where + " did not answer in time (--upstream-first-byte-timeout-ms, --upstream-read-timeout-ms)"
                         : "dplb could not get a response from " + where + ": " + std::string(kind) + ": " + ec.message();
     spdlog::warn("{}", message);
-    co_return co_await replies_.send_error(status, message, client_keep_alive, not_delivered);
+    co_return co_await replies_.send_error(status, message, client_keep_alive, not_delivered ? 1 : 0);
   }
 
   worker_state& worker_;
@@ -568,6 +629,10 @@ class session {
   socket_deadline upstream_deadline_;  // guards the engine connection the request in progress uses
   std::string client_address_;
   access_record access_;  // --access-log's entry for the request being served
+  tenant_pass tenant_;     // the request's standing with its tenant (before replies_, which counts on it)
+  bool known_key_ = false;         // the request presented a configured API key
+  std::int64_t priority_ = 0;      // its body's "priority" (0 when it has none)
+  std::uint64_t tenant_tokens_ = 0;  // its prompt and most generated tokens, when its tenant reckons tokens
   own_replies replies_;    // what dplb answers itself
   // Why the request in progress gets no rank, when it gets none (describe_request, proxy): a member, not a
   // local, to keep it out of proxy()'s coroutine frame.
@@ -575,7 +640,7 @@ class session {
     unsigned status = 0;
     std::string message;
     std::string_view param = {};  // the body field at fault, for the error's "param"
-    bool retry_later = false;
+    std::int64_t retry_after = 0;  // seconds, for a Retry-After header; 0: none
   } refusal_;
   std::shared_ptr<client_watch> watch_;  // of the request being proxied, made once per connection
   std::size_t idle_slot_ = idle_client_set::not_member;  // in worker_.idle_clients while waiting for a head

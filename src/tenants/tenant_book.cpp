@@ -42,6 +42,15 @@ tenant_state::limits tenant_state::current_limits() const {
   return limits_;
 }
 
+tenant_state::queue_terms tenant_state::terms() const {
+  std::lock_guard lock(mutex_);
+  queue_terms out;
+  out.weight = std::max<std::uint32_t>(1, limits_.weight);
+  if (limits_.max_queued) out.max_queued = *limits_.max_queued;
+  if (limits_.max_queue_wait) out.max_queue_wait = *limits_.max_queue_wait;
+  return out;
+}
+
 verdict tenant_state::admit(clock::time_point now, std::uint64_t tokens) {
   std::lock_guard lock(mutex_);
   // Both limits are checked before either is taken from, so that a refusal takes nothing.
@@ -125,6 +134,7 @@ void tenant_state::apply(const limits& next, clock::time_point now) {
   replace_bucket(request_rate_, request_bucket(next), now);
   replace_bucket(token_budget_, token_bucket_of(next), now);
   limits_ = next;
+  has_token_budget_.store(token_budget_.has_value(), std::memory_order_relaxed);
 }
 
 tenant_book::tenant_book(std::span<const tenant_spec> specs, tenant_state::clock::time_point now) {

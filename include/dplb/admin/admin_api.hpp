@@ -28,6 +28,9 @@
 namespace dplb::upstream {
 class backend_registry;
 }
+namespace dplb::tenants {
+class tenant_book;
+}
 
 namespace dplb::admin {
 
@@ -72,6 +75,14 @@ class admin_api {
   // Replaces the token (SIGHUP read its file again); on the same thread as handle(). Not empty.
   void set_token(std::string_view token) { token_ = token_digest(token); }
 
+  // The tenants: GET /tenants shows each one's limits and counts (never a key), POST /tenants/reload calls
+  // `reload`, which reads the configuration again and applies its tenants, and returns what kept it from
+  // doing so ("" when it did). `book` must outlive this. Before serving.
+  void serve_tenants(const tenants::tenant_book& book, std::function<std::string()> reload) {
+    tenants_ = &book;
+    reload_tenants_ = std::move(reload);
+  }
+
  private:
   enum class credential { none, bearer, basic };
   using handler = response (admin_api::*)(const call&) const;
@@ -92,6 +103,8 @@ class admin_api {
   response list_backends(const call&) const;
   response add_backend(const call& c) const;
   response remove_backend(const call& c) const;
+  response list_tenants(const call&) const;
+  response reload_tenants(const call&) const;
 
   // How the request proved it holds the token, if it did.
   credential authenticate(std::string_view authorization) const;
@@ -104,6 +117,8 @@ class admin_api {
   upstream::backend_registry& registry_;
   token_digest token_;  // the token's digest: the token itself is not kept
   std::size_t default_cluster_;
+  const tenants::tenant_book* tenants_ = nullptr;
+  std::function<std::string()> reload_tenants_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();  // for uptime_seconds
 };
 

@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "dplb/tenants/tenant_spec.hpp"
+
 namespace dplb::config {
 
 // Thrown for any bad option, value or config file; the message is one line that says what to fix.
@@ -109,6 +111,8 @@ inline constexpr const char* implicit_cluster_name = "default";
 // and in shell history, and one in the config file would sit in a file meant to be shared.
 inline constexpr const char* admin_token_variable = "DPLB_ADMIN_TOKEN";
 
+enum class fair_basis { requests, tokens };
+
 struct settings {
   listen_address listen;
   // Engine servers in rank order: ranks are numbered across them, so `A#dp=2, B` is ranks 0 and 1 on A
@@ -183,6 +187,13 @@ struct settings {
   std::uint32_t max_inflight_per_rank = 0;
   std::size_t max_queued_requests = 1024;            // beyond: 429 at once
   std::chrono::milliseconds queue_timeout{30'000};   // longest wait in the queue; then 503
+
+  // --- tenants ---
+  std::vector<tenants::tenant_spec> tenants;      // config file `tenants`
+  bool require_api_key = false;
+  std::string tenant_header;                      // --tenant-header; empty: none
+  fair_basis fair_by = fair_basis::requests;
+  std::chrono::milliseconds max_queue_wait{0};    // --max-queue-wait-ms; 0: none
 
   // --- connections and shutdown ---
   std::size_t max_client_connections = 10'000;  // beyond: 503 and close

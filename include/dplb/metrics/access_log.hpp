@@ -30,6 +30,7 @@ struct access_entry {
   std::chrono::system_clock::time_point time;  // its head was read
   std::chrono::steady_clock::time_point started;
   std::string method, path, client, model;
+  std::string tenant;  // the request's tenant, by name (never its key); empty for dplb's own paths
   std::optional<std::size_t> rank;  // null: dplb answered without an engine
   unsigned status = 0;
   std::uint64_t bytes = 0;                      // response body bytes written to the client
@@ -57,7 +58,7 @@ struct access_entry {
 
 // The line for an entry, without its newline: {"time":"2026-12-04T10:00:00.123Z","rank":0,"method":"POST",
 // "path":"/v1/completions","status":200,"bytes":312,"ttfb":0.0123,"duration":0.5,"tokens":30,
-// "prompt_tokens":20,"completion_tokens":10,"model":"m","client":"10.0.0.9:51234"}; a disaggregated cluster's
+// "prompt_tokens":20,"completion_tokens":10,"model":"m","client":"10.0.0.9:51234","tenant":"default"}; a disaggregated cluster's
 // completion adds ,"request_id":"..." and, when it ran a prefill leg, ,"prefill_rank":4,"prefill_status":200,
 // "prefill_duration":0.2 before the closing brace. `now` ends a duration that was not set.
 std::string format_access_line(const access_entry& entry, std::chrono::steady_clock::time_point now);

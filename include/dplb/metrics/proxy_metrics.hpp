@@ -39,6 +39,9 @@ class supervisor;
 namespace dplb::kv {
 class event_index;
 }
+namespace dplb::tenants {
+class tenant_book;
+}
 
 namespace dplb::metrics {
 class access_log;
@@ -48,6 +51,9 @@ class access_log;
 // (an unparseable response), server_error (a 5xx head), midstream (failed after the response began).
 inline constexpr std::array<std::string_view, 6> upstream_error_kinds{"connect", "reset", "timeout",
                                                                       "protocol", "server_error", "midstream"};
+
+// The tenants' families, as the scrape shows them (tenant_families.cpp).
+std::vector<prometheus::MetricFamily> tenant_families(const tenants::tenant_book& book);
 
 class proxy_metrics {
  public:
@@ -96,8 +102,17 @@ class proxy_metrics {
   // A request ran in one leg on its decode rank, which held its prompt (--pd-skip-prefill-ratio).
   void prefill_skipped() noexcept { prefill_skipped_.fetch_add(1, std::memory_order_relaxed); }
 
-  // A request waited this long in dplb's queue (--max-inflight-per-rank) before it got a slot or gave up.
-  void queued(std::chrono::duration<double> waited);
+  // A request of this priority (the body's, 0 without one) waited this long in dplb's queue
+  // (--max-inflight-per-rank) before it got a slot or gave up.
+  void queued(std::chrono::duration<double> waited, std::int64_t priority = 0);
+  // The priority bands of dplb_queue_wait_by_priority_seconds{band}: high (a priority below 0), normal (0),
+  // low (above 0). Three, whatever the priorities clients send: the label's values stay bounded.
+  static constexpr std::array<std::string_view, 3> priority_bands{"high", "normal", "low"};
+
+  // The tenants' families (dplb_tenant_requests_total{tenant,code}, dplb_tenant_queued{tenant},
+  // dplb_tenant_in_flight{tenant}, dplb_tenant_tokens_total{tenant,kind}), one series per tenant ever
+  // configured, shown from now on. `tenants` must outlive this. Before serving.
+  void observe_tenants(const tenants::tenant_book& tenants) { tenants_ = &tenants; }
 
   void client_connection_opened();
   void client_connection_closed();
@@ -194,6 +209,8 @@ class proxy_metrics {
   prometheus::Family<prometheus::Gauge>& engine_kv_cache_usage_;
   prometheus::Family<prometheus::Gauge>& engine_stats_age_;
   support::atomic_histogram queue_wait_;
+  std::array<std::unique_ptr<support::atomic_histogram>, priority_bands.size()> queue_wait_by_band_;
+  const tenants::tenant_book* tenants_ = nullptr;
   bool disaggregated_ = false;
   support::atomic_histogram prefill_leg_;
   support::atomic_histogram decode_leg_;

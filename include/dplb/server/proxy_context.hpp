@@ -14,6 +14,7 @@
 #include "dplb/server/deadline_sweeper.hpp"
 #include "dplb/server/model_routes.hpp"
 #include "dplb/server/pick_inputs.hpp"
+#include "dplb/tenants/tenant_book.hpp"
 #include "dplb/upstream/backend.hpp"
 #include "dplb/upstream/connection_pool.hpp"
 #include "dplb/upstream/health_monitor.hpp"
@@ -29,6 +30,7 @@ struct shared_state {
   metrics::proxy_metrics& metrics;
   upstream::health_monitor& health;
   const model_routes& models;
+  tenants::tenant_book& tenants;                   // whose each request is, and each tenant's limits and counts
   metrics::access_log* access_log = nullptr;       // --access-log, else null
   // What the engines' KV-cache events say the ranks hold (prefix-aware): null when no policy reads them.
   const kv::event_index* kv_events = nullptr;

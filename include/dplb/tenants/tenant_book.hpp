@@ -47,6 +47,15 @@ class tenant_state {
   // A number of its own, never reused: how dplb's queue tells tenants apart (0: the default tenant).
   std::uint64_t id() const noexcept { return id_; }
   limits current_limits() const;
+  // What dplb's queue and the session read of the limits for every request (no allocation).
+  struct queue_terms {
+    std::uint32_t weight = 1;
+    std::size_t max_queued = static_cast<std::size_t>(-1);  // unset: no limit
+    std::chrono::milliseconds max_queue_wait{0};            // unset: 0, the process-wide one applies
+  };
+  queue_terms terms() const;
+  // Whether the tenant has a token budget (tokens_per_minute): then a request's tokens are reckoned.
+  bool has_token_budget() const noexcept { return has_token_budget_.load(std::memory_order_relaxed); }
 
   // The request rate first, then the token budget, which reserves `tokens` (the prompt plus what may be
   // generated) until settle(). A refused request takes nothing from either.
@@ -95,6 +104,7 @@ class tenant_state {
   // Admitted requests per second over the last rate_window_seconds, a ring indexed by the second.
   std::array<std::uint32_t, rate_window_seconds> admitted_{};
   std::int64_t admitted_second_ = 0;  // the second admitted_ was last written in
+  std::atomic<bool> has_token_budget_{false};
   std::atomic<std::int64_t> queued_{0};
   std::atomic<std::int64_t> in_flight_{0};
   std::atomic<std::uint64_t> prompt_tokens_{0};

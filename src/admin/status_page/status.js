@@ -1,5 +1,6 @@
 'use strict';
-// dplb's status page: reads GET /ranks from this admin listener every 1.5 s and shows every rank.
+// dplb's status page: reads GET /ranks (and GET /tenants) from this admin listener every 1.5 s and shows
+// every rank (and every tenant).
 // Whatever the server sends (rank URLs come from the configuration) goes into the page as text through
 // textContent, never as markup. Rates come from the difference between polls over the last 10 s.
 const POLL_MS = 1500;
@@ -9,6 +10,10 @@ const COLUMNS = [
   ['rank', 'Rank', ''], ['engine', 'Engine', ''], ['state', 'State', ''], ['weight', 'Weight', 'num'],
   ['inflight', 'In flight', 'num'], ['requests', 'Requests', 'num'], ['rate', 'Req/s', 'num'],
   ['errors', 'Errors', 'num'], ['error-rate', 'Error rate', 'num'], ['load', 'Engine load', ''],
+];
+const TENANT_COLUMNS = [
+  ['Tenant', ''], ['Weight', 'num'], ['In flight', 'num'], ['Queued', 'num'], ['Req/s', 'num'],
+  ['Requests', 'num'], ['Refused (429)', 'num'], ['Limits', ''],
 ];
 const samples = [];  // {t, counts: Map rank -> {requests, responses, errors}}, oldest first
 const rows = new Map();  // rank -> {tr, cells: {column name -> td}}
@@ -174,6 +179,31 @@ function render(doc, now) {
   document.title = `dplb: ${usable}/${live.length} ranks usable`;
 }
 
+// The tenants' table, rebuilt whole at each poll (a handful of rows); hidden while only the default tenant exists.
+function renderTenants(doc) {
+  const tenants = doc.tenants || [];
+  const shown = tenants.length > 1;
+  byId('tenants').hidden = !shown;
+  byId('tenants-title').hidden = !shown;
+  if (!shown) return;
+  const body = byId('tenants').tBodies[0];
+  body.replaceChildren(...tenants.map((t) => {
+    const l = t.limits || {};
+    const limits = [
+      l.requests_per_second !== null && l.requests_per_second !== undefined ? `${l.requests_per_second} req/s (burst ${l.burst})` : null,
+      l.tokens_per_minute ? `${integer(l.tokens_per_minute)} tokens/min` : null,
+      l.max_queued !== null && l.max_queued !== undefined ? `max ${l.max_queued} queued` : null,
+      l.max_queue_wait_ms ? `wait ≤ ${l.max_queue_wait_ms} ms` : null,
+    ].filter((x) => x !== null);
+    const tr = make('tr');
+    tr.append(make('td', '', t.name), make('td', 'num', integer(t.weight)), make('td', 'num', integer(t.in_flight)),
+      make('td', 'num', integer(t.queued)), make('td', 'num', (t.requests_per_second ?? 0).toFixed(1)),
+      make('td', 'num', integer(t.requests_total)), make('td', 'num', integer((t.requests_by_status || {})['429'])),
+      make('td', '', limits.length ? limits.join(', ') : 'none'));
+    return tr;
+  }));
+}
+
 function showProblem(message) {
   const banner = byId('banner');
   banner.hidden = message === null;
@@ -189,6 +219,13 @@ function showProblem(message) {
 // (Chromium: "Request cannot be constructed from a URL that includes credentials"), a relative one too.
 // The browser authenticates the request with the Basic credentials it cached when it loaded the page.
 const RANKS_URL = new URL('/ranks', location.origin);
+const TENANTS_URL = new URL('/tenants', location.origin);
+
+async function pollTenants() {
+  const response = await fetch(TENANTS_URL, { cache: 'no-store', credentials: 'same-origin',
+    headers: { Accept: 'application/json' }, signal: AbortSignal.timeout(TIMEOUT_MS) });
+  if (response.ok) renderTenants(await response.json());
+}
 
 async function poll() {
   try {
@@ -197,6 +234,7 @@ async function poll() {
     if (response.status === 401) throw new Error('dplb refused the credentials (reload the page to sign in again)');
     if (!response.ok) throw new Error(`GET /ranks answered ${response.status}`);
     render(await response.json(), performance.now());
+    await pollTenants();
     lastSuccess = Date.now();
     showProblem(null);
   } catch (error) {
@@ -207,4 +245,5 @@ async function poll() {
 }
 
 byId('ranks').tHead.rows[0].append(...COLUMNS.map(([, label, kind]) => make('th', kind, label)));
+byId('tenants').tHead.rows[0].append(...TENANT_COLUMNS.map(([label, kind]) => make('th', kind, label)));
 poll();

@@ -57,7 +57,7 @@ TEST_CASE("an access line escapes whatever the client sent, and sums the tokens"
   const auto ordered = nlohmann::ordered_json::parse(text);
   for (const auto& [key, value] : ordered.items()) keys.push_back(key);
   CHECK(keys == std::vector<std::string>{"time", "rank", "method", "path", "status", "bytes", "ttfb", "duration",
-                                         "tokens", "prompt_tokens", "completion_tokens", "model", "client"});
+                                         "tokens", "prompt_tokens", "completion_tokens", "model", "client", "tenant"});
 }
 
 TEST_CASE("an access line of a two-leg request adds its request id and its prefill leg, after the rest",
@@ -75,7 +75,7 @@ TEST_CASE("an access line of a two-leg request adds its request id and its prefi
   for (const auto& [key, value] : ordered.items()) keys.push_back(key);
   CHECK(keys == std::vector<std::string>{"time", "rank", "method", "path", "status", "bytes", "ttfb", "duration",
                                          "tokens", "prompt_tokens", "completion_tokens", "model", "client",
-                                         "request_id", "prefill_rank", "prefill_status", "prefill_duration"});
+                                         "tenant", "request_id", "prefill_rank", "prefill_status", "prefill_duration"});
   CHECK(ordered["request_id"] == "id-\"7\"");
   CHECK(ordered["prefill_rank"] == 1);
   CHECK(ordered["prefill_status"] == 200);

@@ -1,0 +1,93 @@
+#pragma once
+// Private to the session: a request's standing with its tenant, from the moment its head names the tenant to
+// its answer. It counts the request once, by the status the client got (dplb_tenant_requests_total), keeps it
+// in its tenant's queued and in-flight counts while it is either, and settles its token reservation with what
+// the engine reported using. The session keeps one for the request in progress; end() (also from the
+// destructor) undoes whatever is still counted, so that no exit path leaves a count behind.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "dplb/tenants/tenant_book.hpp"
+
+namespace dplb::server {
+
+class tenant_pass {
+ public:
+  using clock_type = std::chrono::steady_clock;
+
+  tenant_pass() = default;
+  tenant_pass(const tenant_pass&) = delete;
+  tenant_pass& operator=(const tenant_pass&) = delete;
+  ~tenant_pass() { end(); }
+
+  // A new request of `tenant` (the previous one's pass ends first).
+  void begin(std::shared_ptr<tenants::tenant_state> tenant) {
+    end();
+    tenant_ = std::move(tenant);
+  }
+  explicit operator bool() const noexcept { return tenant_ != nullptr; }
+  tenants::tenant_state& tenant() const noexcept { return *tenant_; }
+
+  // Admitted by its tenant's limits, with `tokens` reserved from its token budget.
+  void reserve(std::uint64_t tokens) noexcept { reserved_ = tokens; }
+  std::uint64_t reserved() const noexcept { return reserved_; }
+
+  // In dplb's queue, or out of it again.
+  void set_queued(bool on) noexcept {
+    if (!tenant_ || on == queued_) return;
+    queued_ = on;
+    tenant_->add_queued(on ? 1 : -1);
+  }
+  // Holding a slot on a rank, until answered().
+  void holding_slot() noexcept {
+    if (!tenant_ || in_flight_ || counted_) return;
+    in_flight_ = true;
+    tenant_->add_in_flight(1);
+  }
+  // The engine answered (with any status): what it used counts against the budget even without a usage report.
+  void reached_engine() noexcept { reached_engine_ = true; }
+
+  // The client's answer: counted once (the first status given), and the request no longer holds a slot.
+  void answered(unsigned status) noexcept {
+    if (!tenant_) return;
+    leave_slot();
+    if (std::exchange(counted_, true)) return;
+    tenant_->count_status(status);
+  }
+  // The engine's usage report: the tokens are counted, and the reservation settled with them.
+  void used(std::uint64_t prompt, std::uint64_t completion) {
+    if (!tenant_) return;
+    tenant_->count_tokens(prompt, completion);
+    if (!std::exchange(settled_, true)) tenant_->settle(clock_type::now(), reserved_, prompt + completion);
+  }
+
+  // The request is over: whatever it still holds is given back. A reservation the engine never reported on
+  // is kept when an engine took the request (it did the work), and comes back when none did.
+  void end() {
+    if (!tenant_) return;
+    set_queued(false);
+    leave_slot();
+    if (reserved_ > 0 && !settled_) tenant_->settle(clock_type::now(), reserved_, reached_engine_ ? reserved_ : 0);
+    tenant_.reset();
+    reserved_ = 0;
+    counted_ = settled_ = reached_engine_ = false;
+  }
+
+ private:
+  void leave_slot() noexcept {
+    if (std::exchange(in_flight_, false)) tenant_->add_in_flight(-1);
+  }
+
+  std::shared_ptr<tenants::tenant_state> tenant_;
+  std::uint64_t reserved_ = 0;
+  bool queued_ = false;
+  bool in_flight_ = false;
+  bool counted_ = false;
+  bool settled_ = false;
+  bool reached_engine_ = false;
+};
+
+}  // namespace dplb::server
