@@ -1,0 +1,396 @@
+// Tenants through the real dplb: a request's tenant by its API key or --tenant-header, require_api_key's 401,
+// the order of dplb's queue (priority first, then tenants by weight, FIFO within a tenant), rate limits and
+// queue limits answered 429 with Retry-After before any engine sees the request, the tenants' metrics, the
+// admin API's view and reload, and a burst that still lands exactly even.
+//
+// The queue's order is read off a raw engine with one slot (--max-inflight-per-rank 1): a first request holds
+// the slot until its client leaves, the others queue behind it, and once it leaves they reach the engine one
+// at a time, in the order dplb served them.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "await.hpp"
+#include "http_client.hpp"
+#include "processes.hpp"
+#include "raw_engine.hpp"
+#include "temp_file.hpp"
+#include "timing_slack.hpp"
+
+using namespace dplb::test;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+// What a client sends: a completion labelled by its prompt, with the headers that name its tenant.
+struct ask {
+  std::string label;
+  std::optional<int> priority = std::nullopt;
+  std::string authorization = {};
+  std::string tenant_header = {};  // X-Team's value
+};
+
+std::string wire(const ask& a) {
+  json body{{"model", "m"}, {"prompt", a.label}, {"max_tokens", 1}};
+  if (a.priority) body["priority"] = *a.priority;
+  const auto text = body.dump();
+  std::string out = "POST /v1/completions HTTP/1.1\r\nHost: dplb\r\nContent-Type: application/json\r\n";
+  if (!a.authorization.empty()) out += "Authorization: " + a.authorization + "\r\n";
+  if (!a.tenant_header.empty()) out += "X-Team: " + a.tenant_header + "\r\n";
+  return out + "Content-Length: " + std::to_string(text.size()) + "\r\n\r\n" + text;
+}
+
+http_response send(std::uint16_t port, const ask& a) {
+  bhttp::request<bhttp::string_body> r{bhttp::verb::post, "/v1/completions", 11};
+  r.set(bhttp::field::host, "dplb");
+  r.set(bhttp::field::content_type, "application/json");
+  if (!a.authorization.empty()) r.set(bhttp::field::authorization, a.authorization);
+  if (!a.tenant_header.empty()) r.set("X-Team", a.tenant_header);
+  json body{{"model", "m"}, {"prompt", a.label}, {"max_tokens", 1}};
+  if (a.priority) body["priority"] = *a.priority;
+  r.body() = body.dump();
+  r.prepare_payload();
+  http_connection c(port);
+  return c.send(r);
+}
+
+std::string ok_answer() {
+  const std::string body = R"({"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"x"}],)"
+                           R"("usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}})";
+  return "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\n\r\n" + body;
+}
+
+// One slot: the request whose prompt is "hold" keeps it until its client leaves; every other is answered at once.
+raw_engine one_slot_engine() {
+  return raw_engine([](const raw_request& r) {
+    if (json::parse(r.body).value("prompt", "") == "hold") return std::vector{pause_for(60s), write_bytes(ok_answer())};
+    return std::vector{write_bytes(ok_answer())};
+  });
+}
+
+std::vector<std::string> base_args(const temp_file& config) {
+  return {"--config", config.path(), "--health-check-interval-ms", "0", "--max-inflight-per-rank", "1",
+          "--tenant-header", "X-Team", "--threads", "2"};
+}
+
+const std::string admin_token = "tenants-admin-token-5c1e";
+
+http_response admin_call(std::uint16_t port, bhttp::verb method, const std::string& target) {
+  http_connection c(port);
+  bhttp::request<bhttp::string_body> request{method, target, 11};
+  request.set(bhttp::field::authorization, "Bearer " + admin_token);
+  return c.send(request);
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+double queue_depth(std::uint16_t port) { return metric_sum(scrape_metrics(port), "dplb_queue_depth"); }
+
+// Holds the engine's one slot, queues `asks` one after another (each queued before the next is sent), then
+// lets the slot go. Returns the labels in the order the engine received them, and each ask's status.
+struct queue_run {
+  std::vector<std::string> served;
+  std::map<std::string, unsigned> status;
+};
+queue_run run_through_queue(raw_engine& engine, std::uint16_t port, const std::vector<ask>& asks,
+                            const std::vector<std::string>& refused_at_once = {}) {
+  http_connection holder(port);
+  holder.write_raw(wire({"hold"}));
+  REQUIRE(engine.await_requests(1, scaled(5s)));
+  std::vector<std::unique_ptr<http_connection>> clients;
+  std::size_t queued = 0;
+  queue_run out;
+  for (const auto& a : asks) {
+    clients.push_back(std::make_unique<http_connection>(port));
+    clients.back()->write_raw(wire(a));
+    if (std::ranges::find(refused_at_once, a.label) != refused_at_once.end()) {
+      const auto answer = clients.back()->read_responses(1, scaled(5s)).final_responses();
+      REQUIRE(answer.size() == 1);
+      out.status[a.label] = answer[0].status;
+      clients.pop_back();
+      continue;
+    }
+    ++queued;
+    const auto depth = await_until([&] { return queue_depth(port); }, [&](double d) { return d == static_cast<double>(queued); });
+    REQUIRE(depth == static_cast<double>(queued));
+  }
+  holder.close();  // dplb closes the engine's connection: the slot frees, and the queue drains
+  std::size_t i = 0;
+  for (const auto& a : asks) {
+    if (out.status.count(a.label)) continue;
+    const auto answer = clients[i++]->read_responses(1, scaled(10s)).final_responses();
+    REQUIRE(answer.size() == 1);
+    out.status[a.label] = answer[0].status;
+  }
+  for (const auto& r : engine.requests()) {
+    const auto label = json::parse(r.body).value("prompt", "");
+    if (label != "hold") out.served.push_back(label);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("tenants: a freed slot goes to the lowest priority value first, FIFO among equals, priority forwarded",
+          "[tenants][queue]") {
+  temp_file config(json{{"tenants", json::array({{{"name", "chat"}, {"api_keys", {"sk-chat"}}}})}}.dump());
+  auto engine = one_slot_engine();
+  dplb_proxy proxy({engine.url()}, base_args(config));
+  const std::vector<ask> asks{{"p0-a", 0}, {"p5-a", 5}, {"m1-a", -1}, {"none", std::nullopt},
+                              {"p5-b", 5}, {"m1-b", -1, "Bearer sk-chat"}, {"p3", 3}};
+  const auto run = run_through_queue(engine, proxy.port(), asks);
+  CHECK(run.served == std::vector<std::string>{"m1-a", "m1-b", "p0-a", "none", "p3", "p5-a", "p5-b"});
+  for (const auto& [label, status] : run.status) CHECK(status == 200);
+  // The body reaches the engine as the client sent it, priority included.
+  for (const auto& r : engine.requests()) {
+    if (r.body.find("\"p5-a\"") != std::string::npos) CHECK(r.body == R"({"max_tokens":1,"model":"m","priority":5,"prompt":"p5-a"})");
+  }
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_queue_wait_by_priority_seconds_count{", {"band=\"high\""}) == 2);
+  CHECK(metric_sum(m, "dplb_queue_wait_by_priority_seconds_count{", {"band=\"normal\""}) == 2);
+  CHECK(metric_sum(m, "dplb_queue_wait_by_priority_seconds_count{", {"band=\"low\""}) == 3);
+}
+
+TEST_CASE("tenants: among equal priorities tenants share freed slots by weight, FIFO within each", "[tenants][queue]") {
+  temp_file config(json{{"tenants", json::array({{{"name", "interactive"}, {"weight", 3}},
+                                                 {{"name", "batch"}, {"weight", 1}}})}}
+                       .dump());
+  auto engine = one_slot_engine();
+  dplb_proxy proxy({engine.url()}, base_args(config));
+  std::vector<ask> asks;
+  // The batch tenant queues first: arrival alone would serve all of it first.
+  for (int i = 0; i < 8; ++i) asks.push_back({"batch-" + std::to_string(i), std::nullopt, "", "batch"});
+  for (int i = 0; i < 8; ++i) asks.push_back({"interactive-" + std::to_string(i), std::nullopt, "", "interactive"});
+  const auto run = run_through_queue(engine, proxy.port(), asks);
+  REQUIRE(run.served.size() == 16);
+  // In the first eight served, three of interactive for each one of batch.
+  const auto first8 = std::vector<std::string>(run.served.begin(), run.served.begin() + 8);
+  const auto interactive = std::ranges::count_if(first8, [](const std::string& s) { return s.starts_with("interactive"); });
+  CHECK(interactive == 6);
+  // FIFO within each tenant.
+  std::vector<std::string> batch_order, interactive_order;
+  for (const auto& s : run.served) (s.starts_with("batch") ? batch_order : interactive_order).push_back(s);
+  CHECK(std::ranges::is_sorted(batch_order));
+  CHECK(std::ranges::is_sorted(interactive_order));
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"interactive\"", "code=\"200\""}) == 8);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"batch\"", "code=\"200\""}) == 8);
+  CHECK(metric_sum(m, "dplb_tenant_queued{") == 0);
+  CHECK(metric_sum(m, "dplb_tenant_in_flight{") == 0);
+}
+
+TEST_CASE("tenants: over requests_per_second a tenant gets 429 with Retry-After, no engine sees it, others go on",
+          "[tenants][limits]") {
+  temp_file config(json{{"tenants", json::array({{{"name", "batch"}, {"api_keys", {"sk-batch"}},
+                                                  {"requests_per_second", 0.5}, {"burst", 2}},
+                                                 {{"name", "chat"}, {"api_keys", {"sk-chat"}}}})}}
+                       .dump());
+  raw_engine engine([](const raw_request&) { return std::vector{write_bytes(ok_answer())}; });
+  dplb_proxy proxy({engine.url()}, {"--config", config.path(), "--health-check-interval-ms", "0"});
+  CHECK(send(proxy.port(), {"b1", std::nullopt, "Bearer sk-batch"}).status == 200);
+  CHECK(send(proxy.port(), {"b2", std::nullopt, "Bearer sk-batch"}).status == 200);
+  const auto refused = send(proxy.port(), {"b3", std::nullopt, "Bearer sk-batch"});
+  CHECK(refused.status == 429);
+  const auto retry_after = std::stoi(std::string(refused.headers["retry-after"]));
+  CHECK(retry_after >= 1);
+  CHECK(retry_after <= 2);  // one unit at 0.5 a second
+  const auto error = json::parse(refused.body);
+  CHECK(error["error"]["type"] == "RateLimitError");
+  CHECK(error["error"]["code"] == 429);
+  CHECK_THAT(error["error"]["message"].get<std::string>(), Catch::Contains("batch") && Catch::Contains("requests_per_second"));
+  CHECK_THAT(refused.body, !Catch::Contains("sk-batch"));
+  for (int i = 0; i < 5; ++i) CHECK(send(proxy.port(), {"c" + std::to_string(i), std::nullopt, "Bearer sk-chat"}).status == 200);
+  CHECK(engine.request_count() == 7);  // b3 never reached it
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"batch\"", "code=\"200\""}) == 2);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"batch\"", "code=\"429\""}) == 1);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"chat\"", "code=\"200\""}) == 5);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"chat\"", "code=\"429\""}) == 0);
+  CHECK(metric_sum(m, "dplb_tenant_tokens_total{", {"tenant=\"chat\"", "kind=\"prompt\""}) == 15);
+  CHECK(metric_sum(m, "dplb_tenant_tokens_total{", {"tenant=\"chat\"", "kind=\"completion\""}) == 5);
+}
+
+TEST_CASE("tenants: require_api_key answers 401 without a known key, forwards Authorization unchanged, and keys "
+          "never show",
+          "[tenants][keys]") {
+  // The batch key is configured by its digest only: sha256("sk-batch").
+  temp_file config(json{{"require_api_key", true},
+                        {"tenants", json::array({{{"name", "chat"}, {"api_keys", {"sk-chat"}}},
+                                                 {{"name", "batch"},
+                                                  {"api_key_sha256",
+                                                   {"38fcc73a9dc613f145bed24eb4123f92105c78567a6e563d43dbcb1f29927864"}}}})}}
+                       .dump());
+  raw_engine engine([](const raw_request&) { return std::vector{write_bytes(ok_answer())}; });
+  const temp_file access_log;
+  dplb_proxy proxy({engine.url()}, {"--config", config.path(), "--health-check-interval-ms", "0", "--access-log",
+                                    access_log.path()});
+  for (const std::string& authorization : {std::string{}, std::string{"Bearer sk-wrong"}, std::string{"sk-chat"}}) {
+    const auto r = send(proxy.port(), {"x", std::nullopt, authorization});
+    CHECK(r.status == 401);
+    CHECK(r.headers["www-authenticate"] == "Bearer");
+    CHECK(json::parse(r.body)["error"]["type"] == "AuthenticationError");
+  }
+  CHECK(engine.request_count() == 0);
+  CHECK(http_get(proxy.port(), "/health").status == 200);
+  CHECK(http_get(proxy.port(), "/metrics").status == 200);
+  CHECK(send(proxy.port(), {"chat", std::nullopt, "Bearer sk-chat"}).status == 200);
+  CHECK(send(proxy.port(), {"batch", std::nullopt, "bearer   sk-batch"}).status == 200);
+  REQUIRE(engine.request_count() == 2);
+  CHECK(engine.requests()[0].header_values("authorization") == std::vector<std::string>{"Bearer sk-chat"});
+  CHECK(engine.requests()[1].header_values("authorization") == std::vector<std::string>{"bearer   sk-batch"});
+  const auto metrics_text = http_get(proxy.port(), "/metrics").body;
+  CHECK_THAT(metrics_text, Catch::Contains("dplb_tenant_requests_total{tenant=\"default\",code=\"401\"} 3"));
+  CHECK_THAT(metrics_text, Catch::Contains("dplb_tenant_requests_total{tenant=\"batch\",code=\"200\"} 1"));
+  CHECK_THAT(metrics_text, !Catch::Contains("sk-chat") && !Catch::Contains("38fcc73a"));
+  // The access log names tenants, never keys.
+  const auto lines = await_until([&] { return file_text(access_log.path()); },
+                                 [](const std::string& text) { return std::ranges::count(text, '\n') >= 5; });
+  CHECK_THAT(lines, Catch::Contains(R"("tenant":"chat")") && Catch::Contains(R"("tenant":"batch")"));
+  CHECK_THAT(lines, !Catch::Contains("sk-chat") && !Catch::Contains("sk-batch") && !Catch::Contains("sk-wrong"));
+}
+
+TEST_CASE("tenants: --tenant-header names a configured tenant, an unknown name counts as default, a key wins",
+          "[tenants][keys]") {
+  temp_file config(json{{"tenants", json::array({{{"name", "chat"}, {"api_keys", {"sk-chat"}}}, {{"name", "batch"}}})}}.dump());
+  raw_engine engine([](const raw_request&) { return std::vector{write_bytes(ok_answer())}; });
+  dplb_proxy proxy({engine.url()}, {"--config", config.path(), "--health-check-interval-ms", "0", "--tenant-header", "X-Team"});
+  CHECK(send(proxy.port(), {"a", std::nullopt, "", "batch"}).status == 200);
+  CHECK(send(proxy.port(), {"b", std::nullopt, "", "no-such-team"}).status == 200);
+  CHECK(send(proxy.port(), {"c", std::nullopt, "Bearer sk-chat", "batch"}).status == 200);
+  CHECK(send(proxy.port(), {"d", std::nullopt, "Bearer sk-unknown"}).status == 200);
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"batch\""}) == 1);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"chat\""}) == 1);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"default\""}) == 2);
+  // No series for a name that is not configured: the labels are bounded by the configuration.
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"no-such-team\""}) == 0);
+  CHECK(engine.request_count() == 4);
+}
+
+TEST_CASE("tenants: over max_queued a tenant gets 429 with Retry-After at once, others still queue", "[tenants][queue]") {
+  temp_file config(json{{"tenants", json::array({{{"name", "batch"}, {"max_queued", 1}}, {{"name", "chat"}}})}}.dump());
+  auto engine = one_slot_engine();
+  dplb_proxy proxy({engine.url()}, base_args(config));
+  const std::vector<ask> asks{{"batch-1", std::nullopt, "", "batch"}, {"batch-2", std::nullopt, "", "batch"},
+                              {"chat-1", std::nullopt, "", "chat"}};
+  const auto run = run_through_queue(engine, proxy.port(), asks, {"batch-2"});
+  CHECK(run.status.at("batch-2") == 429);
+  CHECK(run.served == std::vector<std::string>{"batch-1", "chat-1"});
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"batch\"", "code=\"429\""}) == 1);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"chat\"", "code=\"200\""}) == 1);
+}
+
+TEST_CASE("tenants: a request that would wait past --max-queue-wait-ms gets 429 with Retry-After; a tenant's own "
+          "max_queue_wait_ms overrides it",
+          "[tenants][queue]") {
+  temp_file config(json{{"tenants", json::array({{{"name", "patient"}, {"max_queue_wait_ms", 60000}}})}}.dump());
+  auto engine = one_slot_engine();
+  auto args = base_args(config);
+  args.insert(args.end(), {"--max-queue-wait-ms", "300"});
+  dplb_proxy proxy({engine.url()}, args);
+  http_connection holder(proxy.port());
+  holder.write_raw(wire({"hold"}));
+  REQUIRE(engine.await_requests(1, scaled(5s)));
+  http_connection patient(proxy.port());
+  patient.write_raw(wire({"patient", std::nullopt, "", "patient"}));
+  const auto started = steady::now();
+  const auto refused = send(proxy.port(), {"impatient"});
+  CHECK(refused.status == 429);
+  CHECK(steady::now() - started >= 250ms);
+  CHECK(std::stoi(std::string(refused.headers["retry-after"])) >= 1);
+  CHECK_THAT(refused.body, Catch::Contains("--max-queue-wait-ms"));
+  // The patient one still waits; once the slot frees it is served.
+  CHECK(queue_depth(proxy.port()) == 1);
+  holder.close();
+  const auto served = patient.read_responses(1, scaled(10s)).final_responses();
+  REQUIRE(served.size() == 1);
+  CHECK(served[0].status == 200);
+  std::vector<std::string> seen;
+  for (const auto& r : engine.requests()) seen.push_back(json::parse(r.body).value("prompt", ""));
+  CHECK(seen == std::vector<std::string>{"hold", "patient"});  // the refused one never reached the engine
+}
+
+TEST_CASE("tenants: with tenants configured and no limit hit, a burst of 256 lands exactly 64 per rank",
+          "[tenants][burst]") {
+  temp_file config(json{{"tenants", json::array({{{"name", "a"}, {"api_keys", {"sk-a"}}, {"weight", 3}, {"requests_per_second", 100000}},
+                                                 {{"name", "b"}, {"api_keys", {"sk-b"}}, {"max_queued", 1000}}})}}
+                       .dump());
+  mock_engine engine(4, {"--ttft-ms", std::to_string(scaled(1500ms).count())});
+  dplb_proxy proxy(engine.urls(), {"--config", config.path(), "--policy", "least-inflight"});
+  std::vector<std::unique_ptr<http_connection>> clients;
+  for (int i = 0; i < 256; ++i) {
+    clients.push_back(std::make_unique<http_connection>(proxy.port()));
+    clients.back()->write_raw(wire({"burst " + std::to_string(i), std::nullopt, i % 2 ? "Bearer sk-a" : "Bearer sk-b"}));
+  }
+  std::map<std::string, int> per_rank;
+  for (auto& c : clients) {
+    const auto answer = c->read_responses(1, scaled(30s)).final_responses();
+    REQUIRE(answer.size() == 1);
+    REQUIRE(answer[0].status == 200);
+    ++per_rank[answer[0].header("x-dplb-rank").value_or("none")];
+  }
+  CHECK(per_rank == std::map<std::string, int>{{"0", 64}, {"1", 64}, {"2", 64}, {"3", 64}});
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"a\"", "code=\"200\""}) == 128);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"b\"", "code=\"200\""}) == 128);
+  CHECK(metric_sum(m, "dplb_tenant_in_flight{") == 0);
+}
+
+TEST_CASE("tenants: the admin API shows each tenant, and a reload changes them without dropping a queued request",
+          "[tenants][admin]") {
+  temp_file config(json{{"tenants", json::array({{{"name", "batch"}, {"weight", 1}, {"requests_per_second", 50}}})}}.dump());
+  auto engine = one_slot_engine();
+  const temp_file token_file(admin_token + "\n");
+  auto args = base_args(config);
+  args.insert(args.end(), {"--admin-listen", "127.0.0.1:0", "--admin-token-file", token_file.path()});
+  dplb_proxy proxy({engine.url()}, args);
+  http_connection holder(proxy.port());
+  holder.write_raw(wire({"hold"}));
+  REQUIRE(engine.await_requests(1, scaled(5s)));
+  http_connection queued(proxy.port());
+  queued.write_raw(wire({"queued", std::nullopt, "", "batch"}));
+  REQUIRE(await_until([&] { return queue_depth(proxy.port()); }, [](double d) { return d == 1; }) == 1);
+
+  const auto listed = json::parse(admin_call(proxy.admin_port(), bhttp::verb::get, "/tenants").body);
+  REQUIRE(listed["tenants"].size() == 2);
+  CHECK(listed["tenants"][0]["name"] == "default");
+  const auto& batch = listed["tenants"][1];
+  CHECK(batch["name"] == "batch");
+  CHECK(batch["queued"] == 1);
+  CHECK(batch["limits"]["requests_per_second"] == 50);
+  CHECK(batch["limits"]["burst"] == 50);
+
+  config.write(json{{"tenants", json::array({{{"name", "batch"}, {"weight", 4}}, {{"name", "research"}}})}}.dump());
+  const auto reloaded = admin_call(proxy.admin_port(), bhttp::verb::post, "/tenants/reload");
+  REQUIRE(reloaded.status == 200);
+  const auto after = json::parse(reloaded.body);
+  REQUIRE(after["tenants"].size() == 3);
+  CHECK(after["tenants"][1]["weight"] == 4);
+  CHECK(after["tenants"][1]["queued"] == 1);  // kept across the reload
+  CHECK(after["tenants"][2]["name"] == "research");
+
+  config.write("{ not json");
+  CHECK(admin_call(proxy.admin_port(), bhttp::verb::post, "/tenants/reload").status == 400);
+
+  holder.close();
+  const auto served = queued.read_responses(1, scaled(10s)).final_responses();
+  REQUIRE(served.size() == 1);
+  CHECK(served[0].status == 200);
+  CHECK(metric_sum(scrape_metrics(proxy.port()), "dplb_tenant_queued{") == 0);
+}
