@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "dplb/tenants/tenant_spec.hpp"
+
 namespace dplb::config {
 
 // Thrown for any bad option, value or config file; the message is one line that says what to fix.
@@ -29,6 +31,10 @@ struct listen_address {
 };
 
 enum class log_format { text, json };
+
+// --fair-by: what tenants of one priority share by weight when they compete for freed slots: the number of
+// requests each is served, or the tokens those requests cost (prompt + max_tokens).
+enum class fair_basis { requests, tokens };
 
 // --tokenize: where a text prompt's token ids come from for matching KV-cache events. off: nowhere (text
 // is matched by the approximate index; prompts given as token ids still match the events); engine: the
@@ -183,6 +189,21 @@ struct settings {
   std::uint32_t max_inflight_per_rank = 0;
   std::size_t max_queued_requests = 1024;            // beyond: 429 at once
   std::chrono::milliseconds queue_timeout{30'000};   // longest wait in the queue; then 503
+  // --max-queue-wait-ms: the longest a request may wait in the queue before it is answered 429 with
+  // Retry-After (a tenant's max_queue_wait overrides it for that tenant's requests); 0 = none beyond
+  // queue_timeout.
+  std::chrono::milliseconds max_queue_wait{0};
+
+  // --- tenants (the config file's "tenants"; none configured: every request is the default tenant's) ---
+  // Checked at parse time by building a tenants::tenant_directory from them, which keeps their keys as
+  // digests only; the plain keys here are the file's, kept until the directory is built at start-up.
+  std::vector<tenants::tenant_spec> tenants;
+  // Refuse with 401 a request that carries no configured key (some tenant must hold one).
+  bool require_api_key = false;
+  // --tenant-header: a request header whose value names a configured tenant, used when no known key is
+  // presented; empty = none.
+  std::string tenant_header;
+  fair_basis fair_by = fair_basis::requests;
 
   // --- connections and shutdown ---
   std::size_t max_client_connections = 10'000;  // beyond: 503 and close

@@ -10,6 +10,7 @@
 // Immutable once built, so it may be shared between threads without a lock.
 
 #include <boost/unordered/unordered_flat_map.hpp>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -36,12 +37,16 @@ class tenant_directory {
     std::optional<double> requests_per_second = std::nullopt;
     std::optional<std::uint64_t> burst = std::nullopt;
     std::optional<std::size_t> max_queued = std::nullopt;
+    std::optional<double> tokens_per_minute = std::nullopt;
+    std::optional<std::chrono::milliseconds> max_queue_wait = std::nullopt;
   };
 
   // The default tenant, then `specs` in their order (one named "default" configures index 0 instead).
   // Throws std::invalid_argument, saying what to fix, for a name that is not 1 to 64 of A-Z a-z 0-9 . _ -,
-  // a name given twice, a weight of 0, a digest that is not 64 lowercase hex digits, a plain key no header
-  // could carry (empty, or beginning or ending with a blank), or a key listed twice, in one tenant or two.
+  // a name given twice, a weight of 0, a requests_per_second or tokens_per_minute that is not a finite
+  // number above 0, a burst of 0, a max_queue_wait under 1 ms, a digest that is not 64 lowercase hex digits,
+  // a plain key no header could carry (empty, or beginning or ending with a blank), or a key listed twice, in
+  // one tenant or two.
   // The messages name keys by their place in the spec, never by their text.
   explicit tenant_directory(std::span<const tenant_spec> specs);
 
