@@ -49,7 +49,8 @@ json parse_config_json(const std::string& text, const std::string& path) {
   json doc;
   try {
     doc = json::parse(text, note_keys);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // A parse_error, or an out_of_range for a number no double holds (1e400): either way the file is wrong.
     std::string what = e.what();
     // Drop nlohmann's "[json.exception.parse_error.101] " tag: it means nothing to a user.
     if (const auto tag_end = what.find("] "); what.starts_with("[json.") && tag_end != std::string::npos) {

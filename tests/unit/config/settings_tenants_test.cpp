@@ -165,6 +165,15 @@ TEST_CASE("tenants: each wrong value is refused, naming its place", "[config][te
   }
 }
 
+TEST_CASE("tenants: a number too large for a double is an invalid config file, not a crash", "[config][tenants]") {
+  temp_dir dir;
+  const std::string file = dir.write(
+      "huge.json", R"({"backends": ["http://a:1"], "tenants": [{"name": "a", "requests_per_second": 1e400}]})");
+  const std::string error = error_of({"--config", file});
+  CHECK_THAT(error, Catch::StartsWith("invalid JSON in config file '" + file + "': ") &&
+                        Catch::Contains("number overflow") && !Catch::Contains("json.exception"));
+}
+
 TEST_CASE("tenants: the list, each tenant and its name must have their JSON types", "[config][tenants]") {
   const tenants_file object(json{{"name", "team-a"}});
   CHECK(object.error() == "config file '" + object.path() + "': tenants: must be an array of tenant objects, not object");
