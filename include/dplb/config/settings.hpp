@@ -195,8 +195,8 @@ struct settings {
   std::chrono::milliseconds max_queue_wait{0};
 
   // --- tenants (the config file's "tenants"; none configured: every request is the default tenant's) ---
-  // Checked at parse time by building a tenants::tenant_directory from them, which keeps their keys as
-  // digests only; the plain keys here are the file's, kept until the directory is built at start-up.
+  // As the file lists them, plain keys included. Parsing checks them by building a tenants::tenant_directory,
+  // which the running dplb uses: it keeps the keys as digests only. Nothing may log or print these specs.
   std::vector<tenants::tenant_spec> tenants;
   // Refuse with 401 a request that carries no configured key (some tenant must hold one).
   bool require_api_key = false;
