@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <chrono>
+#include <limits>
 #include <optional>
 #include <set>
 
@@ -47,11 +49,17 @@ json parse_config_json(const std::string& text, const std::string& path) {
   json doc;
   try {
     doc = json::parse(text, note_keys);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // A parse_error, or an out_of_range for a number no double holds (1e400): either way the file is wrong.
     std::string what = e.what();
     // Drop nlohmann's "[json.exception.parse_error.101] " tag: it means nothing to a user.
     if (const auto tag_end = what.find("] "); what.starts_with("[json.") && tag_end != std::string::npos) {
       what.erase(0, tag_end + 2);
+    }
+    // The parser quotes what it read last, which in a file with API keys may be part of one: the line and
+    // column are left to find the mistake by.
+    if (const auto quote = what.find("; last read: "); quote != std::string::npos && text.find("api_key") != std::string::npos) {
+      what.erase(quote);
     }
     throw config_error("invalid JSON in config file '" + path + "': " + what);
   }
@@ -275,6 +283,114 @@ cluster_spec read_cluster(const cluster_source& source, const settings& s, std::
   return cluster;
 }
 
+// --- tenants: the file's "tenants" (whose a request is, that tenant's share and its limits) ---
+
+constexpr std::array<std::string_view, 9> tenant_keys{
+    "name",       "api_keys",          "api_key_sha256", "weight", "requests_per_second", "burst",
+    "max_queued", "tokens_per_minute", "max_queue_wait_ms"};
+
+// A weight is a share: a million to one is already more than any deployment means, and it keeps a sum of
+// weights far from overflowing.
+constexpr std::uint64_t max_tenant_weight = 1'000'000;
+// As --max-queued-requests: a tenant's queue is a part of dplb's.
+constexpr std::uint64_t max_tenant_queued = 10'000'000;
+
+// One tenant object of the file. Its messages name a value by its place, "config file 'P': tenants[2].weight:
+// must be an integer >= 1, not 0", and show a number it refuses but never a string: that may be a key.
+class tenant_source {
+ public:
+  tenant_source(const json& object, std::size_t index, const std::string& path)
+      : object_(object), index_(index), path_(path) {}
+
+  std::string place(std::string_view field = {}) const {
+    return "tenants[" + std::to_string(index_) + "]" + (field.empty() ? "" : "." + std::string(field));
+  }
+  config_error refused(std::string_view field, std::string_view why) const {
+    return config_error("config file '" + path_ + "': " + place(field) + ": " + std::string(why));
+  }
+  const json* find(std::string_view key) const {
+    const auto found = object_.find(key);
+    return found == object_.end() ? nullptr : &*found;
+  }
+
+  std::string name() const {
+    const json* name = find("name");
+    if (name == nullptr) {
+      throw refused("name", "required: 1 to 64 of A-Z a-z 0-9 . _ - (\"default\" configures the default tenant)");
+    }
+    if (!name->is_string()) throw refused("name", "must be a string, not " + shown(*name));
+    return name->get<std::string>();
+  }
+
+  // An integer from min to max, if given.
+  std::optional<std::uint64_t> whole(std::string_view key, std::uint64_t min, std::uint64_t max) const {
+    const json* value = find(key);
+    if (value == nullptr) return std::nullopt;
+    if (value->is_number_unsigned()) {
+      const auto n = value->get<std::uint64_t>();
+      if (n >= min && n <= max) return n;
+      if (n > max) {
+        throw refused(key, "must be an integer >= " + std::to_string(min) + " and at most " + std::to_string(max) +
+                               ", not " + shown(*value));
+      }
+    }
+    throw refused(key, "must be an integer >= " + std::to_string(min) + ", not " + shown(*value));
+  }
+
+  // A number above 0, a fraction allowed, if given. (JSON holds no infinity or NaN; a literal too large for a
+  // double is refused by the parser.)
+  std::optional<double> positive(std::string_view key) const {
+    const json* value = find(key);
+    if (value == nullptr) return std::nullopt;
+    if (value->is_number() && value->get<double>() > 0) return value->get<double>();
+    throw refused(key, "must be a number > 0, not " + shown(*value));
+  }
+
+  // A list of keys or digests: an array of strings, each named by its place if it is not one.
+  std::vector<std::string> strings(std::string_view key) const {
+    const json* list = find(key);
+    if (list == nullptr) return {};
+    if (!list->is_array()) throw refused(key, "must be an array of strings, not " + std::string(list->type_name()));
+    std::vector<std::string> texts;
+    for (std::size_t i = 0; i < list->size(); ++i) {
+      const json& item = (*list)[i];
+      if (!item.is_string()) {
+        throw refused(std::string(key) + "[" + std::to_string(i) + "]",
+                      "must be a string, not " + std::string(item.type_name()));
+      }
+      texts.push_back(item.get<std::string>());
+    }
+    return texts;
+  }
+
+ private:
+  // What a message shows of a refused value: a number itself, anything else by its type.
+  static std::string shown(const json& value) { return value.is_number() ? value.dump() : value.type_name(); }
+
+  const json& object_;
+  std::size_t index_;
+  std::string path_;
+};
+
+tenants::tenant_spec read_tenant(const tenant_source& t) {
+  tenants::tenant_spec spec{.name = t.name(),
+                            .weight = static_cast<std::uint32_t>(t.whole("weight", 1, max_tenant_weight).value_or(1)),
+                            .api_keys = t.strings("api_keys"),
+                            .api_key_sha256 = t.strings("api_key_sha256"),
+                            .requests_per_second = t.positive("requests_per_second")};
+  if (const auto burst = t.whole("burst", 1, std::numeric_limits<std::uint64_t>::max())) {
+    // Alone it would limit nothing: the burst is the depth of the request rate's bucket.
+    if (!spec.requests_per_second) throw t.refused("burst", "needs requests_per_second (a burst is the request rate's)");
+    spec.burst = *burst;
+  }
+  if (const auto queued = t.whole("max_queued", 0, max_tenant_queued)) spec.max_queued = *queued;
+  spec.tokens_per_minute = t.positive("tokens_per_minute");
+  if (const auto wait = t.whole("max_queue_wait_ms", 1, max_timeout_ms)) {
+    spec.max_queue_wait = std::chrono::milliseconds(*wait);
+  }
+  return spec;
+}
+
 }  // namespace
 
 json read_config_file(const std::string& path) {
@@ -283,6 +399,7 @@ json read_config_file(const std::string& path) {
   for (const auto& o : options()) {
     if (!o.key.empty()) keys.push_back(o.key);
   }
+  keys.push_back(tenants_key);
   keys.push_back(clusters_key);
   refuse_unknown_keys(doc, keys, "config file '" + path + "'");
   // Which of the two lists the file meant would be a guess; like an unknown key, refused even when a
@@ -311,6 +428,9 @@ std::vector<std::string> texts_from_json(const option_spec& o, const json& node,
     case value_kind::url_list:
       if (auto texts = url_texts_from_json(node)) return *texts;
       throw wrong_type("an array of URL strings");
+    case value_kind::boolean:
+      if (!node.is_boolean()) throw wrong_type("true or false");
+      return {node.get<bool>() ? "true" : "false"};
     default:
       // A number where text is parsed as one (kv_pressure_weight) may be written as a JSON number.
       if (!node.is_string()) throw wrong_type("a string");
@@ -348,6 +468,22 @@ void read_clusters(settings& s, const json& clusters, const std::string& path) {
   for (auto& pool : prefill_pools) s.clusters.push_back(std::move(pool));
   s.backends = std::move(ranks).take();
   s.default_cluster = default_index.value_or(0);
+}
+
+void read_tenants(settings& s, const json& tenants, const std::string& path) {
+  if (!tenants.is_array()) {
+    throw config_error("config file '" + path + "': tenants: must be an array of tenant objects, not " +
+                       std::string(tenants.type_name()));
+  }
+  for (std::size_t i = 0; i < tenants.size(); ++i) {
+    const tenant_source source(tenants[i], i, path);
+    if (!tenants[i].is_object()) {
+      throw source.refused("", "must be an object, e.g. {\"name\": \"team-a\", \"api_key_sha256\": [...], "
+                               "\"weight\": 2}, not " + std::string(tenants[i].type_name()));
+    }
+    refuse_unknown_keys(tenants[i], tenant_keys, source.place() + " in config file '" + path + "'");
+    s.tenants.push_back(read_tenant(source));
+  }
 }
 
 }  // namespace dplb::config::detail

@@ -35,7 +35,8 @@ po::options_description visible_options() {
     if (!o.key.empty()) text += "\nconfig key \"" + std::string(o.key) + "\"";
     if (o.show_default) text += "\ndefault " + o.show_default(defaults);
     const std::string name(o.flag);
-    if (o.kind == value_kind::flag) {
+    // A boolean is a flag on the command line: given alone, it is on.
+    if (o.kind == value_kind::flag || o.kind == value_kind::boolean) {
       desc.add_options()(name.c_str(), text.c_str());
     } else {
       desc.add_options()(name.c_str(), po::value<std::string>()->value_name(value_name_of(o)), text.c_str());
@@ -64,8 +65,8 @@ std::string help_text() {
       << "The admin API's token is the one setting without a flag or key: DPLB_ADMIN_TOKEN (environment only),\n"
       << "unless --admin-token-file names a file that holds it.\n"
       << "Signals: SIGTERM or SIGINT drains and exits (--drain-timeout-ms); SIGHUP reads the configuration\n"
-      << "again and applies its backends (added, removed, reweighted) and the admin token's file without a\n"
-      << "restart; nothing else reloads.\n\n"
+      << "again and applies its backends (added, removed, reweighted), its tenants (queued requests are kept)\n"
+      << "and the admin token's file without a restart; nothing else reloads.\n\n"
       << visible_options();
   // program_options pads wrapped lines with spaces; trailing blanks are noise in a terminal or a diff.
   std::string text = out.str();

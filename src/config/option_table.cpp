@@ -5,7 +5,10 @@
 #include <limits>
 #include <stdexcept>
 
+#include <boost/beast/http/field.hpp>
+
 #include "dplb/balancer/policy_names.hpp"
+#include "dplb/http/header_sanitizer.hpp"
 #include "value_parsers.hpp"
 
 namespace dplb::config::detail {
@@ -20,6 +23,32 @@ constexpr std::array<std::string_view, 7> log_level_names{"trace", "debug", "inf
                                                           "error", "critical", "off"};
 constexpr std::array<std::string_view, 2> log_format_names{"text", "json"};
 constexpr std::array<std::string_view, 2> tokenize_mode_names{"off", "engine"};
+constexpr std::array<std::string_view, 2> fair_basis_names{"requests", "tokens"};
+
+// HTTP's token characters (RFC 9110 5.6.2), the ones a header's name is made of.
+bool is_token_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+}
+
+// --tenant-header: a name a client's header can have and that reaches dplb's request path as sent. A
+// hop-by-hop header is the connection's, not the request's (and may be stripped on the way); Authorization
+// carries the keys, and Host, Content-Length and Transfer-Encoding frame and address the request.
+std::string check_tenant_header(std::string_view name) {
+  if (name.empty() || !std::all_of(name.begin(), name.end(), is_token_char)) {
+    return "expected a header name (letters, digits and !#$%&'*+-.^_`|~), e.g. x-tenant";
+  }
+  namespace bhttp = boost::beast::http;
+  const bhttp::field field = bhttp::string_to_field(name);
+  if (http::is_hop_by_hop(field)) return "a hop-by-hop header belongs to the connection; use another, e.g. x-tenant";
+  for (const bhttp::field reserved : {bhttp::field::authorization, bhttp::field::host, bhttp::field::content_length,
+                                      bhttp::field::transfer_encoding}) {
+    if (field == reserved) {
+      return "this header carries the request's key, address or framing; use another, e.g. x-tenant";
+    }
+  }
+  return {};
+}
 
 // The option table: one row per option, in --help order. Environment names and config keys are spelled out
 // (not derived) so that a search for DPLB_LOG_FORMAT lands here; the unit tests check they follow the rule
@@ -290,7 +319,11 @@ constexpr std::array option_table{
                            "\"backends\", \"policy\", \"default\"}, ...]: a request goes to the cluster that "
                            "lists its body's \"model\", one without a model to the default cluster. A file holds "
                            "\"clusters\" or \"backends\", not both; --backend and DPLB_BACKENDS replace its "
-                           "clusters. See docs/configuration.md.",
+                           "clusters. Only the file defines tenants too, \"tenants\": [{\"name\", \"api_keys\", "
+                           "\"api_key_sha256\", \"weight\", \"requests_per_second\", \"burst\", \"max_queued\", "
+                           "\"tokens_per_minute\", \"max_queue_wait_ms\"}, ...]: a request is the tenant of its "
+                           "Bearer key, else the one --tenant-header names, else \"default\". "
+                           "See docs/configuration.md.",
                 .set_text = [](settings& s, std::string_view v) {
                   if (v.empty()) return std::string("expected a file path");
                   s.config_file = std::string(v);
@@ -382,6 +415,51 @@ constexpr std::array option_table{
                                   "Most requests waiting in dplb's queue (with --max-inflight-per-rank); beyond it new requests get 429."),
     ms_option<&settings::queue_timeout>("queue-timeout-ms", "DPLB_QUEUE_TIMEOUT_MS", "queue_timeout_ms", 1, max_timeout_ms,
                                   "Longest a request waits in dplb's queue; then it gets 503."),
+    ms_option<&settings::max_queue_wait>("max-queue-wait-ms", "DPLB_MAX_QUEUE_WAIT_MS", "max_queue_wait_ms", 0, max_timeout_ms,
+                                  "Longest a request may wait in dplb's queue (with --max-inflight-per-rank) before it "
+                                  "is answered 429 with Retry-After, before any engine sees it; a tenant's "
+                                  "max_queue_wait_ms overrides it for that tenant's requests. 0 = no limit beyond "
+                                  "--queue-timeout-ms (whose 503 comes first when it is shorter)."),
+    option_spec{.flag = "require-api-key",
+                .env = "DPLB_REQUIRE_API_KEY",
+                .key = "require_api_key",
+                .meaning = "Refuse with 401 (in OpenAI's error shape) every request that presents no key of a "
+                           "configured tenant (Authorization: Bearer KEY; the keys are the config file's "
+                           "\"tenants\", see docs/configuration.md). dplb's own /health and /metrics need none. "
+                           "Some tenant must hold a key. On the command line the flag alone; true or false in "
+                           "the environment and the config file.",
+                .kind = value_kind::boolean,
+                .set_text = [](settings& s, std::string_view v) { return (s.require_api_key = v == "true", std::string()); },
+                .show_default = [](const settings& s) { return std::string(s.require_api_key ? "true" : "false"); }},
+    option_spec{.flag = "tenant-header",
+                .env = "DPLB_TENANT_HEADER",
+                .key = "tenant_header",
+                .value_name = "NAME",
+                .meaning = "A request header (e.g. x-tenant) whose value names a configured tenant: a request "
+                           "that presents no known key is that tenant's; a name no tenant has counts as the "
+                           "default tenant. Trusted as sent: meant to be set by a gateway in front of dplb (with "
+                           "untrusted clients, use --require-api-key). Off by default.",
+                .set_text = [](settings& s, std::string_view v) {
+                  if (auto why = check_tenant_header(v); !why.empty()) return why;
+                  s.tenant_header = std::string(v);
+                  return std::string();
+                },
+                .show_default = [](const settings&) { return std::string("none"); }},
+    option_spec{.flag = "fair-by",
+                .env = "DPLB_FAIR_BY",
+                .key = "fair_by",
+                .meaning = "When requests queue (--max-inflight-per-rank), how tenants of one priority share the "
+                           "freed slots by their weights: counting requests, or counting each request's tokens "
+                           "(its prompt plus max_tokens).",
+                .kind = value_kind::choice,
+                .choices = fair_basis_names,
+                .set_text =
+                    [](settings& s, std::string_view v) {
+                      s.fair_by = v == "tokens" ? fair_basis::tokens : fair_basis::requests;
+                      return std::string();
+                    },
+                .show_default =
+                    [](const settings& s) { return std::string(s.fair_by == fair_basis::tokens ? "tokens" : "requests"); }},
     count_option<&settings::max_client_connections>("max-client-connections", "DPLB_MAX_CLIENT_CONNECTIONS", "max_client_connections", "N", 1, 10000000, "connections",
                                   "Most client connections open at once; beyond it new connections get 503 and are closed."),
     ms_option<&settings::drain_timeout>("drain-timeout-ms", "DPLB_DRAIN_TIMEOUT_MS", "drain_timeout_ms", 1, max_timeout_ms,
@@ -476,6 +554,13 @@ void apply(const option_spec& o, const raw_value& v, settings& s) {
     case value_kind::decimal:
       if (auto why = o.set_text(s, v.texts.front()); !why.empty()) bad_value(o, v, v.texts.front(), why);
       return;
+    case value_kind::boolean: {
+      // The command line's flag has no value: given, it is on.
+      const auto on = v.texts.front().empty() ? std::optional<bool>(true) : parse_boolean(v.texts.front());
+      if (!on) bad_value(o, v, v.texts.front(), "expected true or false");
+      o.set_text(s, *on ? "true" : "false");
+      return;
+    }
     case value_kind::flag:
       return;
   }

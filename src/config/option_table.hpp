@@ -17,6 +17,7 @@ namespace dplb::config::detail {
 
 enum class value_kind {
   flag,      // --help, --version: command line only, no value
+  boolean,   // a switch: on the command line the flag alone (on); true or false in the environment and the file
   text,      // free text validated by the option's own setter
   choice,    // one of `choices`
   number,    // unsigned integer in [min, max]
@@ -42,7 +43,8 @@ struct option_spec {
   std::uint64_t max = 0;
   std::string_view unit{};
   std::string_view why_max{};  // number: why `max` is what it is, when another part of dplb sets it
-  // text and choice: stores the (validated) value; text setters return why the value is bad, "" if good.
+  // text, choice and boolean: stores the (validated) value, a boolean's as "true" or "false"; text setters
+  // return why the value is bad, "" if good.
   std::string (*set_text)(settings&, std::string_view) = nullptr;
   void (*set_number)(settings&, std::uint64_t) = nullptr;
   std::string (*show_default)(const settings&) = nullptr;

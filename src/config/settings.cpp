@@ -1,10 +1,12 @@
 #include "dplb/config/settings.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
 #include "dplb/config/admin_token.hpp"
+#include "dplb/tenants/tenant_directory.hpp"
 #include "option_table.hpp"
 #include "sources.hpp"
 #include "text_file.hpp"
@@ -139,6 +141,28 @@ void resolve_admin_token(settings& s, const environment& env) {
   }
 }
 
+// The tenants are checked as the running dplb will take them, by building their directory: a list it would
+// refuse stops the start here, with its message. And a key required where no tenant holds one would refuse
+// every request.
+void check_tenants(const settings& s, const command_line_values& cli, const environment& env, const json& file,
+                   const std::string& path) {
+  try {
+    const tenants::tenant_directory directory(s.tenants);
+  } catch (const std::invalid_argument& e) {
+    throw config_error("invalid \"tenants\" in config file '" + path + "': " + e.what());
+  }
+  const auto holds_key = [](const tenants::tenant_spec& t) { return !t.api_keys.empty() || !t.api_key_sha256.empty(); };
+  if (!s.require_api_key || std::ranges::any_of(s.tenants, holds_key)) return;
+  const option_spec& require = find_option("require-api-key");
+  const int level = source_level(require, cli, env, file);
+  const std::string given = level == 3 ? "--require-api-key is given"
+                            : level == 2 ? std::string(require.env) + " is true"
+                                         : "\"require_api_key\" is true in config file '" + path + "'";
+  throw config_error(given + " but no tenant holds an API key, so every request would be refused with 401: add "
+                     "\"api_keys\" or \"api_key_sha256\" to a tenant of the config file's \"tenants\", or drop "
+                     "require_api_key");
+}
+
 }  // namespace
 
 environment process_environment() {
@@ -176,6 +200,13 @@ std::string configuration_summary(const settings& s) {
            cluster.policy + "\n";
   }
   out += "  " + count(s.backends.size(), "backend") + ", " + count(ranks, "rank") + " in all\n";
+  if (!s.tenants.empty() || s.require_api_key) {
+    std::string names = "default";
+    for (const auto& t : s.tenants) {
+      if (t.name != "default") names += ", " + t.name;
+    }
+    out += "  tenants " + names + (s.require_api_key ? "; an API key is required" : "") + "\n";
+  }
   if (s.admin_listen) out += "  admin API on " + s.admin_listen->host + ":" + std::to_string(s.admin_listen->port) + "\n";
   return out;
 }
@@ -202,6 +233,8 @@ parse_result parse_command_line(int argc, const char* const* argv, const environ
   }
   // After the loop: a cluster without a policy of its own takes the top-level one.
   resolve_backends(s, cli, env, file, file_path);
+  if (file.is_object() && file.contains(tenants_key)) read_tenants(s, file.at(tenants_key), file_path);
+  check_tenants(s, cli, env, file, file_path);
   resolve_admin_token(s, env);
   if (cli.contains("check-config")) return {std::nullopt, configuration_summary(s)};
   return {std::move(s), {}};

@@ -159,6 +159,13 @@ std::optional<std::uint64_t> parse_unsigned(std::string_view s) {
   return v;
 }
 
+std::optional<bool> parse_boolean(std::string_view s) {
+  const std::string lower = to_lower(s);
+  if (lower == "true" || lower == "1" || lower == "yes" || lower == "on") return true;
+  if (lower == "false" || lower == "0" || lower == "no" || lower == "off") return false;
+  return std::nullopt;
+}
+
 // A duration option's value: whole milliseconds ("250"), or with an explicit unit: "250ms", "2s", "0.1s"
 // (at most millisecond precision). Anything else is refused rather than half-parsed.
 std::optional<std::uint64_t> parse_milliseconds(std::string_view s) {

@@ -23,6 +23,8 @@ std::string to_lower(std::string_view s);
 std::optional<std::uint64_t> parse_unsigned(std::string_view s);
 // Whole milliseconds ("250"), or with an explicit unit: "250ms", "2s", "0.1s" (at most millisecond precision).
 std::optional<std::uint64_t> parse_milliseconds(std::string_view s);
+// true or false, also as 1 or 0, yes or no, on or off, in any case (the spellings environment files use).
+std::optional<bool> parse_boolean(std::string_view s);
 // HOST:PORT or [IPV6]:PORT into `out`; returns why the text is refused, "" when it is good.
 std::string parse_listen(std::string_view text, listen_address& out);
 // A non-negative decimal number, at most 1000 (kv-pressure-weight); returns why it is refused, "" when good.

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cctype>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <unordered_map>
@@ -59,6 +60,33 @@ std::optional<std::string_view> bearer_key(std::string_view authorization) {
   return authorization;
 }
 
+// A rate is a finite number above 0: 0 would refuse every request for good, and NaN or infinity would make
+// the token bucket's arithmetic meaningless.
+bool valid_rate(const std::optional<double>& rate) { return !rate || (std::isfinite(*rate) && *rate > 0); }
+
+// The limits a spec sets, each checked on its own (max_queued may be 0: the tenant's requests never wait).
+void refuse_bad_limits(const tenant_spec& spec) {
+  if (!valid_rate(spec.requests_per_second)) {
+    throw std::invalid_argument(fmt::format(
+        "tenant '{}': requests_per_second {}; a rate is a finite number above 0 (requests a second)", spec.name,
+        *spec.requests_per_second));
+  }
+  if (spec.burst && *spec.burst == 0) {
+    throw std::invalid_argument(fmt::format(
+        "tenant '{}': burst 0; a burst is at least 1 (the requests let through at once)", spec.name));
+  }
+  if (!valid_rate(spec.tokens_per_minute)) {
+    throw std::invalid_argument(fmt::format(
+        "tenant '{}': tokens_per_minute {}; a rate is a finite number above 0 (tokens a minute)", spec.name,
+        *spec.tokens_per_minute));
+  }
+  if (spec.max_queue_wait && *spec.max_queue_wait < std::chrono::milliseconds(1)) {
+    throw std::invalid_argument(fmt::format(
+        "tenant '{}': max_queue_wait {} ms; a wait is at least 1 ms (unset, --max-queue-wait-ms applies)",
+        spec.name, spec.max_queue_wait->count()));
+  }
+}
+
 // Where a key was listed, for the message about a duplicate.
 struct key_origin {
   std::size_t tenant;
@@ -98,6 +126,7 @@ tenant_directory::tenant_directory(std::span<const tenant_spec> specs) {
       throw std::invalid_argument(fmt::format(
           "tenant '{}': weight 0; a weight is at least 1 (the tenant's share against the others')", spec.name));
     }
+    refuse_bad_limits(spec);
     const std::size_t index = is_default ? default_tenant : tenants_.size();
     const tenant kept{.name = spec.name,
                       .weight = spec.weight,

@@ -32,6 +32,10 @@ struct listen_address {
 
 enum class log_format { text, json };
 
+// --fair-by: what tenants of one priority share by weight when they compete for freed slots: the number of
+// requests each is served, or the tokens those requests cost (prompt + max_tokens).
+enum class fair_basis { requests, tokens };
+
 // --tokenize: where a text prompt's token ids come from for matching KV-cache events. off: nowhere (text
 // is matched by the approximate index; prompts given as token ids still match the events); engine: the
 // cluster's engine, with vLLM's POST /tokenize (the chat template applied, as the engine will).
@@ -111,8 +115,6 @@ inline constexpr const char* implicit_cluster_name = "default";
 // and in shell history, and one in the config file would sit in a file meant to be shared.
 inline constexpr const char* admin_token_variable = "DPLB_ADMIN_TOKEN";
 
-enum class fair_basis { requests, tokens };
-
 struct settings {
   listen_address listen;
   // Engine servers in rank order: ranks are numbered across them, so `A#dp=2, B` is ranks 0 and 1 on A
@@ -187,13 +189,21 @@ struct settings {
   std::uint32_t max_inflight_per_rank = 0;
   std::size_t max_queued_requests = 1024;            // beyond: 429 at once
   std::chrono::milliseconds queue_timeout{30'000};   // longest wait in the queue; then 503
+  // --max-queue-wait-ms: the longest a request may wait in the queue before it is answered 429 with
+  // Retry-After (a tenant's max_queue_wait overrides it for that tenant's requests); 0 = none beyond
+  // queue_timeout.
+  std::chrono::milliseconds max_queue_wait{0};
 
-  // --- tenants ---
-  std::vector<tenants::tenant_spec> tenants;      // config file `tenants`
+  // --- tenants (the config file's "tenants"; none configured: every request is the default tenant's) ---
+  // As the file lists them, plain keys included. Parsing checks them by building a tenants::tenant_directory,
+  // which the running dplb uses: it keeps the keys as digests only. Nothing may log or print these specs.
+  std::vector<tenants::tenant_spec> tenants;
+  // Refuse with 401 a request that carries no configured key (some tenant must hold one).
   bool require_api_key = false;
-  std::string tenant_header;                      // --tenant-header; empty: none
+  // --tenant-header: a request header whose value names a configured tenant, used when no known key is
+  // presented; empty = none.
+  std::string tenant_header;
   fair_basis fair_by = fair_basis::requests;
-  std::chrono::milliseconds max_queue_wait{0};    // --max-queue-wait-ms; 0: none
 
   // --- connections and shutdown ---
   std::size_t max_client_connections = 10'000;  // beyond: 503 and close

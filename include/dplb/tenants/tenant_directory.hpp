@@ -43,8 +43,10 @@ class tenant_directory {
 
   // The default tenant, then `specs` in their order (one named "default" configures index 0 instead).
   // Throws std::invalid_argument, saying what to fix, for a name that is not 1 to 64 of A-Z a-z 0-9 . _ -,
-  // a name given twice, a weight of 0, a digest that is not 64 lowercase hex digits, a plain key no header
-  // could carry (empty, or beginning or ending with a blank), or a key listed twice, in one tenant or two.
+  // a name given twice, a weight of 0, a requests_per_second or tokens_per_minute that is not a finite
+  // number above 0, a burst of 0, a max_queue_wait under 1 ms, a digest that is not 64 lowercase hex digits,
+  // a plain key no header could carry (empty, or beginning or ending with a blank), or a key listed twice, in
+  // one tenant or two.
   // The messages name keys by their place in the spec, never by their text.
   explicit tenant_directory(std::span<const tenant_spec> specs);
 

@@ -25,7 +25,9 @@ struct tenant_spec {
   std::optional<double> requests_per_second = std::nullopt;
   std::optional<std::uint64_t> burst = std::nullopt;  // the request rate's; unset, token_bucket's default
   std::optional<std::size_t> max_queued = std::nullopt;  // its requests waiting for a rank at once
+  // Prompt tokens plus max_tokens its requests may reserve in a minute (corrected by the usage reported).
   std::optional<double> tokens_per_minute = std::nullopt;
+  // The longest one of its requests may wait in the queue; overrides settings' max_queue_wait.
   std::optional<std::chrono::milliseconds> max_queue_wait = std::nullopt;
 };
 

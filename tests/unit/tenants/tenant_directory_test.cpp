@@ -2,6 +2,8 @@
 // "default"; what a configuration must fix, each rule on its own; and no key kept or shown as text.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -63,6 +65,8 @@ TEST_CASE("tenant directory: a spec named default configures index 0, wherever i
   CHECK(fallback.max_queued == 100u);
   CHECK(dir.tenants()[1].name == "acme");
   CHECK_FALSE(dir.tenants()[1].requests_per_second);
+  CHECK_FALSE(dir.tenants()[1].tokens_per_minute);
+  CHECK_FALSE(dir.tenants()[1].max_queue_wait);
   CHECK(dir.tenant_of("Bearer fallback-key", "acme") == 0u);
 }
 
@@ -145,6 +149,47 @@ TEST_CASE("tenant directory: a tenant configured twice is refused, default inclu
 TEST_CASE("tenant directory: a weight of 0 is refused", "[tenants]") {
   CHECK_THAT(error_of({{.name = "acme", .weight = 0}}), Catch::Contains("tenant 'acme': weight 0"));
   CHECK_THAT(error_of({{.name = "default", .weight = 0}}), Catch::Contains("tenant 'default': weight 0"));
+}
+
+TEST_CASE("tenant directory: every limit is kept as configured", "[tenants]") {
+  const auto dir = directory({{.name = "batch", .requests_per_second = 0.5, .burst = 1, .max_queued = 0,
+                               .tokens_per_minute = 120'000.0, .max_queue_wait = std::chrono::milliseconds(1)}});
+  REQUIRE(dir.tenants().size() == 2u);
+  const auto& batch = dir.tenants()[1];
+  CHECK(batch.requests_per_second == 0.5);
+  CHECK(batch.burst == 1u);
+  CHECK(batch.max_queued == 0u);  // 0 is a limit: the tenant's requests never wait
+  CHECK(batch.tokens_per_minute == 120'000.0);
+  CHECK(batch.max_queue_wait == std::chrono::milliseconds(1));
+}
+
+TEST_CASE("tenant directory: a rate that is not a finite number above 0 is refused", "[tenants]") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double infinity = std::numeric_limits<double>::infinity();
+  for (const double bad : {0.0, -1.0, nan, infinity}) {
+    INFO("rate " << bad);
+    CHECK_THAT(error_of({{.name = "acme", .requests_per_second = bad}}),
+               Catch::Contains("tenant 'acme': requests_per_second") &&
+                   Catch::Contains("a rate is a finite number above 0"));
+    CHECK_THAT(error_of({{.name = "acme", .tokens_per_minute = bad}}),
+               Catch::Contains("tenant 'acme': tokens_per_minute") &&
+                   Catch::Contains("a rate is a finite number above 0"));
+  }
+  CHECK(error_of({{.name = "acme", .requests_per_second = 1e-3, .tokens_per_minute = 1e-3}}) == "no error");
+}
+
+TEST_CASE("tenant directory: a burst of 0 is refused", "[tenants]") {
+  CHECK_THAT(error_of({{.name = "acme", .requests_per_second = 5.0, .burst = 0}}),
+             Catch::Contains("tenant 'acme': burst 0; a burst is at least 1"));
+}
+
+TEST_CASE("tenant directory: a queue wait under 1 ms is refused", "[tenants]") {
+  for (const auto bad : {std::chrono::milliseconds(0), std::chrono::milliseconds(-5)}) {
+    INFO("wait " << bad.count() << " ms");
+    CHECK_THAT(error_of({{.name = "default", .max_queue_wait = bad}}),
+               Catch::Contains("tenant 'default': max_queue_wait") &&
+                   Catch::Contains("a wait is at least 1 ms"));
+  }
 }
 
 TEST_CASE("tenant directory: a digest that is not 64 lowercase hex digits is refused, and not quoted",
