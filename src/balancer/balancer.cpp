@@ -385,7 +385,8 @@ std::size_t balancer::queue_bands() const {
 // Every line is kept soonest first; a new waiter may go ahead of older ones (a lower priority value, or a
 // tenant that is behind its share).
 void balancer::insert_by_key(std::deque<waiter>& line, waiter w) {
-  const auto at = std::upper_bound(line.begin(), line.end(), w, [](const waiter& a, const waiter& b) { return a.goes_before(b); });
+  const auto at =
+      std::upper_bound(line.begin(), line.end(), w, [](const waiter& a, const waiter& b) { return a.goes_before(b); });
   line.insert(at, std::move(w));
 }
 

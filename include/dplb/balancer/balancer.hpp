@@ -79,7 +79,7 @@ struct queue_share {
 // own queue. The queue's order (fair_order.hpp) is by priority, lowest value first; among equal priorities
 // tenants share the freed slots in proportion to their weights, a request counting its queue_share::cost
 // against its tenant's share (start-time fair queueing); one tenant's requests go in their order of arrival.
-// Each waiter gets its key (priority, start tag, arrival) once, as it queues; "sooner" below is by that key.
+// Each waiter gets its key (priority, start tag, arrival) once, as it queues; "soonest" below is by that key.
 // With every request of one tenant, one weight, one cost and one priority, the queue is plain FIFO.
 // The queue discipline (balancer::serve_waiters_locked):
 //  - A waiter is a whole request: it keeps its routing context (prefix chain, session key, pin, tokens,
@@ -89,7 +89,8 @@ struct queue_share {
 //    policy::preferred, judged as if no rank were full and within the load bound) whose rank is full
 //    waits in that rank's line for its next slot, while a later request that fits a slot freed elsewhere
 //    takes it (HAProxy's pendconns queue per server for this reason).
-//  - Every other request waits in its cluster's line, and takes the first slot freed in the cluster.
+//  - Every other request waits in its cluster's line, and takes a slot freed anywhere in the cluster in
+//    its turn.
 //  - A freed slot goes to the soonest waiter that it suits, over all lines; so where placement does not
 //    matter (least-inflight, round-robin, a prompt matching nothing) the queue is in the fair order alone.
 //  - Nobody starves for a place: a place over the load bound, on a rank that became unusable, or waited

@@ -78,7 +78,7 @@ struct served_log {
     REQUIRE(out.state == wait_state::queued);
     return out.waiter_id;
   }
-  // Releases the oldest slot held (the first one taken by the caller with take()).
+  // Releases the slot held longest; the next waiter it suits takes it over.
   void release_one() {
     REQUIRE_FALSE(held.empty());
     auto lease = std::move(held.front());
@@ -89,14 +89,17 @@ struct served_log {
     REQUIRE(lease);
     held.push_back(std::move(lease));
   }
+  // How many of the first `first_n` served have labels starting with `tenant_prefix`.
   std::size_t served(char tenant_prefix, std::size_t first_n) const {
-    return static_cast<std::size_t>(std::count_if(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(std::min(first_n, order.size())),
-                                                  [&](const std::string& l) { return l.front() == tenant_prefix; }));
+    const auto end = order.begin() + static_cast<std::ptrdiff_t>(std::min(first_n, order.size()));
+    return static_cast<std::size_t>(
+        std::count_if(order.begin(), end, [&](const std::string& l) { return l.front() == tenant_prefix; }));
   }
 };
 
 balancer one_slot(std::size_t max_waiting = 1024) {
-  return balancer(1, make_policy("least-inflight"), queue_limits{.max_inflight_per_rank = 1, .max_waiting = max_waiting});
+  return balancer(1, make_policy("least-inflight"),
+                  queue_limits{.max_inflight_per_rank = 1, .max_waiting = max_waiting});
 }
 
 }  // namespace
