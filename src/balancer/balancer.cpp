@@ -264,16 +264,25 @@ std::size_t balancer::queued_locked() const noexcept {
 
 void balancer::count_waiting_locked() noexcept { waiting_.store(queued_locked(), std::memory_order_relaxed); }
 
-rank_lease balancer::acquire_or_wait(const pick_context& request, request_cost cost,
-                                     std::function<void(rank_lease)> deliver, std::uint64_t& waiter_id, bool& queued) {
+// Why a request that got no slot may not queue either.
+wait_state balancer::refusal_locked(const pick_context& request, const queue_share& share) const {
+  const auto pinned = request.pinned_rank;
+  if (!(pinned ? usable(*pinned) : any_usable(request.cluster))) return wait_state::no_usable_rank;
+  if (!queueing() || closed_) return wait_state::queue_full;
+  if (order_.waiting_of(share.tenant) >= share.max_queued) return wait_state::tenant_queue_full;
+  if (waiting_.load(std::memory_order_relaxed) >= limits_.max_waiting) return wait_state::queue_full;
+  return wait_state::queued;
+}
+
+wait_outcome balancer::acquire_or_wait(const pick_context& request, request_cost cost, const queue_share& share,
+                                       std::function<void(rank_lease)> deliver) {
   cost = at_least_one_token(cost);
-  queued = false;
   std::vector<delivery> ready;  // declared first: any lease left in it is released after the unlock
-  rank_lease lease;
+  wait_outcome out;
   {
     std::lock_guard lock(pick_mutex_);
     const auto pinned = request.pinned_rank;
-    if (pinned ? *pinned >= detail_.size() : request.cluster >= queues_.size()) return {};
+    if (pinned ? *pinned >= detail_.size() : request.cluster >= queues_.size()) return out;
     // A waiter whose placement_wait ran out since the last event may now take a slot that suits it: it
     // goes before this request.
     if (queueing()) serve_waiters_locked(ready);
@@ -289,26 +298,27 @@ rank_lease balancer::acquire_or_wait(const pick_context& request, request_cost c
     } else {
       line = &queues_[request.cluster];
     }
+    // A non-empty line has no room for it (the invariant at release()), whatever its priority.
     if (now_or_queue && line->empty()) {
-      if (const auto chosen = pick_locked(request, cost)) lease = rank_lease(this, *chosen, cost);
+      if (const auto chosen = pick_locked(request, cost)) out.lease = rank_lease(this, *chosen, cost);
     }
-    // A rank that may take it once it has room.
-    const bool any = pinned ? usable(*pinned) : any_usable(request.cluster);
-    if (!lease && queueing() && !closed_ && any && waiting_.load(std::memory_order_relaxed) < limits_.max_waiting) {
-      waiter_id = next_waiter_id_++;
-      waiter w{waiter_id, request, cost, now, std::move(deliver)};
+    if (!out.lease) out.state = refusal_locked(request, share);
+    if (out.state == wait_state::queued) {
+      out.waiter_id = next_waiter_id_++;
+      waiter w{out.waiter_id, request, cost, now, std::move(deliver),
+               order_.enqueue(share.priority, share.tenant, share.weight, share.cost)};
       w.request.avoid = nullptr;
-      line->push_back(std::move(w));  // the newest: the back of any line
+      insert_by_key(*line, std::move(w));
       count_waiting_locked();
-      queued = true;
-    } else if (!lease && !now_or_queue && queues_[request.cluster].empty()) {
-      // It would have held out for its full rank, but cannot wait (the queue is full, or closing): a slot
-      // elsewhere beats a refusal, as it would for a request with no place.
-      if (const auto chosen = pick_locked(request, cost)) lease = rank_lease(this, *chosen, cost);
+    } else if (!out.lease && !now_or_queue && queues_[request.cluster].empty()) {
+      // It would have held out for its full rank, but cannot wait (the queue or its tenant's share of it
+      // is full, or it is closing): a slot elsewhere beats a refusal, as it would for a request with no place.
+      if (const auto chosen = pick_locked(request, cost)) out.lease = rank_lease(this, *chosen, cost);
     }
+    if (out.lease) out.state = wait_state::served;
   }
   balancer::deliver(ready);  // (the parameter `deliver` hides the member)
-  return lease;
+  return out;
 }
 
 bool balancer::cancel_wait(std::uint64_t waiter_id) {
@@ -317,6 +327,7 @@ bool balancer::cancel_wait(std::uint64_t waiter_id) {
   const auto erase_from = [&](std::deque<waiter>& line) {
     auto it = std::find_if(line.begin(), line.end(), [&](const waiter& w) { return w.id == waiter_id; });
     if (it == line.end()) return false;
+    order_.abandoned(it->tag);
     line.erase(it);
     return true;
   };
@@ -357,18 +368,32 @@ void balancer::close() {
       line->clear();
     }
   }
+  order_.clear();
   waiting_.store(0, std::memory_order_relaxed);
 }
 
-void balancer::insert_by_age(std::deque<waiter>& line, waiter w) {
-  const auto at = std::upper_bound(line.begin(), line.end(), w.id, [](std::uint64_t id, const waiter& x) { return id < x.id; });
+std::size_t balancer::waiting_of(std::uint64_t tenant) const {
+  std::lock_guard lock(pick_mutex_);
+  return order_.waiting_of(tenant);
+}
+
+std::size_t balancer::queue_bands() const {
+  std::lock_guard lock(pick_mutex_);
+  return order_.bands();
+}
+
+// Every line is kept soonest first; a new waiter may go ahead of older ones (a lower priority value, or a
+// tenant that is behind its share).
+void balancer::insert_by_key(std::deque<waiter>& line, waiter w) {
+  const auto at =
+      std::upper_bound(line.begin(), line.end(), w, [](const waiter& a, const waiter& b) { return a.goes_before(b); });
   line.insert(at, std::move(w));
 }
 
-// Serves waiters oldest first (the discipline is in balancer.hpp, above queue_limits). There are three
-// kinds of lines, each oldest first: a cluster's shared line, a rank's pinned line and a rank's line of
-// waiters whose place it is (`preferring`). Each round takes the line whose head waited longest among
-// those not yet known to be stuck, and the head then:
+// Serves waiters soonest first, by their keys (the discipline is in balancer.hpp, above queue_limits).
+// There are three kinds of lines, each soonest first: a cluster's shared line, a rank's pinned line and a
+// rank's line of waiters whose place it is (`preferring`). Each round takes the line whose head comes
+// soonest among those not yet known to be stuck, and the head then:
 //  - pinned: takes its rank's slot if the rank is usable and has room, else its line is stuck;
 //  - otherwise: if no rank of its cluster has room, its line is stuck (and so is the cluster, for this
 //    call: serving only fills ranks). Else its place is judged afresh (the load and the prefix index
@@ -378,9 +403,13 @@ void balancer::insert_by_age(std::deque<waiter>& line, waiter w) {
 // A stuck line stays stuck for the rest of the call, since the rounds only take slots. The rounds end:
 // each one serves a waiter, marks a line stuck or moves a waiter to the line of its place, and a moved
 // waiter is judged on the same state at its new line's head (nothing changed but the moves), where it
-// stays. Only heads are judged: in a rank's line every waiter has the same place, and the head waited
-// longest, so its placement_wait ends first. (One that tied two ranks on its prefix can wait behind a
-// head that matched only the full one; the placement_wait bounds that.)
+// stays. Only heads are judged. In a shared line that is exact: any waiter there takes any slot of its
+// cluster, the head first. In a pinned line every waiter wants the same rank. In a rank's preferring line
+// every waiter has the same place, but the head is the soonest, not always the oldest: a waiter behind it
+// whose placement_wait ran out (or that tied two ranks on its prefix) would take a slot free elsewhere, yet
+// waits while the head holds out, at most until the head's own placement_wait is over or the head is served
+// (and then behind any sooner waiter that joined the line meanwhile: by priority, or within a priority by
+// the fair order, which lets only so many go ahead of it).
 void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
   if (waiting_.load(std::memory_order_relaxed) == 0) return;  // exact under the lock
   const std::size_t clusters = queues_.size();
@@ -393,7 +422,7 @@ void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
     std::size_t slot = 0;  // the line's flag in blocked_: shared lines, then pinned, then preferring
     const auto consider = [&](std::deque<waiter>& candidate, std::size_t flag) {
       if (candidate.empty() || blocked_[flag]) return;
-      if (!line || candidate.front().id < line->front().id) {
+      if (!line || candidate.front().goes_before(line->front())) {
         line = &candidate;
         slot = flag;
       }
@@ -417,7 +446,7 @@ void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
         if (line == &own) {
           blocked_[slot] = 1;
         } else {
-          insert_by_age(own, std::move(head));
+          insert_by_key(own, std::move(head));
           line->pop_front();
         }
         continue;
@@ -426,6 +455,7 @@ void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
     // A pinned head's pick checks its rank; any other's takes a rank with room (there is one).
     if (const auto chosen = pick_locked(head.request, head.cost)) {
       ready.push_back(delivery{std::move(head.deliver), rank_lease(this, *chosen, head.cost)});
+      order_.served(head.tag);
       line->pop_front();
     } else {
       blocked_[slot] = 1;
@@ -435,8 +465,8 @@ void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
 }
 
 // After the lock is released: a delivery that drops its lease releases it, which takes the lock again
-// (and may serve the next waiter, delivering from inside this call). The slots were assigned in FIFO
-// order under the lock; only the hand-over happens here. A hand-over that throws (a post that cannot
+// (and may serve the next waiter, delivering from inside this call). The slots were assigned in the
+// queue's order under the lock; only the hand-over happens here. A hand-over that throws (a post that cannot
 // allocate) releases the lease it was given as the exception leaves it, which may serve the next
 // waiter; its own waiter is answered by its queue timeout. The others are still handed their slots:
 // one failure must neither end the process (this runs inside release(), which is noexcept) nor strand them.
@@ -518,12 +548,15 @@ void balancer::set_flag(std::size_t rank, rank_flag flag, bool on) {
 // of its slots.
 void balancer::turn_away_stranded_locked(std::size_t rank, std::vector<delivery>& ready) {
   const auto turn_away = [&](std::deque<waiter>& line) {
-    for (auto& w : line) ready.push_back(delivery{std::move(w.deliver), rank_lease{}});
+    for (auto& w : line) {
+      order_.abandoned(w.tag);
+      ready.push_back(delivery{std::move(w.deliver), rank_lease{}});
+    }
     line.clear();
   };
   turn_away(detail_[rank].pinned);
   const std::size_t cluster = ranks_[rank].cluster;
-  for (auto& w : detail_[rank].preferring) insert_by_age(queues_[cluster], std::move(w));
+  for (auto& w : detail_[rank].preferring) insert_by_key(queues_[cluster], std::move(w));
   detail_[rank].preferring.clear();
   const bool cluster_left = std::ranges::any_of(ranks_in_use(), [cluster](const rank_state& r) {
     return r.cluster == cluster && (r.flags.load(std::memory_order_relaxed) & rank_flag::removed) == 0;

@@ -19,7 +19,7 @@
 
 namespace dplb::server {
 
-enum class slot_refusal { none, no_usable_rank, queue_full, queue_timeout, client_gone };
+enum class slot_refusal { none, no_usable_rank, queue_full, tenant_queue_full, queue_timeout, client_gone };
 
 struct slot_result {
   balancer::rank_lease lease;
@@ -46,8 +46,6 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
   const auto queue_timeout = shared.settings.queue_timeout;
   auto executor = client.get_executor();
   auto state = std::make_shared<wait_state>(executor);
-  std::uint64_t waiter_id = 0;
-  bool queued = false;
   // Runs on whichever thread freed the slot: it only hands the lease to this session's thread.
   auto deliver = [state, executor](balancer::rank_lease lease) {
     asio::post(executor, [state, lease = std::move(lease)]() mutable {
@@ -57,14 +55,18 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
       state->timer.cancel();
     });
   };
-  auto lease = shared.balancer.acquire_or_wait(request, cost, deliver, waiter_id, queued);
-  if (lease) co_return slot_result{std::move(lease)};
-  if (!queued) {
-    // Refused at once: the queue is full, or no rank (the pinned one, for a pinned request) is usable.
-    const bool usable = request.pinned_rank ? shared.balancer.usable(*request.pinned_rank)
-                                            : shared.balancer.any_usable(request.cluster);
-    co_return slot_result{{}, usable ? slot_refusal::queue_full : slot_refusal::no_usable_rank};
+  // Every request is of the default tenant, at the default priority, for now: the queue stays FIFO.
+  auto outcome = shared.balancer.acquire_or_wait(request, cost, balancer::queue_share{}, deliver);
+  switch (outcome.state) {
+    case balancer::wait_state::served: co_return slot_result{std::move(outcome.lease)};
+    case balancer::wait_state::queued: break;
+    // Refused at once: the queue (or the tenant's part of it) is full, or no rank (the pinned one, for a
+    // pinned request) is usable.
+    case balancer::wait_state::queue_full: co_return slot_result{{}, slot_refusal::queue_full};
+    case balancer::wait_state::tenant_queue_full: co_return slot_result{{}, slot_refusal::tenant_queue_full};
+    case balancer::wait_state::no_usable_rank: co_return slot_result{{}, slot_refusal::no_usable_rank};
   }
+  const std::uint64_t waiter_id = outcome.waiter_id;
   const auto waiting_since = clock_type::now();
   // A waiter holding out for its own full rank stops holding out after the balancer's placement_wait;
   // no other event may come by then (no release, no arrival), so it wakes itself once to be served anew.
@@ -111,13 +113,17 @@ inline std::optional<slot_result> slot_without_queue(shared_state& shared, const
 }
 
 // What the client is told when a request got no slot (not for client_gone: nobody is left to tell).
-// 429 when dplb's queue is full (retry later is the cure); 503 otherwise, with what to check.
-inline unsigned refusal_status(slot_refusal refusal) { return refusal == slot_refusal::queue_full ? 429 : 503; }
+// 429 when dplb's queue, or the tenant's part of it, is full (retry later is the cure); 503 otherwise, with
+// what to check.
+inline unsigned refusal_status(slot_refusal refusal) {
+  return refusal == slot_refusal::queue_full || refusal == slot_refusal::tenant_queue_full ? 429 : 503;
+}
 
 inline std::string refusal_message(slot_refusal refusal, const balancer::pick_context& request, bool by_model) {
   switch (refusal) {
     case slot_refusal::queue_full:
       return "every rank is at --max-inflight-per-rank and dplb's queue is full; retry later";
+    case slot_refusal::tenant_queue_full: return "this tenant has its most requests queued (max_queued); retry later";
     case slot_refusal::queue_timeout: return "no rank slot freed within --queue-timeout-ms; retry later";
     default: break;
   }

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "dplb/balancer/affinity_ring.hpp"
+#include "dplb/balancer/fair_order.hpp"
 #include "dplb/balancer/policy.hpp"
 #include "dplb/balancer/routing_stats.hpp"
 
@@ -63,9 +65,23 @@ class rank_lease {
   request_cost cost_;  // what is still counted on the rank
 };
 
+// Who a queued request is, for the queue's order and the tenant's queue limit.
+struct queue_share {
+  std::int64_t priority = 0;    // vLLM's `priority`: lower is served sooner
+  std::uint64_t tenant = 0;     // a stable id of the tenant (0: the default tenant)
+  std::uint32_t weight = 1;     // the tenant's share among equal priorities (0 is taken as 1)
+  std::uint64_t cost = 1;       // what the request counts against that share: 1, or its tokens (0 is taken as 1)
+  std::size_t max_queued = std::numeric_limits<std::size_t>::max();  // the tenant's waiters at most, this one included
+};
+
 // Optional queueing in dplb (--max-inflight-per-rank): a rank at its limit takes no new request; when
 // no rank with room suits a request, it waits in dplb's queue, so imbalance never hides in an engine's
-// own queue. The queue discipline (balancer::serve_waiters_locked):
+// own queue. The queue's order (fair_order.hpp) is by priority, lowest value first; among equal priorities
+// tenants share the freed slots in proportion to their weights, a request counting its queue_share::cost
+// against its tenant's share (start-time fair queueing); one tenant's requests go in their order of arrival.
+// Each waiter gets its key (priority, start tag, arrival) once, as it queues; "soonest" below is by that key.
+// With every request of one tenant, one weight, one cost and one priority, the queue is plain FIFO.
+// The queue discipline (balancer::serve_waiters_locked):
 //  - A waiter is a whole request: it keeps its routing context (prefix chain, session key, pin, tokens,
 //    cluster), and a freed slot re-runs the whole pick for it (affinity ring, then its cluster's policy).
 //  - A request pinned to a rank waits in that rank's own line.
@@ -73,13 +89,19 @@ class rank_lease {
 //    policy::preferred, judged as if no rank were full and within the load bound) whose rank is full
 //    waits in that rank's line for its next slot, while a later request that fits a slot freed elsewhere
 //    takes it (HAProxy's pendconns queue per server for this reason).
-//  - Every other request waits in its cluster's line, and takes the first slot freed in the cluster.
-//  - A freed slot goes to the oldest waiter that it suits, over all lines; so where placement does not
-//    matter (least-inflight, round-robin, a prompt matching nothing) the queue is plain FIFO.
-//  - Nobody starves: a place over the load bound, on a rank that became unusable, or waited for longer
-//    than `placement_wait` (seen at the next release, arrival or state change, or when the waiting
-//    request calls reconsider() at the end of its placement_wait), no longer counts: the waiter then
-//    takes any slot of its cluster.
+//  - Every other request waits in its cluster's line, and takes a slot freed anywhere in the cluster in
+//    its turn.
+//  - A freed slot goes to the soonest waiter that it suits, over all lines; so where placement does not
+//    matter (least-inflight, round-robin, a prompt matching nothing) the queue is in the fair order alone.
+//  - Nobody starves for a place: a place over the load bound, on a rank that became unusable, or waited
+//    for longer than `placement_wait` (seen at the next release, arrival or state change, or when the
+//    waiting request calls reconsider() at the end of its placement_wait), no longer counts: the waiter
+//    then takes any slot of its cluster. Nobody starves within a priority: a tenant's next request starts
+//    no sooner than its last one finishes, so only so many of others' requests can go ahead of a waiter.
+//    A lower priority does wait as long as higher ones keep every suitable slot busy (as in vLLM's priority
+//    scheduling); its queue timeout bounds that.
+//  - A tenant has at most queue_share::max_queued waiters; beyond, it is refused (tenant_queue_full) while
+//    other tenants still queue.
 struct queue_limits {
   std::uint32_t max_inflight_per_rank = 0;  // 0: no limit, no queueing
   std::size_t max_waiting = 1024;           // beyond: refused at once (every line together)
@@ -124,6 +146,25 @@ struct waiter {
   request_cost cost;
   std::chrono::steady_clock::time_point since{};
   std::function<void(rank_lease)> deliver;
+  fair_tag tag;  // its place in the fair order, with `id`; see goes_before()
+
+  bool goes_before(const waiter& other) const noexcept {
+    return dplb::balancer::goes_before(tag, id, other.tag, other.id);
+  }
+};
+
+// What acquire_or_wait() did with a request.
+enum class wait_state {
+  served,             // a slot at once
+  queued,             // waits; its lease comes through `deliver`
+  queue_full,         // refused: queue_limits::max_waiting waiters already
+  tenant_queue_full,  // refused: its tenant has queue_share::max_queued waiters already
+  no_usable_rank,     // refused: no rank of its cluster (pinned: its rank) is usable
+};
+struct wait_outcome {
+  rank_lease lease;            // served: the slot
+  wait_state state = wait_state::no_usable_rank;
+  std::uint64_t waiter_id = 0; // queued: for cancel_wait
 };
 
 class balancer {
@@ -184,12 +225,13 @@ class balancer {
 
   // Queueing (only with max_inflight_per_rank > 0).
   bool queueing() const noexcept { return limits_.max_inflight_per_rank > 0; }
-  // Takes a slot at once (returned), or enqueues `deliver` (empty lease, queued = true), or refuses
-  // when the queue is full or no rank is usable (empty lease, queued = false). A request whose place is
-  // on a full rank waits for it even while other ranks have room (see queue_limits). The storage that
-  // `request` views must outlive the wait (see waiter).
-  rank_lease acquire_or_wait(const pick_context& request, request_cost cost, std::function<void(rank_lease)> deliver,
-                             std::uint64_t& waiter_id, bool& queued);
+  // Takes a slot at once (served), or enqueues `deliver` in the place `share` gives it (queued), or
+  // refuses: the queue is full, its tenant has max_queued waiters, or no rank is usable. A request whose
+  // place is on a full rank waits for it even while other ranks have room (see queue_limits); if it cannot
+  // wait, it takes a slot elsewhere rather than a refusal. The storage that `request` views must outlive
+  // the wait (see waiter).
+  wait_outcome acquire_or_wait(const pick_context& request, request_cost cost, const queue_share& share,
+                               std::function<void(rank_lease)> deliver);
   // Removes a waiter that gave up; false when it was already served (its lease is on the way).
   bool cancel_wait(std::uint64_t waiter_id);
   // Serves the queue again without any other event: a waiter whose placement_wait ran out while nothing
@@ -198,6 +240,8 @@ class balancer {
   void reconsider();
   std::chrono::milliseconds placement_wait() const noexcept { return limits_.placement_wait; }
   std::size_t waiting() const noexcept { return waiting_.load(std::memory_order_relaxed); }
+  std::size_t waiting_of(std::uint64_t tenant) const;  // one tenant's waiters, over every line
+  std::size_t queue_bands() const;  // priority bands with waiters (the fair order's state; for tests)
   // For shutdown, once the threads that serve the waiters have stopped: drops every waiter without
   // delivering to it (destroying its `deliver`) and queues none from then on, so that no release after
   // this calls a `deliver`, whose executor may be destroyed by then.
@@ -221,7 +265,8 @@ class balancer {
     rank_lease lease;
   };
   void serve_waiters_locked(std::vector<delivery>& ready);
-  static void insert_by_age(std::deque<waiter>& line, waiter w);
+  static void insert_by_key(std::deque<waiter>& line, waiter w);
+  wait_state refusal_locked(const pick_context& request, const queue_share& share) const;
   void turn_away_stranded_locked(std::size_t rank, std::vector<delivery>& ready);
   static void deliver(std::vector<delivery>& ready) noexcept;
   std::size_t queued_locked() const noexcept;
@@ -247,8 +292,8 @@ class balancer {
     clock::time_point read_at{};
     std::uint32_t inflight_at_read = 0;
     clock::time_point ramp_until{};  // slow start ends; epoch: not ramping
-    std::deque<waiter> pinned;       // waiters for this rank only
-    std::deque<waiter> preferring;   // waiters whose place is this rank (oldest first); guarded as above
+    std::deque<waiter> pinned;       // waiters for this rank only (each line: soonest first, see waiter)
+    std::deque<waiter> preferring;   // waiters whose place is this rank; guarded as above
   };
   policy& policy_for_rank(std::size_t rank) { return *policies_[ranks_[rank].cluster]; }
 
@@ -260,6 +305,7 @@ class balancer {
   queue_limits limits_;
   rank_timing timing_;
   std::vector<std::deque<waiter>> queues_;  // per cluster: waiters for any of its ranks; guarded by pick_mutex_
+  fair_order order_;                        // every waiter's tags and its tenant's count; guarded by pick_mutex_
   std::vector<char> blocked_;       // scratch for serve_waiters_locked(), a flag per line; guarded by pick_mutex_
   std::vector<char> cluster_full_;  // scratch for serve_waiters_locked(); guarded by pick_mutex_
   bool hears_releases_ = false;  // some cluster's policy hears releases (fixed at construction)

@@ -9,12 +9,14 @@
 
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/balancer/policy_factory.hpp"
+#include "fifo_wait.hpp"
 #include "picks_per_rank.hpp"
 
 using dplb::balancer::balancer;
 using dplb::balancer::make_policy;
 using dplb::balancer::rank_lease;
 using dplb::balancer::test::picks_per_rank;
+using dplb::balancer::test::acquire_or_wait_fifo;
 
 namespace {
 
@@ -179,10 +181,10 @@ TEST_CASE("a hand-over that throws gives its slot back and strands no other wait
   std::uint64_t ids[2] = {};
   bool queued = false;
   // The first waiter's hand-over fails after taking the lease (as a post that cannot allocate would).
-  CHECK_FALSE(b.acquire_or_wait({}, {}, [](rank_lease l) { throw std::bad_alloc(); }, ids[0], queued));
+  CHECK_FALSE(acquire_or_wait_fifo(b, {}, {}, [](rank_lease l) { throw std::bad_alloc(); }, ids[0], queued));
   REQUIRE(queued);
   std::vector<rank_lease> delivered;
-  CHECK_FALSE(b.acquire_or_wait({}, {}, [&](rank_lease l) { delivered.push_back(std::move(l)); }, ids[1], queued));
+  CHECK_FALSE(acquire_or_wait_fifo(b, {}, {}, [&](rank_lease l) { delivered.push_back(std::move(l)); }, ids[1], queued));
   REQUIRE(queued);
   held.release();  // the slot goes to the first waiter, whose hand-over throws and releases it: the second gets it
   REQUIRE(delivered.size() == 1);
@@ -205,13 +207,13 @@ TEST_CASE("with a per-rank limit, requests queue FIFO and each freed slot goes t
   std::uint64_t ids[4] = {};
   bool queued = false;
   for (int w = 0; w < 3; ++w) {
-    auto now = b.acquire_or_wait({}, {}, [&, w](rank_lease l) { delivered.emplace_back(w, std::move(l)); }, ids[w], queued);
+    auto now = acquire_or_wait_fifo(b, {}, {}, [&, w](rank_lease l) { delivered.emplace_back(w, std::move(l)); }, ids[w], queued);
     CHECK_FALSE(now);
     CHECK(queued);
   }
   CHECK(b.waiting() == 3);
   // The queue is bounded: a fourth waiter is refused at once.
-  auto refused = b.acquire_or_wait({}, {}, [](rank_lease) {}, ids[3], queued);
+  auto refused = acquire_or_wait_fifo(b, {}, {}, [](rank_lease) {}, ids[3], queued);
   CHECK_FALSE(refused);
   CHECK_FALSE(queued);
 
@@ -235,9 +237,9 @@ TEST_CASE("without a limit nothing ever queues", "[balancer][queue]") {
   balancer b(2, make_policy("round-robin"));
   std::uint64_t id = 0;
   bool queued = true;
-  for (int i = 0; i < 100; ++i) CHECK(b.acquire_or_wait({}, {}, [](rank_lease) {}, id, queued));
+  for (int i = 0; i < 100; ++i) CHECK(acquire_or_wait_fifo(b, {}, {}, [](rank_lease) {}, id, queued));
   b.set_flag(0, dplb::balancer::rank_flag::unhealthy, true);
   b.set_flag(1, dplb::balancer::rank_flag::unhealthy, true);
-  CHECK_FALSE(b.acquire_or_wait({}, {}, [](rank_lease) {}, id, queued));
+  CHECK_FALSE(acquire_or_wait_fifo(b, {}, {}, [](rank_lease) {}, id, queued));
   CHECK_FALSE(queued);  // no usable rank: refused, not queued
 }

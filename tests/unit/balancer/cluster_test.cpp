@@ -9,10 +9,12 @@
 
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/balancer/policy_factory.hpp"
+#include "fifo_wait.hpp"
 #include "picks_per_rank.hpp"
 
 using namespace dplb::balancer;
 using dplb::balancer::test::picks_per_rank;
+using dplb::balancer::test::acquire_or_wait_fifo;
 
 namespace {
 
@@ -75,9 +77,9 @@ TEST_CASE("one cluster's waiters never hold back another's, and each gets only i
   std::uint64_t id = 0;
   bool queued = false;
   // Cluster 0's waiter queues first, then cluster 1's.
-  CHECK_FALSE(b.acquire_or_wait(in_cluster(0), {}, [&](rank_lease l) { got0.push_back(std::move(l)); }, id, queued));
+  CHECK_FALSE(acquire_or_wait_fifo(b, in_cluster(0), {}, [&](rank_lease l) { got0.push_back(std::move(l)); }, id, queued));
   REQUIRE(queued);
-  CHECK_FALSE(b.acquire_or_wait(in_cluster(1), {}, [&](rank_lease l) { got1.push_back(std::move(l)); }, id, queued));
+  CHECK_FALSE(acquire_or_wait_fifo(b, in_cluster(1), {}, [&](rank_lease l) { got1.push_back(std::move(l)); }, id, queued));
   REQUIRE(queued);
   // Cluster 1's slot frees: its waiter gets it although cluster 0's waiter is older.
   busy1.release();
@@ -112,11 +114,11 @@ TEST_CASE("waiters that a removal strands are turned away at once, the others ke
   bool queued = false;
   pick_context pinned_to_1;
   pinned_to_1.pinned_rank = 1;
-  b.acquire_or_wait(pinned_to_1, {}, [&](rank_lease l) { pinned_got.push_back(std::move(l)); }, id, queued);
+  acquire_or_wait_fifo(b, pinned_to_1, {}, [&](rank_lease l) { pinned_got.push_back(std::move(l)); }, id, queued);
   REQUIRE(queued);
-  b.acquire_or_wait(in_cluster(0), {}, [&](rank_lease l) { group0_got.push_back(std::move(l)); }, id, queued);
+  acquire_or_wait_fifo(b, in_cluster(0), {}, [&](rank_lease l) { group0_got.push_back(std::move(l)); }, id, queued);
   REQUIRE(queued);
-  b.acquire_or_wait(in_cluster(1), {}, [&](rank_lease l) { group1_got.push_back(std::move(l)); }, id, queued);
+  acquire_or_wait_fifo(b, in_cluster(1), {}, [&](rank_lease l) { group1_got.push_back(std::move(l)); }, id, queued);
   REQUIRE(queued);
   CHECK(b.waiting() == 3);
 

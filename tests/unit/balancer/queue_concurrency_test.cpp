@@ -17,6 +17,7 @@
 #include "dplb/balancer/policy_factory.hpp"
 #include "dplb/balancer/prefix_aware.hpp"
 #include "dplb/balancer/prefix_index.hpp"
+#include "fifo_wait.hpp"
 
 using dplb::balancer::balancer;
 using dplb::balancer::make_policy;
@@ -27,6 +28,7 @@ using dplb::balancer::prefix_block_bytes;
 using dplb::balancer::prefix_chain_builder;
 using dplb::balancer::queue_limits;
 using dplb::balancer::rank_lease;
+using dplb::balancer::test::acquire_or_wait_fifo;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
@@ -94,7 +96,7 @@ TEST_CASE("a slot freed while another thread enqueues always reaches the waiter"
     std::uint64_t id = 0;
     bool queued = false;
     started.store(round);
-    auto now = b.acquire_or_wait(request, {},
+    auto now = acquire_or_wait_fifo(b, request, {},
         [&](rank_lease lease) {
           delivered = std::move(lease);
           was_delivered.store(true);
@@ -148,7 +150,7 @@ TEST_CASE("a delivery that drops its lease does not deadlock the balancer", "[ba
   std::uint64_t ids[2] = {};
   bool queued = false;
   for (auto& id : ids) {
-    CHECK_FALSE(b->acquire_or_wait({}, {}, [deliveries](rank_lease) { ++*deliveries; }, id, queued));
+    CHECK_FALSE(acquire_or_wait_fifo(*b, {}, {}, [deliveries](rank_lease) { ++*deliveries; }, id, queued));
     REQUIRE(queued);
   }
   std::promise<void> released;
@@ -177,7 +179,7 @@ TEST_CASE("once closed, the queue drops its waiters and no release delivers to t
   std::uint64_t id = 0;
   bool queued = false;
   for (int i = 0; i < 2; ++i) {
-    CHECK_FALSE(b.acquire_or_wait({}, {}, 
+    CHECK_FALSE(acquire_or_wait_fifo(b, {}, {}, 
         [executor = io->get_executor(), owned, &delivered](rank_lease lease) {
           ++delivered;
           boost::asio::post(executor, [lease = std::move(lease)] {});
@@ -194,9 +196,9 @@ TEST_CASE("once closed, the queue drops its waiters and no release delivers to t
   CHECK(delivered == 0);
   CHECK(b.inflight(0) == 0);
   // A free slot is still taken at once, but nothing queues any more.
-  auto busy = b.acquire_or_wait({}, {}, [&](rank_lease) { ++delivered; }, id, queued);
+  auto busy = acquire_or_wait_fifo(b, {}, {}, [&](rank_lease) { ++delivered; }, id, queued);
   CHECK(busy);
-  CHECK_FALSE(b.acquire_or_wait({}, {}, [&](rank_lease) { ++delivered; }, id, queued));
+  CHECK_FALSE(acquire_or_wait_fifo(b, {}, {}, [&](rank_lease) { ++delivered; }, id, queued));
   CHECK_FALSE(queued);
   CHECK(delivered == 0);
 }

@@ -18,10 +18,12 @@
 #include "dplb/balancer/policy_factory.hpp"
 #include "dplb/balancer/prefix_aware.hpp"
 #include "dplb/balancer/prefix_index.hpp"
+#include "fifo_wait.hpp"
 #include "picks_per_rank.hpp"
 
 using namespace dplb::balancer;
 using namespace std::chrono_literals;
+using dplb::balancer::test::acquire_or_wait_fifo;
 
 namespace {
 
@@ -56,7 +58,7 @@ struct waiters {
     const std::size_t index = ids.size();
     std::uint64_t id = 0;
     bool queued = false;
-    auto now = b.acquire_or_wait(request, {}, [this, index](rank_lease l) { delivered.emplace_back(index, std::move(l)); },
+    auto now = acquire_or_wait_fifo(b, request, {}, [this, index](rank_lease l) { delivered.emplace_back(index, std::move(l)); },
                                  id, queued);
     REQUIRE_FALSE(now);
     REQUIRE(queued);
@@ -161,7 +163,7 @@ TEST_CASE("a request arriving at a full place waits for it although another rank
   std::uint64_t id = 0;
   bool queued = false;
   const auto y = group_chain('y');
-  auto unrelated = b.acquire_or_wait(with_chain(y), {}, [](rank_lease) {}, id, queued);
+  auto unrelated = acquire_or_wait_fifo(b, with_chain(y), {}, [](rank_lease) {}, id, queued);
   REQUIRE(unrelated);
   CHECK(unrelated.rank() == 1);
   warm.release();
@@ -210,7 +212,7 @@ TEST_CASE("a place over the load bound does not hold a request back", "[balancer
   REQUIRE(b.inflight(0) == 4);
   std::uint64_t id = 0;
   bool queued = false;
-  auto now = b.acquire_or_wait(with_chain(a), {}, [](rank_lease) {}, id, queued);
+  auto now = acquire_or_wait_fifo(b, with_chain(a), {}, [](rank_lease) {}, id, queued);
   REQUIRE(now);
   CHECK(now.rank() != 0);
   CHECK_FALSE(queued);
@@ -299,7 +301,7 @@ TEST_CASE("a request whose place is full takes a slot elsewhere rather than a re
   w.queue(with_chain(a));  // holds out for rank 0, and fills the queue
   std::uint64_t id = 0;
   bool queued = false;
-  auto now = b.acquire_or_wait(with_chain(a), {}, [](rank_lease) {}, id, queued);
+  auto now = acquire_or_wait_fifo(b, with_chain(a), {}, [](rank_lease) {}, id, queued);
   CHECK_FALSE(queued);
   REQUIRE(now);
   CHECK(now.rank() == 1);

@@ -13,10 +13,12 @@
 
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/balancer/policy_factory.hpp"
+#include "fifo_wait.hpp"
 #include "picks_per_rank.hpp"
 
 using namespace dplb::balancer;
 using dplb::balancer::test::picks_per_rank;
+using dplb::balancer::test::acquire_or_wait_fifo;
 
 TEST_CASE("added ranks join the rotation at once, and a burst after the addition is exact", "[balancer][growth]") {
   for (const char* policy : {"least-inflight", "least-load", "least-tokens"}) {
@@ -93,7 +95,7 @@ TEST_CASE("queued requests take the slots of a rank added while they wait", "[ba
   std::vector<rank_lease> delivered;
   std::uint64_t id = 0;
   bool queued = false;
-  CHECK_FALSE(b.acquire_or_wait({}, {}, [&](rank_lease l) { delivered.push_back(std::move(l)); }, id, queued));
+  CHECK_FALSE(acquire_or_wait_fifo(b, {}, {}, [&](rank_lease l) { delivered.push_back(std::move(l)); }, id, queued));
   REQUIRE(queued);
   const std::uint32_t weight[] = {1};
   b.add_ranks(weight);

@@ -11,6 +11,7 @@
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/balancer/least_load.hpp"
 #include "dplb/balancer/policy_factory.hpp"
+#include "fifo_wait.hpp"
 #include "picks_per_rank.hpp"
 
 using namespace std::chrono_literals;
@@ -22,6 +23,7 @@ using dplb::balancer::make_policy;
 using dplb::balancer::pick_context;
 using dplb::balancer::rank_lease;
 using dplb::balancer::test::picks_per_rank;
+using dplb::balancer::test::acquire_or_wait_fifo;
 
 namespace {
 
@@ -184,7 +186,7 @@ TEST_CASE("a pinned request goes to its rank only, and waits in that rank's own 
   std::vector<rank_lease> delivered;
   std::uint64_t id = 0;
   bool queued = false;
-  CHECK_FALSE(b.acquire_or_wait(pinned, {}, [&](rank_lease l) { delivered.push_back(std::move(l)); }, id, queued));
+  CHECK_FALSE(acquire_or_wait_fifo(b, pinned, {}, [&](rank_lease l) { delivered.push_back(std::move(l)); }, id, queued));
   CHECK(queued);
   CHECK(b.waiting() == 1);
   // Unpinned requests still flow to the ranks with room: the pinned waiter holds nobody else up.
@@ -199,7 +201,7 @@ TEST_CASE("a pinned request goes to its rank only, and waits in that rank's own 
   b.set_flag(1, rank_flag::ejected, true);
   pinned.pinned_rank = 1;
   CHECK_FALSE(b.acquire(pinned));
-  CHECK_FALSE(b.acquire_or_wait(pinned, {}, [](rank_lease) {}, id, queued));
+  CHECK_FALSE(acquire_or_wait_fifo(b, pinned, {}, [](rank_lease) {}, id, queued));
   CHECK_FALSE(queued);
 }
 
@@ -212,9 +214,9 @@ TEST_CASE("the oldest waiter gets a freed slot, pinned or not", "[balancer][pinn
   bool queued = false;
   pick_context pinned;
   pinned.pinned_rank = 0;
-  b.acquire_or_wait({}, {}, [&](rank_lease l) { order.push_back(1), delivered.push_back(std::move(l)); }, id, queued);
-  b.acquire_or_wait(pinned, {}, [&](rank_lease l) { order.push_back(2), delivered.push_back(std::move(l)); }, id, queued);
-  b.acquire_or_wait({}, {}, [&](rank_lease l) { order.push_back(3), delivered.push_back(std::move(l)); }, id, queued);
+  acquire_or_wait_fifo(b, {}, {}, [&](rank_lease l) { order.push_back(1), delivered.push_back(std::move(l)); }, id, queued);
+  acquire_or_wait_fifo(b, pinned, {}, [&](rank_lease l) { order.push_back(2), delivered.push_back(std::move(l)); }, id, queued);
+  acquire_or_wait_fifo(b, {}, {}, [&](rank_lease l) { order.push_back(3), delivered.push_back(std::move(l)); }, id, queued);
   // Releasing a delivered lease serves the next waiter, whose delivery lands in `delivered` again.
   const auto release_delivered = [&] {
     auto taken = std::move(delivered);
