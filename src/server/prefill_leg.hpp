@@ -51,9 +51,10 @@ class prefill_leg {
   // A prefill rank, at once or after a wait in the prefill ranks' queue (--max-inflight-per-rank). Called
   // before the session arms its client watch: the queue's wait watches the client itself. `access`: the
   // request's access log entry, which this leg's accounting fills until the decode leg takes it over.
-  io::task<slot_refusal> acquire(io::tcp_stream& client, metrics::access_entry* access) {
+  // `ticket`: the request's place in the queue (its priority and tenant's share, its longest wait).
+  io::task<slot_refusal> acquire(io::tcp_stream& client, metrics::access_entry* access, const queue_ticket& ticket) {
     auto slot = slot_without_queue(shared_, request_, cost_);
-    if (!slot) slot = co_await wait_for_slot(client, shared_, request_, cost_);
+    if (!slot) slot = co_await wait_for_slot(client, shared_, request_, cost_, ticket);
     if (!slot->lease) co_return slot->refusal;
     accounting_.emplace(shared_, std::move(slot->lease), access);
     co_return slot_refusal::none;

@@ -303,7 +303,10 @@ class session {
       // (Not a conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among
       // them.)
       auto slot = slot_without_queue(shared_, request, cost);
-      if (!slot) slot = co_await wait_for_slot(client_, shared_, request, cost);
+      if (!slot) {
+        ticket_ = ticket_for_queue();
+        slot = co_await wait_for_slot(client_, shared_, request, cost, ticket_);
+      }
       lease = std::move(slot->lease);
       if (slot->refusal == slot_refusal::client_gone) {
         // Counted as nginx counts a client that closes first (499), among the rejected: it never had a
@@ -355,7 +358,10 @@ class session {
       }
       if (!watch_) watch_ = std::make_shared<client_watch>();
       prefill_leg leg(worker_, *watch_, response_head_, upstream_deadline_, request, cost);
-      if (const auto refusal = co_await leg.acquire(client_, access_.open_entry()); refusal != slot_refusal::none) {
+      // The prefill queue orders it as the decode queue did; the tenant counts it as queued only once, there.
+      ticket_ = ticket_for_queue();
+      ticket_.tenant = nullptr;
+      if (const auto refusal = co_await leg.acquire(client_, access_.open_entry(), ticket_); refusal != slot_refusal::none) {
         decode.release();
         shared_.metrics.rejected(refusal == slot_refusal::client_gone ? 499 : refusal_status(refusal));
         if (refusal == slot_refusal::client_gone) {
@@ -570,6 +576,23 @@ class session {
     if (access_.is_open()) access_.entry().tenant = tenant_.tenant().name();
   }
 
+  // The request's place in dplb's queue: its priority, its tenant and that tenant's share (a request, or its
+  // tokens with "fair_by": "tokens"), its longest wait.
+  queue_ticket ticket_for_queue() {
+    queue_ticket ticket;
+    ticket.share.priority = priority_;
+    if (!tenant_) return ticket;
+    auto& tenant = tenant_.tenant();
+    const auto terms = tenant.terms();
+    ticket.share.tenant = tenant.id();
+    ticket.share.weight = terms.weight;
+    ticket.share.max_queued = terms.max_queued;
+    if (settings_.fair_by == config::fair_basis::tokens) ticket.share.cost = std::max<std::uint64_t>(1, tenant_tokens_);
+    ticket.max_wait = terms.max_queue_wait.count() > 0 ? terms.max_queue_wait : settings_.max_queue_wait;
+    ticket.tenant = &tenant_;
+    return ticket;
+  }
+
   // The tenant's request rate and token budget (which reserves the request's tokens); false, with the
   // refusal in refusal_, when either says no. Other tenants are not affected.
   bool admit_by_tenant() {
@@ -633,6 +656,7 @@ class session {
   bool known_key_ = false;         // the request presented a configured API key
   std::int64_t priority_ = 0;      // its body's "priority" (0 when it has none)
   std::uint64_t tenant_tokens_ = 0;  // its prompt and most generated tokens, when its tenant reckons tokens
+  queue_ticket ticket_;              // its place in dplb's queue, while it waits there (a member: see send_continue)
   own_replies replies_;    // what dplb answers itself
   // Why the request in progress gets no rank, when it gets none (describe_request, proxy): a member, not a
   // local, to keep it out of proxy()'s coroutine frame.

@@ -16,10 +16,21 @@
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/server/proxy_context.hpp"
 #include "dplb/support/io_types.hpp"
+#include "tenant_pass.hpp"
 
 namespace dplb::server {
 
-enum class slot_refusal { none, no_usable_rank, queue_full, tenant_queue_full, queue_timeout, client_gone };
+enum class slot_refusal { none, no_usable_rank, queue_full, tenant_queue_full, queue_timeout, queue_deadline, client_gone };
+
+// What a request brings to dplb's queue besides its pick: its place in the order (its priority, its tenant
+// and that tenant's share), the longest it may wait there (its tenant's max_queue_wait_ms, else
+// --max-queue-wait-ms; 0: --queue-timeout-ms alone), and its tenant's standing, which counts it as queued
+// while it waits (null: none).
+struct queue_ticket {
+  balancer::queue_share share;
+  std::chrono::milliseconds max_wait{0};
+  tenant_pass* tenant = nullptr;
+};
 
 struct slot_result {
   balancer::rank_lease lease;
@@ -30,7 +41,8 @@ struct slot_result {
 // while the session is suspended here, and the balancer reads them only until it delivers a lease or
 // cancel_wait() returns. Nothing else may be pending on the client's socket.
 inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state& shared,
-                                           const balancer::pick_context& request, balancer::request_cost cost) {
+                                           const balancer::pick_context& request, balancer::request_cost cost,
+                                           const queue_ticket& ticket) {
   namespace asio = boost::asio;
   using clock_type = std::chrono::steady_clock;
   struct wait_state {
@@ -43,7 +55,10 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
     bool turned_away = false;  // the balancer can never serve it (removed ranks)
     char probe = 0;            // where the watch's MSG_PEEK copies a byte (nothing is consumed)
   };
-  const auto queue_timeout = shared.settings.queue_timeout;
+  // The wait ends at --queue-timeout-ms (503), or sooner at the request's own limit (429: before any engine
+  // has cost anything, the client is told to come back).
+  const bool by_wait_limit = ticket.max_wait.count() > 0 && ticket.max_wait < shared.settings.queue_timeout;
+  const auto queue_timeout = by_wait_limit ? ticket.max_wait : shared.settings.queue_timeout;
   auto executor = client.get_executor();
   auto state = std::make_shared<wait_state>(executor);
   // Runs on whichever thread freed the slot: it only hands the lease to this session's thread.
@@ -55,8 +70,7 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
       state->timer.cancel();
     });
   };
-  // Every request is of the default tenant, at the default priority, for now: the queue stays FIFO.
-  auto outcome = shared.balancer.acquire_or_wait(request, cost, balancer::queue_share{}, deliver);
+  auto outcome = shared.balancer.acquire_or_wait(request, cost, ticket.share, deliver);
   switch (outcome.state) {
     case balancer::wait_state::served: co_return slot_result{std::move(outcome.lease)};
     case balancer::wait_state::queued: break;
@@ -68,6 +82,7 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
   }
   const std::uint64_t waiter_id = outcome.waiter_id;
   const auto waiting_since = clock_type::now();
+  if (ticket.tenant) ticket.tenant->set_queued(true);
   // A waiter holding out for its own full rank stops holding out after the balancer's placement_wait;
   // no other event may come by then (no release, no arrival), so it wakes itself once to be served anew.
   const auto placement = shared.balancer.placement_wait();
@@ -93,13 +108,15 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
   state->waking = true;
   boost::system::error_code ignored;
   client.socket().cancel(ignored);  // ends the watch; nothing else is pending on the client socket
-  shared.metrics.queued(clock_type::now() - waiting_since);
+  shared.metrics.queued(clock_type::now() - waiting_since, ticket.share.priority);
+  if (ticket.tenant) ticket.tenant->set_queued(false);
   if (state->lease && !state->client_gone) co_return slot_result{std::move(state->lease)};
   state->gave_up = true;
   shared.balancer.cancel_wait(waiter_id);  // if it was served meanwhile, the posted lease is released
   state->lease.release();                  // served, but the client has left: the slot goes on
   co_return slot_result{{}, state->client_gone   ? slot_refusal::client_gone
                             : state->turned_away ? slot_refusal::no_usable_rank
+                            : by_wait_limit      ? slot_refusal::queue_deadline
                                                  : slot_refusal::queue_timeout};
 }
 
@@ -113,10 +130,13 @@ inline std::optional<slot_result> slot_without_queue(shared_state& shared, const
 }
 
 // What the client is told when a request got no slot (not for client_gone: nobody is left to tell).
-// 429 when dplb's queue, or the tenant's part of it, is full (retry later is the cure); 503 otherwise, with
-// what to check.
+// 429 when dplb's queue, or the tenant's part of it, is full, or the request waited as long as it may (retry
+// later is the cure); 503 otherwise, with what to check.
 inline unsigned refusal_status(slot_refusal refusal) {
-  return refusal == slot_refusal::queue_full || refusal == slot_refusal::tenant_queue_full ? 429 : 503;
+  return refusal == slot_refusal::queue_full || refusal == slot_refusal::tenant_queue_full ||
+                 refusal == slot_refusal::queue_deadline
+             ? 429
+             : 503;
 }
 
 inline std::string refusal_message(slot_refusal refusal, const balancer::pick_context& request, bool by_model) {
@@ -125,6 +145,9 @@ inline std::string refusal_message(slot_refusal refusal, const balancer::pick_co
       return "every rank is at --max-inflight-per-rank and dplb's queue is full; retry later";
     case slot_refusal::tenant_queue_full: return "this tenant has its most requests queued (max_queued); retry later";
     case slot_refusal::queue_timeout: return "no rank slot freed within --queue-timeout-ms; retry later";
+    case slot_refusal::queue_deadline:
+      return "no rank slot freed within the longest this request may wait in dplb's queue (its tenant's "
+             "max_queue_wait_ms, else --max-queue-wait-ms); no engine saw it; retry later";
     default: break;
   }
   if (request.pinned_rank) {
