@@ -15,9 +15,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <tuple>
-#include <unordered_map>
+#include <vector>
 
 namespace dplb::balancer {
 
@@ -38,7 +37,7 @@ inline bool goes_before(const fair_tag& a, std::uint64_t a_id, const fair_tag& b
 
 class fair_order {
  public:
-  // Tags a new waiter. `weight` and `cost` at least 1 (the caller's defaults make them so).
+  // Tags a new waiter. A weight or a cost of 0 is taken as 1.
   fair_tag enqueue(std::int64_t priority, std::uint64_t tenant, std::uint32_t weight, std::uint64_t cost);
   // The waiter got its slot: the band's virtual time reaches its start.
   void served(const fair_tag& tag);
@@ -53,15 +52,29 @@ class fair_order {
   std::size_t bands() const noexcept { return bands_.size(); }
 
  private:
+  // Vectors searched in order, not maps: a handful of priorities and tenants is the expected case, where a
+  // scan is as fast as a hash and, once warm, allocates nothing under the balancer's lock (a waiter queued
+  // and served each round would otherwise allocate and free a band, its tags and its tenant's count).
+  struct tenant_tag {
+    std::uint64_t tenant = 0;
+    double last_finish = 0;
+  };
   struct band {
+    std::int64_t priority = 0;
     double virtual_time = 0;
-    std::unordered_map<std::uint64_t, double> last_finish;  // per tenant
+    std::vector<tenant_tag> tags;  // a tenant's last finish tag, for each tenant tagged in the band
     std::size_t waiters = 0;
   };
+  struct tenant_count {
+    std::uint64_t tenant = 0;
+    std::size_t waiters = 0;
+  };
+  band* find_band(std::int64_t priority) noexcept;
   void leave(const fair_tag& tag, band& b);
 
-  std::map<std::int64_t, band> bands_;
-  std::unordered_map<std::uint64_t, std::size_t> waiters_of_;  // per tenant, over every band; no zero kept
+  std::vector<band> bands_;                // those with waiters, in no order
+  std::vector<tenant_tag> spare_tags_;     // a forgotten band's storage, empty, kept for the next band
+  std::vector<tenant_count> waiters_of_;  // tenants with waiters, over every band
 };
 
 }  // namespace dplb::balancer
