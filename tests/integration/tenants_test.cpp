@@ -42,7 +42,7 @@ struct ask {
 };
 
 std::string wire(const ask& a) {
-  json body{{"model", "m"}, {"prompt", a.label}, {"max_tokens", 1}};
+  json body{{"model", "mock-model"}, {"prompt", a.label}, {"max_tokens", 1}};
   if (a.priority) body["priority"] = *a.priority;
   const auto text = body.dump();
   std::string out = "POST /v1/completions HTTP/1.1\r\nHost: dplb\r\nContent-Type: application/json\r\n";
@@ -57,7 +57,7 @@ http_response send(std::uint16_t port, const ask& a) {
   r.set(bhttp::field::content_type, "application/json");
   if (!a.authorization.empty()) r.set(bhttp::field::authorization, a.authorization);
   if (!a.tenant_header.empty()) r.set("X-Team", a.tenant_header);
-  json body{{"model", "m"}, {"prompt", a.label}, {"max_tokens", 1}};
+  json body{{"model", "mock-model"}, {"prompt", a.label}, {"max_tokens", 1}};
   if (a.priority) body["priority"] = *a.priority;
   r.body() = body.dump();
   r.prepare_payload();
@@ -158,7 +158,7 @@ TEST_CASE("tenants: a freed slot goes to the lowest priority value first, FIFO a
   for (const auto& [label, status] : run.status) CHECK(status == 200);
   // The body reaches the engine as the client sent it, priority included.
   for (const auto& r : engine.requests()) {
-    if (r.body.find("\"p5-a\"") != std::string::npos) CHECK(r.body == R"({"max_tokens":1,"model":"m","priority":5,"prompt":"p5-a"})");
+    if (r.body.find("\"p5-a\"") != std::string::npos) CHECK(r.body == R"({"max_tokens":1,"model":"mock-model","priority":5,"prompt":"p5-a"})");
   }
   const auto m = scrape_metrics(proxy.port());
   CHECK(metric_sum(m, "dplb_queue_wait_by_priority_seconds_count{", {"band=\"high\""}) == 2);
