@@ -410,7 +410,7 @@ constexpr std::array option_table{
     count_option<&settings::max_ejected_percent>("max-ejected-percent", "DPLB_MAX_EJECTED_PERCENT", "max_ejected_percent", "PERCENT", 0, 100, "%",
                                   "Most ranks ejected at once, as a share of all ranks (passive ejection never takes more out, however many fail together)."),
     count_option<&settings::max_inflight_per_rank>("max-inflight-per-rank", "DPLB_MAX_INFLIGHT_PER_RANK", "max_inflight_per_rank", "N", 0, 1000000, "requests",
-                                  "Requests in flight a rank may hold; when no usable rank with room suits a request, it waits in dplb (FIFO, but a request whose prefix or session rank is full waits for that rank, within --load-bound, for up to half of --queue-timeout-ms). 0 = no limit and no queueing."),
+                                  "Requests in flight a rank may hold; when no usable rank with room suits a request, it waits in dplb (by body priority, then tenant weight, then arrival; a request whose prefix or session rank is full waits for that rank, within --load-bound, for up to half of --queue-timeout-ms). 0 = no limit and no queueing."),
     count_option<&settings::max_queued_requests>("max-queued-requests", "DPLB_MAX_QUEUED_REQUESTS", "max_queued_requests", "N", 0, 10000000, "requests",
                                   "Most requests waiting in dplb's queue (with --max-inflight-per-rank); beyond it new requests get 429."),
     ms_option<&settings::queue_timeout>("queue-timeout-ms", "DPLB_QUEUE_TIMEOUT_MS", "queue_timeout_ms", 1, max_timeout_ms,

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
+#include <signal.h>
 #include <string>
 #include <vector>
 
@@ -39,10 +40,11 @@ struct ask {
   std::optional<int> priority = std::nullopt;
   std::string authorization = {};
   std::string tenant_header = {};  // X-Team's value
+  int max_tokens = 1;
 };
 
 std::string wire(const ask& a) {
-  json body{{"model", "mock-model"}, {"prompt", a.label}, {"max_tokens", 1}};
+  json body{{"model", "mock-model"}, {"prompt", a.label}, {"max_tokens", a.max_tokens}};
   if (a.priority) body["priority"] = *a.priority;
   const auto text = body.dump();
   std::string out = "POST /v1/completions HTTP/1.1\r\nHost: dplb\r\nContent-Type: application/json\r\n";
@@ -57,7 +59,7 @@ http_response send(std::uint16_t port, const ask& a) {
   r.set(bhttp::field::content_type, "application/json");
   if (!a.authorization.empty()) r.set(bhttp::field::authorization, a.authorization);
   if (!a.tenant_header.empty()) r.set("X-Team", a.tenant_header);
-  json body{{"model", "mock-model"}, {"prompt", a.label}, {"max_tokens", 1}};
+  json body{{"model", "mock-model"}, {"prompt", a.label}, {"max_tokens", a.max_tokens}};
   if (a.priority) body["priority"] = *a.priority;
   r.body() = body.dump();
   r.prepare_payload();
@@ -296,7 +298,7 @@ TEST_CASE("tenants: over max_queued a tenant gets 429 with Retry-After at once, 
   CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"chat\"", "code=\"200\""}) == 1);
 }
 
-TEST_CASE("tenants: a request that would wait past --max-queue-wait-ms gets 429 with Retry-After; a tenant's own "
+TEST_CASE("tenants: a request that would wait past --max-queue-wait-ms gets 429 with Retry-After, and a tenant's own "
           "max_queue_wait_ms overrides it",
           "[tenants][queue]") {
   temp_file config(json{{"tenants", json::array({{{"name", "patient"}, {"max_queue_wait_ms", 60000}}})}}.dump());
@@ -393,4 +395,67 @@ TEST_CASE("tenants: the admin API shows each tenant, and a reload changes them w
   REQUIRE(served.size() == 1);
   CHECK(served[0].status == 200);
   CHECK(metric_sum(scrape_metrics(proxy.port()), "dplb_tenant_queued{") == 0);
+}
+
+TEST_CASE("tenants: a token budget reserves prompt and max_tokens, is corrected by the usage, and refuses with "
+          "Retry-After",
+          "[tenants][limits]") {
+  temp_file config(json{{"tenants", json::array({{{"name", "batch"}, {"tokens_per_minute", 600}}})}}.dump());
+  // The usage says 4 tokens, or 550 for the prompt "long".
+  raw_engine engine([](const raw_request& r) {
+    if (json::parse(r.body).value("prompt", "") != "long") return std::vector{write_bytes(ok_answer())};
+    const std::string body = R"({"id":"cmpl-2","object":"text_completion","choices":[{"index":0,"text":"x"}],)"
+                             R"("usage":{"prompt_tokens":50,"completion_tokens":500,"total_tokens":550}})";
+    return std::vector{write_bytes("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
+                                   std::to_string(body.size()) + "\r\n\r\n" + body)};
+  });
+  dplb_proxy proxy({engine.url()}, {"--config", config.path(), "--health-check-interval-ms", "0", "--tenant-header", "X-Team"});
+  // 501 reserved of 600; the usage (4) gives 497 back, so the same request fits again, and again.
+  for (int i = 0; i < 3; ++i) CHECK(send(proxy.port(), {"x", std::nullopt, "", "batch", 500}).status == 200);
+  // Larger than the whole minute's budget: refused for good, saying so.
+  const auto too_large = send(proxy.port(), {"x", std::nullopt, "", "batch", 700});
+  CHECK(too_large.status == 429);
+  CHECK_THAT(too_large.body, Catch::Contains("tokens_per_minute"));
+  // 550 used against 2 reserved: the budget is charged, and the next large request waits for the refill.
+  CHECK(send(proxy.port(), {"long", std::nullopt, "", "batch", 1}).status == 200);
+  const auto over = send(proxy.port(), {"x", std::nullopt, "", "batch", 500});
+  CHECK(over.status == 429);
+  const auto retry_after = std::stoi(std::string(over.headers["retry-after"]));
+  CHECK(retry_after >= 40);  // ~450 tokens missing at 10 a second
+  CHECK(retry_after <= 60);
+  CHECK(engine.request_count() == 4);
+  // Other tenants have no budget: the default one is not refused.
+  CHECK(send(proxy.port(), {"x", std::nullopt, "", "", 700}).status == 200);
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_tenant_tokens_total{", {"tenant=\"batch\"", "kind=\"completion\""}) == 503);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"batch\"", "code=\"429\""}) == 2);
+}
+
+TEST_CASE("tenants: fair by tokens, a tenant of long requests gets fewer of the freed slots", "[tenants][queue]") {
+  temp_file config(json{{"fair_by", "tokens"}, {"tenants", json::array({{{"name", "long"}}, {{"name", "short"}}})}}.dump());
+  auto engine = one_slot_engine();
+  dplb_proxy proxy({engine.url()}, base_args(config));
+  std::vector<ask> asks;
+  // Each long request costs 31 (one prompt token and 30), each short one 11: equal weights share tokens.
+  for (int i = 0; i < 6; ++i) asks.push_back({"long-" + std::to_string(i), std::nullopt, "", "long", 30});
+  for (int i = 0; i < 6; ++i) asks.push_back({"short-" + std::to_string(i), std::nullopt, "", "short", 10});
+  const auto run = run_through_queue(engine, proxy.port(), asks);
+  REQUIRE(run.served.size() == 12);
+  CHECK(std::vector<std::string>(run.served.begin(), run.served.begin() + 8) ==
+        std::vector<std::string>{"long-0", "short-0", "short-1", "short-2", "long-1", "short-3", "short-4", "short-5"});
+}
+
+TEST_CASE("tenants: SIGHUP reloads the tenants", "[tenants][reload]") {
+  temp_file config(json{{"tenants", json::array({{{"name", "batch"}}})}}.dump());
+  raw_engine engine([](const raw_request&) { return std::vector{write_bytes(ok_answer())}; });
+  dplb_proxy proxy({engine.url()}, {"--config", config.path(), "--health-check-interval-ms", "0", "--tenant-header", "X-Team"});
+  CHECK(send(proxy.port(), {"a", std::nullopt, "", "research"}).status == 200);  // not configured: default
+  config.write(json{{"tenants", json::array({{{"name", "batch"}}, {{"name", "research"}, {"requests_per_second", 0.1}}})}}.dump());
+  REQUIRE(::kill(proxy.process().pid(), SIGHUP) == 0);
+  REQUIRE(proxy.process().wait_for_line(std::regex("SIGHUP: tenants reloaded \\(2 configured\\)"), scaled(5s)));
+  CHECK(send(proxy.port(), {"b", std::nullopt, "", "research"}).status == 200);
+  CHECK(send(proxy.port(), {"c", std::nullopt, "", "research"}).status == 429);  // its limit applies now
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"default\""}) == 1);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"research\""}) == 2);
 }

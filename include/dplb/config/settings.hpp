@@ -184,7 +184,7 @@ struct settings {
 
   // --- queueing in dplb (off by default) ---
   // A rank with this many requests in flight takes no more; when every usable rank is full, requests
-  // wait in dplb (FIFO) for the first slot that frees. 0 = no limit (requests go straight to the engines,
+  // wait in dplb for the first slot that frees (lowest priority value, then tenants by weight, then arrival). 0 = no limit (requests go straight to the engines,
   // which queue them themselves).
   std::uint32_t max_inflight_per_rank = 0;
   std::size_t max_queued_requests = 1024;            // beyond: 429 at once
