@@ -257,6 +257,15 @@ struct application::impl {
   // kept them from being applied, or "". Queued requests keep their places: they hold their tenant's state,
   // which a reload keeps by name.
   std::string apply_tenants(const config::settings& fresh, std::string_view by) {
+    // require_api_key changes only with a restart: a list left without keys would refuse every request.
+    const bool any_key = std::ranges::any_of(fresh.tenants, [](const tenants::tenant_spec& t) {
+      return !t.api_keys.empty() || !t.api_key_sha256.empty();
+    });
+    if (settings.require_api_key && !any_key) {
+      const std::string why = "require_api_key is on (it changes only with a restart) and no tenant has a key left";
+      spdlog::error("{}: tenants not reloaded: {}; keep a key, or restart without require_api_key", by, why);
+      return why;
+    }
     try {
       tenants->reload(fresh.tenants);
     } catch (const std::exception& e) {

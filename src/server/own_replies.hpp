@@ -41,7 +41,7 @@ class own_replies {
 
   // An OpenAI-style error (as vLLM writes them); `retry_after` (seconds, when above 0) adds a Retry-After,
   // `param` names the field at fault. Counting is the caller's (a rank's failure is counted by its
-  // accounting), but for the request's tenant, whose answer this is (tenant_pass counts a request once).
+  // accounting), but for the request's tenant, which send() counts (tenant_pass counts a request once).
   io::task<bool> send_error(unsigned status, std::string_view message, bool keep_alive, std::int64_t retry_after = 0,
                             std::string_view param = {}) {
     string_response response{static_cast<boost::beast::http::status>(status), 11};
@@ -49,7 +49,6 @@ class own_replies {
     if (retry_after > 0) response.set(boost::beast::http::field::retry_after, std::to_string(retry_after));
     // A 401 names the scheme that would be accepted (RFC 9110 11.6.1).
     if (status == 401) response.set(boost::beast::http::field::www_authenticate, "Bearer");
-    tenant_.answered(status);
     response.body() = http::error_body(status, message, param);
     co_return co_await send(response, keep_alive, false);
   }
@@ -87,6 +86,7 @@ class own_replies {
       // A request started but not finished in time (slowloris). The stream's deadline has closed the
       // socket already, so, as nginx does, the 408 is only counted, never sent.
       shared_.metrics.rejected(408);
+      tenant_.answered(408);
       if (shared_.access_log) access_.answered_by_dplb(408, 0);
       co_return false;
     }
@@ -142,6 +142,7 @@ class own_replies {
     response.prepare_payload();
     if (head_request) response.body().clear();  // Content-Length still tells the size of a GET
     if (shared_.access_log) access_.answered_by_dplb(response.result_int(), response.body().size());
+    tenant_.answered(response.result_int());  // the request's tenant's, if it has one (tenant_pass counts it once)
     deadline_.expires_after(shared_.settings.client_write_timeout);
     auto [ec, n] = co_await boost::beast::http::async_write(client_.socket(), response, io::as_result);
     deadline_.expires_never();

@@ -45,7 +45,10 @@ class request_accounting {
 
   // The request's answer to the client is this accounting's (its main leg's, or a prefill leg's that is
   // relayed): its tenant counts it with its status and tokens.
-  void speak_for(tenant_pass& tenant) noexcept { tenant_ = &tenant; }
+  void speak_for(tenant_pass& tenant) noexcept {
+    tenant_ = &tenant;
+    if (state_ != state::waiting) tenant.reached_engine();  // a prefill answer relayed: its engine did the work
+  }
 
   std::size_t rank() const noexcept { return rank_; }
   state current() const noexcept { return state_; }

@@ -167,6 +167,16 @@ class session {
       }
       // Whose request it is, read while the head's views are valid (the key is digested, never kept).
       if (decision.route == request_route::proxy) identify_tenant(head);
+      if (decision.route == request_route::proxy && settings_.require_api_key && !known_key_) {
+        // Before the body is read (and before any 100 Continue): no engine, and not even dplb's buffers, for a
+        // request without a key. Counted under default, whatever tenant its header named: a caller without a
+        // key cannot write into another tenant's series. The body is unread: the connection closes.
+        tenant_.begin(shared_.tenants.identify({}, {}).tenant);
+        if (access_.is_open()) access_.entry().tenant = tenant_.tenant().name();
+        refused = {401, "this endpoint requires an API key: send Authorization: Bearer <key> with a key configured "
+                        "for your tenant"};
+        break;
+      }
       if (decision.route == request_route::proxy &&
           !prepare_upstream_request(head, decision.target(), client_address_, upstream_head_)) {
         refused = {431, "X-Forwarded-For or Via is too long to append to"};
@@ -205,12 +215,6 @@ class session {
             method, decision.route == request_route::metrics ? "/metrics" : "/health", keep_alive);
         access_.drop();
         co_return again;
-      }
-      if (settings_.require_api_key && !known_key_) {
-        // Before anything is routed: no engine sees a request without a key (dplb's own paths need none).
-        refused = {401, "this endpoint requires an API key: send Authorization: Bearer <key> with a key configured "
-                        "for your tenant", keep_alive};
-        break;
       }
       if (decision.pinned_rank_conflict) {
         refused = {400, "request has X-data-parallel-rank headers that disagree; send one", keep_alive};
@@ -322,6 +326,7 @@ class session {
       }
     }
     if (!lease) {
+      tenant_.give_back_reservation();  // no engine saw it: before the answer, so a retry finds its tokens there
       shared_.metrics.rejected(refusal_.status);
       co_return co_await replies_.send_error(refusal_.status, refusal_.message, client_keep_alive,
                                              refusal_.retry_after, refusal_.param);
@@ -358,13 +363,13 @@ class session {
       }
       if (!watch_) watch_ = std::make_shared<client_watch>();
       prefill_leg leg(worker_, *watch_, response_head_, upstream_deadline_, request, cost);
-      // The prefill queue orders it as the decode queue did; the tenant counts it as queued only once, there.
+      // The prefill queue orders it as the decode queue did, and counts it as its tenant's (max_queued).
       ticket_ = ticket_for_queue();
-      ticket_.tenant = nullptr;
       if (const auto refusal = co_await leg.acquire(client_, access_.open_entry(), ticket_); refusal != slot_refusal::none) {
         decode.release();
         shared_.metrics.rejected(refusal == slot_refusal::client_gone ? 499 : refusal_status(refusal));
         if (refusal == slot_refusal::client_gone) {
+          tenant_.answered(499);
           if (access_.is_open()) access_.answered_by_dplb(499, 0);
           co_return false;
         }
@@ -409,6 +414,7 @@ class session {
     // A client that left during the prefill leg's last moments (before its watch began, or with its close
     // not yet seen): no decode leg starts for it.
     if (watch_->client_gone || client_closed_now(client_.socket())) {
+      tenant_.answered(499);
       if (access_.is_open()) access_.answered_by_dplb(499, 0);
       co_return false;
     }
@@ -628,6 +634,7 @@ class session {
   io::task<bool> fail_before_response(request_accounting& accounting, const boost::system::error_code& ec,
                                       std::string_view kind, bool client_keep_alive) {
     const bool not_delivered = kind == "connect";
+    if (!not_delivered) tenant_.reached_engine();  // the engine took the request: its tokens count as reserved
     const unsigned status = not_delivered ? 503 : ec == beast::error::timeout ? 504 : 502;
     accounting.finish(status);
     const auto rank = accounting.rank();

@@ -47,8 +47,13 @@ class tenant_pass {
     in_flight_ = true;
     tenant_->add_in_flight(1);
   }
-  // The engine answered (with any status): what it used counts against the budget even without a usage report.
+  // An engine took the request: what it used counts against the budget even without a usage report.
   void reached_engine() noexcept { reached_engine_ = true; }
+  // No engine will see the request: its reservation comes back now, before the client reads its answer.
+  void give_back_reservation() {
+    if (!tenant_ || reserved_ == 0 || std::exchange(settled_, true)) return;
+    tenant_->settle(clock_type::now(), reserved_, 0);
+  }
 
   // The client's answer: counted once (the first status given), and the request no longer holds a slot.
   void answered(unsigned status) noexcept {

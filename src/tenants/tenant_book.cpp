@@ -52,6 +52,10 @@ tenant_state::queue_terms tenant_state::terms() const {
 }
 
 verdict tenant_state::admit(clock::time_point now, std::uint64_t tokens) {
+  if (!limited_.load(std::memory_order_relaxed)) {
+    note_admitted(now);
+    return {};
+  }
   std::lock_guard lock(mutex_);
   // Both limits are checked before either is taken from, so that a refusal takes nothing.
   if (request_rate_) {
@@ -66,7 +70,7 @@ verdict tenant_state::admit(clock::time_point now, std::uint64_t tokens) {
   }
   if (request_rate_) request_rate_->try_take(now, 1);
   if (token_budget_ && tokens > 0) token_budget_->try_take(now, tokens);
-  note_admitted_locked(now);
+  note_admitted(now);
   return {};
 }
 
@@ -89,24 +93,28 @@ void tenant_state::count_tokens(std::uint64_t prompt, std::uint64_t completion) 
   completion_tokens_.fetch_add(completion, std::memory_order_relaxed);
 }
 
-void tenant_state::note_admitted_locked(clock::time_point now) {
-  const auto second = seconds_since_epoch(now);
-  if (second > admitted_second_) {
-    // Seconds that passed without a request were empty; a gap of a whole window clears it all.
-    const auto passed = std::min<std::int64_t>(second - admitted_second_, rate_window_seconds);
-    for (std::int64_t s = 1; s <= passed; ++s) admitted_[static_cast<std::size_t>((admitted_second_ + s) % rate_window_seconds)] = 0;
-    admitted_second_ = second;
+void tenant_state::note_admitted(clock::time_point now) noexcept {
+  const auto second = static_cast<std::uint64_t>(seconds_since_epoch(now));
+  constexpr std::uint64_t count_mask = (std::uint64_t{1} << count_bits) - 1;
+  auto& slot = admitted_[second % rate_window_seconds];
+  auto seen = slot.load(std::memory_order_relaxed);
+  for (;;) {
+    // The slot still counts an older second: this second starts it anew.
+    const auto next = (seen >> count_bits) != second ? (second << count_bits | 1)
+                      : (seen & count_mask) == count_mask ? seen
+                                                          : seen + 1;
+    if (slot.compare_exchange_weak(seen, next, std::memory_order_relaxed)) return;
   }
-  ++admitted_[static_cast<std::size_t>(admitted_second_ % rate_window_seconds)];
 }
 
-double tenant_state::rate_locked(clock::time_point now) const {
-  const auto second = seconds_since_epoch(now);
+double tenant_state::admitted_rate(clock::time_point now) const noexcept {
+  const auto second = static_cast<std::uint64_t>(seconds_since_epoch(now));
+  constexpr std::uint64_t count_mask = (std::uint64_t{1} << count_bits) - 1;
   std::uint64_t sum = 0;
-  for (std::int64_t s = second - rate_window_seconds + 1; s <= second; ++s) {
-    // Only the seconds the ring holds for this window: those after the last write are empty.
-    if (s > admitted_second_ || s <= admitted_second_ - rate_window_seconds) continue;
-    sum += admitted_[static_cast<std::size_t>(((s % rate_window_seconds) + rate_window_seconds) % rate_window_seconds)];
+  for (const auto& slot : admitted_) {
+    const auto value = slot.load(std::memory_order_relaxed);
+    const auto stamp = value >> count_bits;
+    if (stamp <= second && second - stamp < rate_window_seconds) sum += value & count_mask;
   }
   return static_cast<double>(sum) / rate_window_seconds;
 }
@@ -117,8 +125,8 @@ tenant_state::snapshot tenant_state::read(clock::time_point now) const {
   {
     std::lock_guard lock(mutex_);
     out.limits = limits_;
-    out.requests_per_second = rate_locked(now);
   }
+  out.requests_per_second = admitted_rate(now);
   out.queued = queued_.load(std::memory_order_relaxed);
   out.in_flight = in_flight_.load(std::memory_order_relaxed);
   out.prompt_tokens = prompt_tokens_.load(std::memory_order_relaxed);
@@ -135,10 +143,11 @@ void tenant_state::apply(const limits& next, clock::time_point now) {
   replace_bucket(token_budget_, token_bucket_of(next), now);
   limits_ = next;
   has_token_budget_.store(token_budget_.has_value(), std::memory_order_relaxed);
+  limited_.store(request_rate_.has_value() || token_budget_.has_value(), std::memory_order_relaxed);
 }
 
 tenant_book::tenant_book(std::span<const tenant_spec> specs, tenant_state::clock::time_point now) {
-  roster_ = make_roster(specs, now);
+  roster_.store(make_roster(specs, now));  // in the body: make_roster reads the members declared after roster_
 }
 
 std::shared_ptr<const tenant_book::roster> tenant_book::make_roster(std::span<const tenant_spec> specs,
@@ -162,15 +171,10 @@ std::shared_ptr<const tenant_book::roster> tenant_book::make_roster(std::span<co
 }
 
 void tenant_book::reload(std::span<const tenant_spec> specs, tenant_state::clock::time_point now) {
-  auto next = make_roster(specs, now);
-  std::lock_guard lock(mutex_);
-  roster_ = std::move(next);
+  roster_.store(make_roster(specs, now));
 }
 
-std::shared_ptr<const tenant_book::roster> tenant_book::current() const {
-  std::lock_guard lock(mutex_);
-  return roster_;
-}
+std::shared_ptr<const tenant_book::roster> tenant_book::current() const { return roster_.load(); }
 
 tenant_book::identity tenant_book::identify(std::string_view authorization, std::string_view tenant_header) const {
   const auto r = current();

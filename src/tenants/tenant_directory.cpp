@@ -111,11 +111,12 @@ tenant_directory::tenant_directory(std::span<const tenant_spec> specs) {
   bool default_configured = false;
   std::unordered_map<digest, key_origin, digest_hash> origins;
 
-  for (const tenant_spec& spec : specs) {
+  for (std::size_t place = 0; place < specs.size(); ++place) {
+    const tenant_spec& spec = specs[place];
     if (!valid_name(spec.name)) {
+      // Not quoted: what was typed there may be anything, a key pasted in the wrong field included.
       throw std::invalid_argument(fmt::format(
-          "tenant name '{}': a tenant's name is 1 to 64 of A-Z a-z 0-9 . _ - (it becomes a metric label)",
-          spec.name));
+          "tenant #{}'s name is not 1 to 64 of A-Z a-z 0-9 . _ - (it becomes a metric label)", place + 1));
     }
     const bool is_default = spec.name == default_name;
     if (is_default ? default_configured : by_name_.contains(spec.name)) {

@@ -247,6 +247,14 @@ TEST_CASE("tenants: require_api_key answers 401 without a known key, forwards Au
     CHECK(r.headers["www-authenticate"] == "Bearer");
     CHECK(json::parse(r.body)["error"]["type"] == "AuthenticationError");
   }
+  // Refused on its head alone: no 100 Continue invites the body of a request without a key.
+  http_connection expecting(proxy.port());
+  expecting.write_raw("POST /v1/completions HTTP/1.1\r\nHost: dplb\r\nContent-Type: application/json\r\n"
+                      "Expect: 100-continue\r\nContent-Length: 100000\r\n\r\n");
+  const auto early = expecting.read_responses(1, scaled(5s));
+  CHECK_FALSE(early.has_interim());
+  REQUIRE(early.final_responses().size() == 1);
+  CHECK(early.final_responses()[0].status == 401);
   CHECK(engine.request_count() == 0);
   CHECK(http_get(proxy.port(), "/health").status == 200);
   CHECK(http_get(proxy.port(), "/metrics").status == 200);
@@ -256,7 +264,7 @@ TEST_CASE("tenants: require_api_key answers 401 without a known key, forwards Au
   CHECK(engine.requests()[0].header_values("authorization") == std::vector<std::string>{"Bearer sk-chat"});
   CHECK(engine.requests()[1].header_values("authorization") == std::vector<std::string>{"bearer   sk-batch"});
   const auto metrics_text = http_get(proxy.port(), "/metrics").body;
-  CHECK_THAT(metrics_text, Catch::Contains("dplb_tenant_requests_total{tenant=\"default\",code=\"401\"} 3"));
+  CHECK_THAT(metrics_text, Catch::Contains("dplb_tenant_requests_total{tenant=\"default\",code=\"401\"} 4"));
   CHECK_THAT(metrics_text, Catch::Contains("dplb_tenant_requests_total{tenant=\"batch\",code=\"200\"} 1"));
   CHECK_THAT(metrics_text, !Catch::Contains("sk-chat") && !Catch::Contains("38fcc73a"));
   // The access log names tenants, never keys.

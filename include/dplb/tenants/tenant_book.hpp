@@ -58,7 +58,8 @@ class tenant_state {
   bool has_token_budget() const noexcept { return has_token_budget_.load(std::memory_order_relaxed); }
 
   // The request rate first, then the token budget, which reserves `tokens` (the prompt plus what may be
-  // generated) until settle(). A refused request takes nothing from either.
+  // generated) until settle(). A refused request takes nothing from either. A tenant without either limit
+  // takes no lock: the usual request only counts itself.
   verdict admit(clock::time_point now, std::uint64_t tokens);
   // The engine reported what an admitted request used, `used` tokens of the `reserved` ones (more or fewer):
   // the budget is corrected. Nothing used (a request that never reached an engine): the reservation comes back.
@@ -92,8 +93,8 @@ class tenant_state {
   static constexpr int rate_window_seconds = 10;
 
  private:
-  void note_admitted_locked(clock::time_point now);
-  double rate_locked(clock::time_point now) const;
+  void note_admitted(clock::time_point now) noexcept;
+  double admitted_rate(clock::time_point now) const noexcept;
 
   const std::string name_;
   const std::uint64_t id_;
@@ -101,10 +102,12 @@ class tenant_state {
   limits limits_;
   std::optional<token_bucket> request_rate_;
   std::optional<token_bucket> token_budget_;
-  // Admitted requests per second over the last rate_window_seconds, a ring indexed by the second.
-  std::array<std::uint32_t, rate_window_seconds> admitted_{};
-  std::int64_t admitted_second_ = 0;  // the second admitted_ was last written in
+  std::atomic<bool> limited_{false};  // a request rate or a token budget is set
   std::atomic<bool> has_token_budget_{false};
+  // Admitted requests per second over the last rate_window_seconds, a ring indexed by the second, lock-free:
+  // each slot holds the second it counts (high bits) and its count (low count_bits, saturating).
+  static constexpr unsigned count_bits = 24;
+  std::array<std::atomic<std::uint64_t>, rate_window_seconds> admitted_{};
   std::atomic<std::int64_t> queued_{0};
   std::atomic<std::int64_t> in_flight_{0};
   std::atomic<std::uint64_t> prompt_tokens_{0};
@@ -140,8 +143,8 @@ class tenant_book {
   std::shared_ptr<const roster> current() const;
   std::shared_ptr<const roster> make_roster(std::span<const tenant_spec> specs, tenant_state::clock::time_point now);
 
-  mutable std::mutex mutex_;  // guards roster_'s pointer and known_
-  std::shared_ptr<const roster> roster_;
+  mutable std::mutex mutex_;  // guards known_ and next_id_, and serialises reloads
+  std::atomic<std::shared_ptr<const roster>> roster_;  // read by every request without a lock
   std::map<std::string, std::shared_ptr<tenant_state>, std::less<>> known_;  // every tenant ever configured
   std::uint64_t next_id_ = 0;
 };

@@ -210,9 +210,11 @@ TEST_CASE("tenants: what the tenant directory refuses stops the start with its m
     CHECK_THAT(error, Catch::StartsWith("invalid \"tenants\" in config file '" + file.path() + "': "));
     return error;
   };
-  CHECK_THAT(refused(json::array({{{"name", "team a"}}})),
-             Catch::Contains("tenant name 'team a': a tenant's name is 1 to 64 of A-Z a-z 0-9 . _ -"));
-  CHECK_THAT(refused(json::array({{{"name", ""}}})), Catch::Contains("tenant name ''"));
+  // The name is not quoted: a key pasted into it must not reach the log.
+  const auto bad_name = refused(json::array({{{"name", "team-a"}}, {{"name", "sk-live key"}}}));
+  CHECK_THAT(bad_name, Catch::Contains("tenant #2's name is not 1 to 64 of A-Z a-z 0-9 . _ -"));
+  CHECK_THAT(bad_name, !Catch::Contains("sk-live"));
+  CHECK_THAT(refused(json::array({{{"name", ""}}})), Catch::Contains("tenant #1's name"));
   CHECK_THAT(refused(json::array({{{"name", "team-a"}}, {{"name", "team-a"}}})),
              Catch::Contains("tenant 'team-a' is configured twice"));
   CHECK_THAT(refused(json::array({keyed_tenant(), {{"name", "team-b"}, {"api_keys", {a_key}}}})),
