@@ -92,4 +92,27 @@ inline std::filesystem::path source_root() {
   return here.lexically_normal().parent_path().parent_path().parent_path().parent_path();
 }
 
+// A config file holding `content`, in a directory of its own, and what dplb makes of it with more arguments.
+class json_config_file {
+ public:
+  explicit json_config_file(const nlohmann::json& content) : path_(dir_.write_json("dplb.json", content)) {}
+  const std::string& path() const { return path_; }
+  settings run(const std::vector<std::string>& more = {}, const environment& env = {}) const {
+    return test::run(with_config(more), env);
+  }
+  std::string error(const std::vector<std::string>& more = {}, const environment& env = {}) const {
+    return error_of(with_config(more), env);
+  }
+
+ private:
+  std::vector<std::string> with_config(const std::vector<std::string>& more) const {
+    std::vector<std::string> args{"--config", path_};
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  }
+
+  temp_dir dir_;
+  std::string path_;
+};
+
 }  // namespace dplb::config::test

@@ -37,29 +37,16 @@ json qwen_cluster() {
 }
 
 // A config file holding these clusters (and the other keys of `rest`), in a directory of its own.
-class clusters_file {
+class clusters_file : public cfg::test::json_config_file {
  public:
-  explicit clusters_file(const json& clusters, json rest = json::object()) {
-    rest["clusters"] = clusters;
-    path_ = dir_.write_json("dplb.json", rest);
-  }
-  const std::string& path() const { return path_; }
-  cfg::settings run(const std::vector<std::string>& more = {}, const cfg::environment& env = {}) const {
-    return cfg::test::run(with_config(more), env);
-  }
-  std::string error(const std::vector<std::string>& more = {}, const cfg::environment& env = {}) const {
-    return error_of(with_config(more), env);
-  }
+  explicit clusters_file(const json& clusters, json rest = json::object())
+      : json_config_file(with_clusters(clusters, std::move(rest))) {}
 
  private:
-  std::vector<std::string> with_config(const std::vector<std::string>& more) const {
-    std::vector<std::string> args{"--config", path_};
-    args.insert(args.end(), more.begin(), more.end());
-    return args;
+  static json with_clusters(const json& clusters, json rest) {
+    rest["clusters"] = clusters;
+    return rest;
   }
-
-  temp_dir dir_;
-  std::string path_;
 };
 
 // The error a file with these clusters gets, with the file's path written as '%'.

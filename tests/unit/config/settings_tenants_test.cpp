@@ -36,30 +36,17 @@ const std::string a_key = "sk-team-a-3f9c2e7b1d";
 const std::string digest_of_abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
 
 // A config file with one backend, these tenants and the other keys of `rest`, in a directory of its own.
-class tenants_file {
+class tenants_file : public cfg::test::json_config_file {
  public:
-  explicit tenants_file(const json& tenants, json rest = json::object()) {
-    rest["backends"] = {a_backend};
-    rest["tenants"] = tenants;
-    path_ = dir_.write_json("dplb.json", rest);
-  }
-  const std::string& path() const { return path_; }
-  cfg::settings run(const std::vector<std::string>& more = {}, const cfg::environment& env = {}) const {
-    return cfg::test::run(with_config(more), env);
-  }
-  std::string error(const std::vector<std::string>& more = {}, const cfg::environment& env = {}) const {
-    return error_of(with_config(more), env);
-  }
+  explicit tenants_file(const json& tenants, json rest = json::object())
+      : json_config_file(with_tenants(tenants, std::move(rest))) {}
 
  private:
-  std::vector<std::string> with_config(const std::vector<std::string>& more) const {
-    std::vector<std::string> args{"--config", path_};
-    args.insert(args.end(), more.begin(), more.end());
-    return args;
+  static json with_tenants(const json& tenants, json rest) {
+    rest["backends"] = {a_backend};
+    rest["tenants"] = tenants;
+    return rest;
   }
-
-  temp_dir dir_;
-  std::string path_;
 };
 
 json keyed_tenant() { return {{"name", "team-a"}, {"api_keys", {a_key}}}; }
