@@ -6,6 +6,16 @@
 # sent, no request left running in the engines, dplb's RSS flat after the warm-up, and a clean drain
 # (SIGTERM: exit 0). Exit status 0 when everything passed.
 #
+# SOAK_TENANTS=1: tenants and queueing. dplb gets a config file with three tenants (alpha: a key, weight 3;
+# beta: a key given as its SHA-256, weight 1, max_queued 1000; gamma: named by the X-Tenant header, weight 2,
+# requests_per_second SOAK_GAMMA_RPS burst 20, so that it is rate-limited) and --max-inflight-per-rank
+# SOAK_MAX_INFLIGHT (2: with 48 connections, most requests wait in dplb's queue). The client sends each request
+# as alpha, beta, gamma or default (neither key nor header), with a random body priority (-1, 0, 1 or 2), and
+# abandons 1% of them a few milliseconds after sending if nothing has come back (most still queued). gamma's
+# 429s (with Retry-After) are expected, and must come; any other tenant's 429 fails. It checks besides that
+# dplb_queue_depth and every dplb_tenant_queued and dplb_tenant_in_flight are 0 at the end, and that
+# dplb_tenant_requests_total counted every request once under the tenant it was sent as.
+#
 #   bench/soak.sh [REQUESTS]
 #
 # Environment:
@@ -19,6 +29,8 @@
 #                         "--fault-ranks 0,1,2,3" to fault every rank (by default only ranks 0 and 1 are
 #                         faulted, so that capacity always remains and any 502/503 is dplb's failure)
 #   SOAK_KEEP_LOGS=1      keep the log directory even when the soak passed
+#   SOAK_TENANTS=1        the tenants and queueing mode above; with it SOAK_MAX_INFLIGHT (2) and
+#                         SOAK_GAMMA_RPS (100, gamma's requests_per_second)
 # Everything listens on 127.0.0.1, on ephemeral ports; every process started here is stopped by pid.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,12 +66,32 @@ await_line "$workdir/mock.log" "mock-engine ready" >/dev/null
 backends=$(grep -Eo 'rank [0-9]+ listening on [0-9.]+:[0-9]+' "$workdir/mock.log" | awk '{print "http://" $5}' | paste -sd, -)
 admin=$(grep -Eo 'admin listening on [0-9.]+:[0-9]+' "$workdir/mock.log" | awk '{print $4}')
 
+# Tenants and queueing (SOAK_TENANTS=1): the config file, dplb's options and the client's.
+tenant_dplb_args=()
+tenant_client_args=()
+if [[ ${SOAK_TENANTS:-0} == 1 ]]; then
+  beta_digest=$(printf %s sk-soak-beta | sha256sum | awk '{print $1}')
+  cat >"$workdir/tenants.json" <<EOF
+{"tenants": [
+  {"name": "alpha", "api_keys": ["sk-soak-alpha"], "weight": 3},
+  {"name": "beta", "api_key_sha256": ["$beta_digest"], "weight": 1, "max_queued": 1000},
+  {"name": "gamma", "weight": 2, "requests_per_second": ${SOAK_GAMMA_RPS:-100}, "burst": 20}
+]}
+EOF
+  tenant_dplb_args=(--config "$workdir/tenants.json" --tenant-header X-Tenant
+                    --max-inflight-per-rank "${SOAK_MAX_INFLIGHT:-2}" --max-queued-requests 10000)
+  tenant_client_args=(--tenants "alpha=key:sk-soak-alpha,beta=key:sk-soak-beta,gamma=header:gamma,default=none"
+                      --tenant-header X-Tenant --rate-limited gamma --priorities=-1,0,1,2
+                      --queued-disconnect-fraction 0.01)
+fi
+
 # Info level: the listening line, and one line per ejection, truncation or failed request (counted below).
 # Ejections are shortened (default: 5 s doubling to 300 s) so that the faulted ranks keep coming back and
 # the faults keep meeting traffic; everything else is dplb's default.
 # shellcheck disable=SC2086  # SOAK_DPLB_ARGS is a list of options
 "$dplb_bin" --listen 127.0.0.1:0 --backend "$backends" --threads "${SOAK_DPLB_THREADS:-2}" \
-  --log-level info ${SOAK_DPLB_ARGS---ejection-base-ms 500 --ejection-max-ms 5000} >"$workdir/dplb.log" 2>&1 &
+  --log-level info ${SOAK_DPLB_ARGS---ejection-base-ms 500 --ejection-max-ms 5000} \
+  ${tenant_dplb_args[@]+"${tenant_dplb_args[@]}"} >"$workdir/dplb.log" 2>&1 &
 dplb_pid=$!
 address=$(await_line "$workdir/dplb.log" 'listening on [0-9.]+:[0-9]+' | awk '{print $3}')
 echo "soak: dplb (pid $dplb_pid) on $address; mock engine (pid $mock_pid) ranks $backends, admin $admin; logs in $workdir"
@@ -70,7 +102,7 @@ client_status=0
 # shellcheck disable=SC2086  # SOAK_CLIENT_ARGS is a list of options
 python3 bench/soak_client.py --dplb "$address" --admin "$admin" --ranks 4 --dplb-pid "$dplb_pid" \
   --requests "$requests" --concurrency "${SOAK_CONCURRENCY:-48}" --json-out "$workdir/result.json" \
-  ${SOAK_CLIENT_ARGS:-} &
+  ${tenant_client_args[@]+"${tenant_client_args[@]}"} ${SOAK_CLIENT_ARGS:-} &
 client_pid=$!
 wait "$client_pid" || client_status=$?
 client_pid=

@@ -27,9 +27,18 @@ Every client-visible problem is classified:
   - unexpected: anything else (a non-200 status, a truncation no fault explains, a connection closed
     before any response byte, a bad body, a request that hung). Must be 0.
 
+Tenants mode (--tenants, bench/soak.sh's SOAK_TENANTS=1, against a dplb with tenants and
+--max-inflight-per-rank): each request is sent as one of the tenants (its key as `Authorization: Bearer`,
+the --tenant-header naming it, or neither: `default`) with a random body `priority` (--priorities), and
+--queued-disconnect-fraction of them are abandoned after a few milliseconds if nothing has come back (most
+while in dplb's queue). A 429 with Retry-After is expected for a tenant of --rate-limited (its
+requests_per_second), and at least one must come; a 429 for any other tenant is a failure.
+
 At the end: every dplb_rank_inflight must be 0, dplb's accounting must match what was sent, the mock
 must have no request still running, and dplb's RSS at the end must stay within --rss-slack-mib of its
-RSS after the warm-up. Exit status 0 when every check passes, 1 otherwise.
+RSS after the warm-up. dplb_queue_depth and every dplb_tenant_queued and dplb_tenant_in_flight must be 0;
+in tenants mode dplb_tenant_requests_total must have counted every request once, under the tenant it was
+sent as. Exit status 0 when every check passes, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -141,32 +150,60 @@ def metric_sum(samples, name: str, **match) -> float:
 # ---------------------------------------------------------------------------------------------------
 # Requests
 
+def parse_tenants(spec: str, header_name: str) -> list[tuple[str, str]]:
+    """--tenants "alpha=key:K,gamma=header:gamma,default=none": [(tenant, the header line that names it)]."""
+    out = []
+    for item in (x.strip() for x in spec.split(",")):
+        if not item:
+            continue
+        name, _, how = item.partition("=")
+        kind, _, value = how.partition(":")
+        if kind == "key" and value:
+            out.append((name, f"Authorization: Bearer {value}"))
+        elif kind == "header" and value:
+            out.append((name, f"{header_name}: {value}"))
+        elif kind == "none":
+            out.append((name, ""))
+        else:
+            raise SystemExit(f"--tenants: '{item}' is not NAME=key:KEY, NAME=header:VALUE or NAME=none")
+    return out
+
+
 HEAD, BODY = 0, 1
 MAX_TOKENS = (1, 2, 3, 4)
 TRUNCATING_FAULTS = ("reset_after_events", "kill")
 
 
-def build_request(host: str, stream: bool, max_tokens: int, close: bool) -> bytes:
+def build_request(host: str, stream: bool, max_tokens: int, close: bool, header: str = "",
+                  priority: int | None = None) -> bytes:
+    """The request's bytes; `header` is one more header line ("Name: value", for the tenant), `priority` the
+    body's vLLM priority (None: none)."""
     body = {"model": "mock-model", "prompt": "the quick brown fox", "max_tokens": max_tokens}
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
+    if priority is not None:
+        body["priority"] = priority
     payload = json.dumps(body, separators=(",", ":")).encode()
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
             f"User-Agent: dplb-soak\r\n{'Connection: close' + chr(13) + chr(10) if close else ''}"
+            f"{header + chr(13) + chr(10) if header else ''}"
             f"Content-Length: {len(payload)}\r\n\r\n").encode()
     return head + payload
 
 
 class Request:
     __slots__ = ("stream", "max_tokens", "disconnect", "close", "t0", "t1", "phase", "status", "rank",
-                 "clen", "chunked", "body", "keep_alive", "got_bytes", "chunk_left", "done")
+                 "clen", "chunked", "body", "keep_alive", "got_bytes", "chunk_left", "done", "tenant",
+                 "retry_after")
 
-    def __init__(self, stream: bool, max_tokens: int, disconnect: str | None, close: bool):
+    def __init__(self, stream: bool, max_tokens: int, disconnect: str | None, close: bool, tenant: str = ""):
         self.stream = stream
         self.max_tokens = max_tokens
-        self.disconnect = disconnect  # None, "after_send", "after_head", "after_first_chunk"
+        self.disconnect = disconnect  # None, "after_send", "after_head", "after_first_chunk", "queued"
         self.close = close            # sent with Connection: close
+        self.tenant = tenant          # the tenant it was sent as (tenants mode), else ""
+        self.retry_after = False      # the answer had a Retry-After header
         self.t0 = time.monotonic()
         self.t1 = 0.0
         self.phase = HEAD
@@ -257,6 +294,8 @@ class Conn(asyncio.Protocol):
                     req.chunked = v.lower() == b"chunked"
                 elif k == b"x-dplb-rank":
                     req.rank = int(v)
+                elif k == b"retry-after":
+                    req.retry_after = v.isdigit() and int(v) >= 1
                 elif k == b"connection":
                     if b"close" in v.lower():
                         req.keep_alive = False
@@ -323,8 +362,8 @@ class Conn(asyncio.Protocol):
         req.t1 = time.monotonic()
         self.soak.count[f"client_disconnect_{req.disconnect}"] += 1
         self.closing = True
-        if req.disconnect == "after_send":
-            self.transport.close()  # FIN after the request
+        if req.disconnect in ("after_send", "queued"):
+            self.transport.close()  # FIN after the request (no response byte has come)
         else:
             self.transport.abort()  # RST: unread response bytes are pending
 
@@ -347,8 +386,14 @@ class Soak:
         self.admin = split_hostport(args.admin)
         self.rng = random.Random(args.seed)
         host = f"{self.addr[0]}:{self.addr[1]}"
+        self.host = host
         self.templates = {(s, m, c): build_request(host, s, m, c)
                           for s in (False, True) for m in MAX_TOKENS for c in (False, True)}
+        # Tenants mode: each request is sent as one of the tenants (uniformly), with a random priority.
+        self.tenants = parse_tenants(args.tenants, args.tenant_header)
+        self.rate_limited = {t for t in args.rate_limited.split(",") if t}
+        self.priorities = [int(p) for p in args.priorities.split(",") if p.strip()]
+        self.tenant_templates: dict[tuple, bytes] = {}
         self.sent = 0
         self.completed_n = 0
         self.count = collections.Counter()
@@ -380,17 +425,46 @@ class Soak:
         disconnect = None
         if rng.random() < self.args.disconnect_fraction:
             disconnect = rng.choice(("after_head", "after_first_chunk")) if stream else "after_send"
-        req = Request(stream, max_tokens, disconnect, close)
+        if self.tenants:
+            tenant, header = rng.choice(self.tenants)
+            priority = rng.choice(self.priorities) if self.priorities else None
+            key = (stream, max_tokens, close, tenant, priority)
+            data = self.tenant_templates.get(key)
+            if data is None:
+                data = self.tenant_templates[key] = build_request(self.host, stream, max_tokens, close, header, priority)
+        else:
+            tenant, data = "", self.templates[(stream, max_tokens, close)]
+        req = Request(stream, max_tokens, disconnect, close, tenant)
         conn.req = req
-        conn.transport.write(self.templates[(stream, max_tokens, close)])
+        conn.transport.write(data)
         self.sent += 1
+        if tenant:
+            self.count[f"sent_as_{tenant}"] += 1
         if self.sent == self.args.warmup:
             self.warmed_up.set()
         if disconnect == "after_send":
             conn.client_disconnect(req)
+        elif disconnect is None and rng.random() < self.args.queued_disconnect_fraction:
+            # Abandoned after a while if nothing has come back by then: with --max-inflight-per-rank, most of
+            # these are still waiting in dplb's queue (dplb must take them out of it, and count them 499).
+            self.loop.call_later(rng.uniform(0.001, self.args.queued_disconnect_ms / 1000),
+                                 self.abandon_if_waiting, conn, req)
+
+    def abandon_if_waiting(self, conn: Conn, req: Request):
+        if conn.req is req and not req.done and not req.got_bytes and not conn.closing:
+            req.disconnect = "queued"
+            conn.client_disconnect(req)
 
     def completed(self, req: Request):
         self.completed_n += 1
+        if req.status == 429 and req.tenant in self.rate_limited:
+            # Its tenant's requests_per_second: expected, with a Retry-After and vLLM's error shape.
+            if not req.retry_after or b'"error"' not in req.body:
+                self.unexpected("bad_429", req, f"Retry-After {'present' if req.retry_after else 'missing'}, "
+                                f"body {bytes(req.body[:200])!r}")
+                return
+            self.count[f"rate_limited_{req.tenant}"] += 1
+            return
         if req.status != 200:
             self.unexpected(f"status_{req.status}", req, bytes(req.body[:300]).decode(errors="replace"))
             return
@@ -441,6 +515,7 @@ class Soak:
             where = ""
             if req is not None:
                 where = (f" rank={req.rank} stream={req.stream} max_tokens={req.max_tokens} "
+                         f"{'tenant=' + req.tenant + ' ' if req.tenant else ''}"
                          f"t={req.t0 - self.t_start:.3f}s..{(req.t1 or time.monotonic()) - self.t_start:.3f}s")
             self.unexpected_samples.append(f"{reason}{where}: {detail}")
             log(f"UNEXPECTED {self.unexpected_samples[-1]}")
@@ -628,6 +703,14 @@ class Soak:
         aborted = sum(metric_sum(e, "mock_requests_aborted_total") for e in engines)
         resets = sum(metric_sum(e, "mock_requests_reset_total") for e in engines)
         disconnects = sum(v for k, v in c.items() if k.startswith("client_disconnect_"))
+        # dplb's queue and tenants: nothing may be left waiting or holding a slot.
+        queue_depth = metric_sum(dplb, "dplb_queue_depth")
+        tenant_queued = {l.get("tenant", ""): v for n, l, v in dplb if n == "dplb_tenant_queued"}
+        tenant_in_flight = {l.get("tenant", ""): v for n, l, v in dplb if n == "dplb_tenant_in_flight"}
+        tenant_codes: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        for n, l, v in dplb:
+            if n == "dplb_tenant_requests_total" and v:
+                tenant_codes[l.get("tenant", "")][l.get("code", "")] += int(v)
 
         print()
         print("=== dplb soak report ===")
@@ -647,6 +730,12 @@ class Soak:
               f"ejections {int(metric_sum(dplb, 'dplb_rank_ejections_total'))}")
         print(f"engine (mock) side:         resets {int(resets)}, aborted {int(aborted)}, still running {int(running)}")
         print(f"dplb_rank_inflight at end:  {inflight}")
+        print(f"dplb queue at end:          depth {queue_depth:.0f}; tenants queued {tenant_queued}, "
+              f"in flight {tenant_in_flight}")
+        if self.tenants:
+            print(f"sent per tenant:            " + str({t: c[f"sent_as_{t}"] for t, _ in self.tenants}))
+            print(f"dplb_tenant_requests_total: " + str({t: dict(sorted(v.items())) for t, v in sorted(tenant_codes.items())}))
+            print(f"expected 429s (rate limit): " + str({t: c[f"rate_limited_{t}"] for t in sorted(self.rate_limited)}))
         print(f"dplb_client_connections:    {int(metric_sum(dplb, 'dplb_client_connections'))} (the scrape's own)")
         print(f"dplb RSS:                   start {self.rss_start_kib / 1024:.1f} MiB (after {a.warmup} requests), "
               f"end {rss_end / 1024:.1f} MiB, max {self.rss_max_kib / 1024:.1f} MiB")
@@ -661,6 +750,28 @@ class Soak:
             failures.append(f"dplb counted {by_code['499']} 499s but the client disconnected only {disconnects} times")
         if running != 0:
             failures.append(f"the engines still run {int(running)} requests")
+        if queue_depth != 0:
+            failures.append(f"dplb_queue_depth is {queue_depth:.0f} at the end")
+        if any(v != 0 for v in tenant_queued.values()) or any(v != 0 for v in tenant_in_flight.values()):
+            failures.append(f"a tenant still has requests queued or in flight: queued {tenant_queued}, "
+                            f"in flight {tenant_in_flight}")
+        if self.tenants:
+            # Every request counted once, under the tenant it was sent as (its key, its header, or neither).
+            counted_by_tenant = {t: sum(v.values()) for t, v in tenant_codes.items()}
+            sent_by_tenant = {t: c[f"sent_as_{t}"] for t, _ in self.tenants}
+            if counted_by_tenant != {t: n for t, n in sent_by_tenant.items() if n}:
+                failures.append(f"dplb_tenant_requests_total counted {counted_by_tenant} by tenant, the client sent "
+                                f"{sent_by_tenant}")
+            for t, v in tenant_codes.items():
+                if v.get("429") and t not in self.rate_limited:
+                    failures.append(f"tenant {t} got {v['429']} 429s, and it has no rate limit")
+            for t in self.rate_limited:
+                seen = c[f"rate_limited_{t}"]
+                if seen == 0:
+                    failures.append(f"tenant {t} was never rate-limited: the 429 path was not exercised")
+                if seen > tenant_codes.get(t, {}).get("429", 0):
+                    failures.append(f"the client saw {seen} 429s of tenant {t}, dplb counted "
+                                    f"{tenant_codes.get(t, {}).get('429', 0)}")
         if metric_sum(dplb, "dplb_client_connections") != 1:
             failures.append(f"dplb_client_connections is {metric_sum(dplb, 'dplb_client_connections')}, expected 1")
         if rss_end == 0 or self.rss_start_kib == 0:
@@ -679,7 +790,10 @@ class Soak:
                 json.dump({"sent": self.sent, "duration_s": duration, "counts": dict(c),
                            "faults": dict(self.faults_injected), "dplb_requests_total": dict(by_code),
                            "rejected": dict(rejected), "upstream_errors": dict(errors_by_kind),
-                           "inflight_end": inflight, "rss_start_kib": self.rss_start_kib, "rss_end_kib": rss_end,
+                           "inflight_end": inflight, "queue_depth_end": queue_depth,
+                           "tenant_queued_end": tenant_queued, "tenant_in_flight_end": tenant_in_flight,
+                           "tenant_requests_total": {t: dict(v) for t, v in tenant_codes.items()},
+                           "rss_start_kib": self.rss_start_kib, "rss_end_kib": rss_end,
                            "rss_max_kib": self.rss_max_kib, "failures": failures}, f, indent=1)
         return 0 if not failures else 1
 
@@ -713,6 +827,19 @@ def main() -> int:
     p.add_argument("--fault-ranks", default="0,1",
                    help="comma-separated ranks that get reset and kill faults (default 0,1: the other ranks "
                         "always have capacity, so a 502/503 is a dplb failure; see docs/operations.md)")
+    p.add_argument("--tenants", default="",
+                   help="tenants mode: send each request as one of these tenants, chosen uniformly: comma-separated "
+                        "NAME=key:KEY (Authorization: Bearer KEY), NAME=header:VALUE (--tenant-header: VALUE) or "
+                        "NAME=none (no key, no header: the default tenant); NAME is the tenant dplb must count it as")
+    p.add_argument("--tenant-header", default="X-Tenant", help="the header of NAME=header:VALUE")
+    p.add_argument("--rate-limited", default="",
+                   help="comma-separated tenants with a requests_per_second: their 429s (with Retry-After) are expected, "
+                        "and at least one must come")
+    p.add_argument("--priorities", default="", help="comma-separated body priorities, one chosen per request")
+    p.add_argument("--queued-disconnect-fraction", type=float, default=0.0,
+                   help="requests the client abandons after a random delay of up to --queued-disconnect-ms if no "
+                        "response byte has come by then (with dplb queueing: mostly while in its queue)")
+    p.add_argument("--queued-disconnect-ms", type=float, default=20.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json-out")
     args = p.parse_args()
