@@ -157,11 +157,12 @@ def metrics(port):
     return scrape(f"http://127.0.0.1:{port}/metrics")
 
 
-def codes(text, name="dplb_requests_total"):
-    """{code: count} of a counter labelled by code."""
+def codes(text, names=("dplb_requests_total", "dplb_rejected_requests_total")):
+    """{code: count} of what dplb answered: the counters labelled by code, those an engine served and those dplb
+    refused itself (a 429, a 503 from its queue)."""
     out = {}
     for line in text.splitlines():
-        if line.startswith(name + "{") and 'code="' in line:
+        if line.startswith(tuple(name + "{" for name in names)) and 'code="' in line:
             code = line.split('code="', 1)[1].split('"', 1)[0]
             out[code] = out.get(code, 0) + int(float(line.rsplit(" ", 1)[1]))
     return out
