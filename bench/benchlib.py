@@ -218,21 +218,11 @@ def finish_bench(proc, result_path, timeout_s=330):
     return json.loads(Path(result_path).read_text())
 
 
-class GaugeSampler:
-    """Reads every rank's /metrics through the mock's admin port every `interval` s on a thread of its own,
-    from start() to stop(): samples of {gauge: [value per rank]} for the vLLM gauges running, waiting and
-    kv_cache_usage_perc (the engines' own view, whoever sent the requests), the simulated engines' outstanding
-    tokens (mock_prompt_tokens_pending, mock_decode_tokens_pending), and the counters of generated tokens and
-    simulated busy seconds, so that a window of the run has its own throughput."""
+class PeriodicSampler:
+    """Calls sample() every `interval` s on a thread of its own, from start() to stop(), keeping what it returns
+    (None: nothing this time) in `samples`."""
 
-    GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
-              "kv": "vllm:kv_cache_usage_perc", "generated": "vllm:generation_tokens_total",
-              "busy_s": "mock_step_seconds_total", "padded": "mock_padded_tokens_total",
-              "real": "mock_real_tokens_total", "prompt_pending": "mock_prompt_tokens_pending",
-              "decode_pending": "mock_decode_tokens_pending"}
-
-    def __init__(self, admin_port, ranks, interval=0.05):
-        self.urls = [f"http://127.0.0.1:{admin_port}/metrics?rank={r}" for r in range(ranks)]
+    def __init__(self, interval):
         self.interval = interval
         self.samples = []
         self._stop = threading.Event()
@@ -247,12 +237,38 @@ class GaugeSampler:
         self._thread.join(timeout=10)
         return self.samples
 
+    def sample(self):
+        raise NotImplementedError
+
     def _run(self):
         while not self._stop.is_set():
-            pages = [scrape(url) for url in self.urls]
-            self.samples.append({"t": time.monotonic(), **{
-                key: [metric_sum(page, name) for page in pages] for key, name in self.GAUGES.items()}})
+            taken = self.sample()
+            if taken is not None:
+                self.samples.append(taken)
             self._stop.wait(self.interval)
+
+
+class GaugeSampler(PeriodicSampler):
+    """Reads every rank's /metrics through the mock's admin port every `interval` s on a thread of its own,
+    from start() to stop(): samples of {gauge: [value per rank]} for the vLLM gauges running, waiting and
+    kv_cache_usage_perc (the engines' own view, whoever sent the requests), the simulated engines' outstanding
+    tokens (mock_prompt_tokens_pending, mock_decode_tokens_pending), and the counters of generated tokens and
+    simulated busy seconds, so that a window of the run has its own throughput."""
+
+    GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+              "kv": "vllm:kv_cache_usage_perc", "generated": "vllm:generation_tokens_total",
+              "busy_s": "mock_step_seconds_total", "padded": "mock_padded_tokens_total",
+              "real": "mock_real_tokens_total", "prompt_pending": "mock_prompt_tokens_pending",
+              "decode_pending": "mock_decode_tokens_pending"}
+
+    def __init__(self, admin_port, ranks, interval=0.05):
+        super().__init__(interval)
+        self.urls = [f"http://127.0.0.1:{admin_port}/metrics?rank={r}" for r in range(ranks)]
+
+    def sample(self):
+        pages = [scrape(url) for url in self.urls]
+        return {"t": time.monotonic(), **{key: [metric_sum(page, name) for page in pages]
+                                          for key, name in self.GAUGES.items()}}
 
 
 def window(samples, start, end):

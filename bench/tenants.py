@@ -77,12 +77,11 @@ also on errors and Ctrl-C.
 import argparse
 import json
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from benchlib import (binaries, labelled_sum, log, metric_sum, quantile, scrape, start_bench, start_mock,
-                      start_router)
+from benchlib import (PeriodicSampler, binaries, labelled_sum, log, metric_sum, quantile, scrape, start_bench,
+                      start_mock, start_router)
 
 RANKS = 4  # main() may change it (--ranks)
 TENANT_HEADER = "X-Tenant"
@@ -179,35 +178,22 @@ def tenant_value(text, name, tenant, label=""):
     return total
 
 
-class Sampler:
+class Sampler(PeriodicSampler):
     """dplb's queue figures every `interval` s on a thread of its own, from start() to stop()."""
 
     def __init__(self, port, tenants, interval=0.25):
-        self.port, self.tenants, self.interval = port, tenants, interval
-        self.samples = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(interval)
+        self.port, self.tenants = port, tenants
 
-    def start(self):
-        self._thread.start()
-        return self
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join(timeout=10)
-        return self.samples
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                text = metrics(self.port)
-            except OSError:
-                text = ""
-            if text:
-                self.samples.append({"t": time.monotonic(), "depth": metric_sum(text, "dplb_queue_depth"),
-                                     **{f"queued_{t}": tenant_value(text, "dplb_tenant_queued", t)
-                                        for t in self.tenants}})
-            self._stop.wait(self.interval)
+    def sample(self):
+        try:
+            text = metrics(self.port)
+        except OSError:
+            return None
+        if not text:
+            return None
+        return {"t": time.monotonic(), "depth": metric_sum(text, "dplb_queue_depth"),
+                **{f"queued_{t}": tenant_value(text, "dplb_tenant_queued", t) for t in self.tenants}}
 
 
 def await_queue(port, depth, timeout, what):
