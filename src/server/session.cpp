@@ -367,6 +367,7 @@ class session {
       ticket_ = ticket_for_queue();
       if (const auto refusal = co_await leg.acquire(client_, access_.open_entry(), ticket_); refusal != slot_refusal::none) {
         decode.release();
+        tenant_.give_back_reservation();  // no engine saw it
         shared_.metrics.rejected(refusal == slot_refusal::client_gone ? 499 : refusal_status(refusal));
         if (refusal == slot_refusal::client_gone) {
           tenant_.answered(499);
