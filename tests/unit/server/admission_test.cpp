@@ -3,6 +3,7 @@
 #include <boost/asio/buffer.hpp>
 #include <boost/beast/http.hpp>
 
+#include <memory>
 #include <string>
 
 #include "dplb/http/header_sanitizer.hpp"
@@ -33,9 +34,15 @@ struct parsed_request {
   std::string body;
 };
 
-admission admit_wire(std::string wire) {
-  parsed_request request(std::move(wire));
-  return admit(request.head);
+// A decision with the request it was made on: its target is a view into the request's bytes, which must
+// outlive it (a decision returned alone viewed freed memory).
+struct admitted_request : admission {
+  std::shared_ptr<const parsed_request> request;
+};
+
+admitted_request admit_wire(std::string wire) {
+  auto request = std::make_shared<const parsed_request>(std::move(wire));
+  return admitted_request{admit(request->head), request};
 }
 
 // The engine's request as it goes on the wire (Host of a rank, body read), parsed back by Beast.
