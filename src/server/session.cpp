@@ -308,7 +308,7 @@ class session {
       // them.)
       auto slot = slot_without_queue(shared_, request, cost);
       if (!slot) {
-        ticket_ = ticket_for_queue();
+        ticket_ = ticket_for(tenant_, priority_, tenant_tokens_, settings_);
         slot = co_await wait_for_slot(client_, shared_, request, cost, ticket_);
       }
       lease = std::move(slot->lease);
@@ -364,7 +364,7 @@ class session {
       if (!watch_) watch_ = std::make_shared<client_watch>();
       prefill_leg leg(worker_, *watch_, response_head_, upstream_deadline_, request, cost);
       // The prefill queue orders it as the decode queue did, and counts it as its tenant's (max_queued).
-      ticket_ = ticket_for_queue();
+      ticket_ = ticket_for(tenant_, priority_, tenant_tokens_, settings_);
       if (const auto refusal = co_await leg.acquire(client_, access_.open_entry(), ticket_); refusal != slot_refusal::none) {
         decode.release();
         tenant_.give_back_reservation();  // no engine saw it
@@ -583,46 +583,12 @@ class session {
     if (access_.is_open()) access_.entry().tenant = tenant_.tenant().name();
   }
 
-  // The request's place in dplb's queue: its priority, its tenant and that tenant's share (a request, or its
-  // tokens with "fair_by": "tokens"), its longest wait.
-  queue_ticket ticket_for_queue() {
-    queue_ticket ticket;
-    ticket.share.priority = priority_;
-    if (!tenant_) return ticket;
-    auto& tenant = tenant_.tenant();
-    const auto terms = tenant.terms();
-    ticket.share.tenant = tenant.id();
-    ticket.share.weight = terms.weight;
-    ticket.share.max_queued = terms.max_queued;
-    if (settings_.fair_by == config::fair_basis::tokens) ticket.share.cost = std::max<std::uint64_t>(1, tenant_tokens_);
-    ticket.max_wait = terms.max_queue_wait.count() > 0 ? terms.max_queue_wait : settings_.max_queue_wait;
-    ticket.tenant = &tenant_;
-    return ticket;
-  }
-
   // The tenant's request rate and token budget (which reserves the request's tokens); false, with the
-  // refusal in refusal_, when either says no. Other tenants are not affected.
+  // refusal in refusal_, when either says no.
   bool admit_by_tenant() {
-    if (!tenant_) return true;
-    auto& tenant = tenant_.tenant();
-    const auto verdict = tenant.admit(clock_type::now(), tenant_tokens_);
-    if (verdict.admitted()) {
-      tenant_.reserve(tenant_tokens_);
-      return true;
-    }
-    using why = tenants::verdict::refusal;
-    switch (verdict.why) {
-      case why::request_rate:
-        refusal_ = {429, "tenant '" + tenant.name() + "' is over its requests_per_second; retry after the Retry-After seconds"};
-        break;
-      case why::token_budget:
-        refusal_ = {429, "tenant '" + tenant.name() + "' is over its tokens_per_minute; retry after the Retry-After seconds"};
-        break;
-      default:
-        refusal_ = {429, "the request's tokens (prompt and max_tokens) exceed tenant '" + tenant.name() +
-                             "''s whole tokens_per_minute; lower max_tokens or shorten the prompt"};
-        break;
-    }
+    const auto verdict = tenant_.admit(tenant_tokens_);
+    if (verdict.admitted()) return true;
+    refusal_ = {429, tenant_refusal_text(verdict, tenant_.tenant().name())};
     refusal_.retry_after = verdict.retry_after_seconds;
     return false;
   }

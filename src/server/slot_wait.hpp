@@ -7,6 +7,7 @@
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/post.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -36,6 +37,23 @@ struct slot_result {
   balancer::rank_lease lease;
   slot_refusal refusal = slot_refusal::none;
 };
+
+// The request's ticket: its priority, its tenant and that tenant's share (a request, or its tokens with
+// "fair_by": "tokens"), its longest wait (the tenant's max_queue_wait_ms, else --max-queue-wait-ms).
+inline queue_ticket ticket_for(tenant_pass& tenant, std::int64_t priority, std::uint64_t tokens,
+                               const config::settings& settings) {
+  queue_ticket ticket;
+  ticket.share.priority = priority;
+  if (!tenant) return ticket;
+  const auto terms = tenant.tenant().terms();
+  ticket.share.tenant = tenant.tenant().id();
+  ticket.share.weight = terms.weight;
+  ticket.share.max_queued = terms.max_queued;
+  if (settings.fair_by == config::fair_basis::tokens) ticket.share.cost = std::max<std::uint64_t>(1, tokens);
+  ticket.max_wait = terms.max_queue_wait.count() > 0 ? terms.max_queue_wait : settings.max_queue_wait;
+  ticket.tenant = &tenant;
+  return ticket;
+}
 
 // The waiter keeps `request`, with its views of the session's prefix chain and session key: they stay put
 // while the session is suspended here, and the balancer reads them only until it delivers a lease or

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "dplb/tenants/tenant_book.hpp"
@@ -31,9 +32,14 @@ class tenant_pass {
   explicit operator bool() const noexcept { return tenant_ != nullptr; }
   tenants::tenant_state& tenant() const noexcept { return *tenant_; }
 
-  // Admitted by its tenant's limits, with `tokens` reserved from its token budget.
-  void reserve(std::uint64_t tokens) noexcept { reserved_ = tokens; }
-  std::uint64_t reserved() const noexcept { return reserved_; }
+  // Its tenant's request rate and token budget; admitted, `tokens` stay reserved from the budget until the
+  // engine reports its usage (or the request ends). Other tenants are not affected. No tenant: admitted.
+  tenants::verdict admit(std::uint64_t tokens) {
+    if (!tenant_) return {};
+    const auto verdict = tenant_->admit(clock_type::now(), tokens);
+    if (verdict.admitted()) reserved_ = tokens;
+    return verdict;
+  }
 
   // In dplb's queue, or out of it again.
   void set_queued(bool on) noexcept {
@@ -94,5 +100,18 @@ class tenant_pass {
   bool settled_ = false;
   bool reached_engine_ = false;
 };
+
+// What the client is told when its tenant's limits refused the request (by name: never by its key).
+inline std::string tenant_refusal_text(const tenants::verdict& verdict, const std::string& tenant) {
+  switch (verdict.why) {
+    case tenants::verdict::refusal::request_rate:
+      return "tenant '" + tenant + "' is over its requests_per_second; retry after the Retry-After seconds";
+    case tenants::verdict::refusal::token_budget:
+      return "tenant '" + tenant + "' is over its tokens_per_minute; retry after the Retry-After seconds";
+    default:
+      return "the request's tokens (prompt and max_tokens) exceed tenant '" + tenant +
+             "''s whole tokens_per_minute; lower max_tokens or shorten the prompt";
+  }
+}
 
 }  // namespace dplb::server
