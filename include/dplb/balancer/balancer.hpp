@@ -249,6 +249,7 @@ class balancer {
 
  private:
   friend class rank_lease;
+  static request_cost at_least_one_token(request_cost cost) noexcept;
   void release(std::size_t rank, request_cost cost) noexcept;
   void release_cost(std::size_t rank, request_cost cost) noexcept;
   std::optional<std::size_t> place_session_locked(std::string_view key);
