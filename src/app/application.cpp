@@ -169,7 +169,7 @@ struct application::impl {
         kv_index(kv_event_index(settings, topology.capacity())),
         balancer(rank_clusters(topology), cluster_policies(settings, &routing, kv_index.get()),
                  balancer::queue_limits{settings.max_inflight_per_rank, settings.max_queued_requests,
-                                       settings.queue_timeout / 2},
+                                       settings.queue_timeout / 2, settings.long_prompt_tokens},
                  balancer::rank_timing{settings.slow_start, stats_max_age(settings)}, topology.capacity()),
         metrics({}, balancer, settings.policy, topology.capacity()),
         health(topology, balancer, metrics,

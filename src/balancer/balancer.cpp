@@ -22,7 +22,9 @@ rank_lease& rank_lease::operator=(rank_lease&& other) noexcept {
 }
 
 void rank_lease::prompt_done() noexcept {
-  if (owner_ && cost_.prompt > 0) owner_->release_cost(rank_, request_cost{std::exchange(cost_.prompt, 0), 0});
+  if (owner_ && (cost_.prompt > 0 || cost_.long_prompt)) {
+    owner_->prompt_done(rank_, request_cost{std::exchange(cost_.prompt, 0), 0, std::exchange(cost_.long_prompt, false)});
+  }
 }
 
 void rank_lease::release() noexcept {
@@ -164,7 +166,7 @@ std::optional<std::size_t> balancer::place_session_locked(std::string_view key) 
   return placed->rank;
 }
 
-std::optional<std::size_t> balancer::pick_locked(const pick_context& request, request_cost cost) {
+std::optional<std::size_t> balancer::pick_locked(const pick_context& request, request_cost& cost) {
   std::optional<std::size_t> chosen;
   if (request.pinned_rank) {
     // The client named the rank: it is the only candidate, and the policy is not asked.
@@ -184,6 +186,8 @@ std::optional<std::size_t> balancer::pick_locked(const pick_context& request, re
   r.picks.fetch_add(1, std::memory_order_relaxed);
   if (const std::uint64_t tokens = std::uint64_t{cost.prompt} + cost.decode) r.cost.fetch_add(tokens, std::memory_order_relaxed);
   if (cost.prompt > 0) r.prompt_cost.fetch_add(cost.prompt, std::memory_order_relaxed);
+  cost.long_prompt = is_long(request.prompt_tokens);
+  if (cost.long_prompt) r.long_prefills.fetch_add(1, std::memory_order_relaxed);
   return chosen;
 }
 
@@ -235,6 +239,20 @@ void balancer::release_cost(std::size_t rank, request_cost cost) noexcept {
   auto& r = ranks_[rank];
   if (const std::uint64_t tokens = std::uint64_t{cost.prompt} + cost.decode) r.cost.fetch_sub(tokens, std::memory_order_relaxed);
   if (cost.prompt > 0) r.prompt_cost.fetch_sub(cost.prompt, std::memory_order_relaxed);
+  if (cost.long_prompt) r.long_prefills.fetch_sub(1, std::memory_order_relaxed);
+}
+
+// The engine's first byte came: the prompt is prefilled. When it was a long one, a long prompt that passed
+// over the rank for it may take the rank's room now (without this event it would wait for the next release).
+void balancer::prompt_done(std::size_t rank, request_cost prefilled) noexcept {
+  release_cost(rank, prefilled);
+  if (!queueing() || !prefilled.long_prompt) return;
+  std::vector<delivery> ready;  // declared first: any lease left in it is released after the unlock
+  {
+    std::lock_guard lock(pick_mutex_);
+    serve_waiters_locked(ready);
+  }
+  deliver(ready);
 }
 
 // No freed slot may leave a waiter behind. A waiter is enqueued under pick_mutex_ after its pick, in
@@ -243,7 +261,8 @@ void balancer::release_cost(std::size_t rank, request_cost cost) noexcept {
 // changes the state and serves the queue in one critical section under that same mutex. The mutex
 // orders the two: if the enqueue comes first, the freeing step finds the waiter and serves it; if the
 // freeing step comes first, the enqueuer's pick sees the room and takes it instead of queueing. Hence
-// the invariant, at every unlock: a cluster's shared line is empty or none of its ranks has room; each
+// the invariant, at every unlock: a cluster's shared line is empty, or none of its ranks has room, or the
+// room is only on ranks that its every waiter passes over (long prompts: ranks still prefilling one); each
 // rank's pinned line is empty or that rank has no room; each rank's line of waiters whose place it is
 // is empty, or that rank has no room and its head still holds out for it (within the load bound and its
 // placement_wait, as judged at that step; see serve_waiters_locked). (Checking a waiter count outside

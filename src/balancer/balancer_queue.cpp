@@ -71,9 +71,11 @@ wait_outcome balancer::acquire_or_wait(const pick_context& request, request_cost
     } else {
       line = &queues_[request.cluster];
     }
+    const bool shared_line = line == &queues_[request.cluster];
     // A non-empty line has no room for it (the invariant at release()), whatever its priority.
     if (now_or_queue && line->empty()) {
-      if (const auto chosen = pick_locked(request, cost)) out.lease = rank_lease(this, *chosen, cost);
+      const auto chosen = shared_line ? pick_from_shared_line_locked(request, cost, now, now) : pick_locked(request, cost);
+      if (chosen) out.lease = rank_lease(this, *chosen, cost);
     }
     if (!out.lease) out.state = refusal_locked(request, share);
     if (out.state == wait_state::queued) {
@@ -82,10 +84,17 @@ wait_outcome balancer::acquire_or_wait(const pick_context& request, request_cost
                order_.enqueue(share.priority, share.tenant, share.weight, share.cost)};
       w.request.avoid = nullptr;
       insert_by_key(*line, std::move(w));
+      // The line may hold long prompts set aside for the room there (see serve_waiters_locked): the
+      // newcomer may suit that room.
+      if (shared_line && limits_.long_prompt_tokens > 0 && cluster_has_room_locked(request.cluster)) {
+        serve_waiters_locked(ready);
+      }
       count_waiting_locked();
-    } else if (!out.lease && !now_or_queue && queues_[request.cluster].empty()) {
-      // It would have held out for its full rank, but cannot wait (the queue or its tenant's share of it
-      // is full, or it is closing): a slot elsewhere beats a refusal, as it would for a request with no place.
+    } else if (!out.lease && out.state != wait_state::no_usable_rank &&
+               (now_or_queue ? line->empty() : queues_[request.cluster].empty())) {
+      // It would have held out for its full rank, or passed over a rank still prefilling a long prompt,
+      // but cannot wait (the queue or its tenant's share of it is full, or it is closing): a slot elsewhere
+      // beats a refusal, as it would for a request with no place.
       if (const auto chosen = pick_locked(request, cost)) out.lease = rank_lease(this, *chosen, cost);
     }
     if (out.lease) out.state = wait_state::served;
@@ -182,7 +191,9 @@ void balancer::insert_by_key(std::deque<waiter>& line, waiter w) {
 // whose placement_wait ran out (or that tied two ranks on its prefix) would take a slot free elsewhere, yet
 // waits while the head holds out, at most until the head's own placement_wait is over or the head is served
 // (and then behind any sooner waiter that joined the line meanwhile: by priority, or within a priority by
-// the fair order, which lets only so many go ahead of it).
+// the fair order, which lets only so many go ahead of it). One exception in a shared line: a long prompt that
+// passes over the room there (pick_from_shared_line_locked) is set aside for the call, so that those behind
+// it may take that room, and put back in its place at the end.
 void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
   if (waiting_.load(std::memory_order_relaxed) == 0) return;  // exact under the lock
   const std::size_t clusters = queues_.size();
@@ -225,16 +236,48 @@ void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
         continue;
       }
     }
-    // A pinned head's pick checks its rank; any other's takes a rank with room (there is one).
-    if (const auto chosen = pick_locked(head.request, head.cost)) {
+    // A pinned head's pick checks its rank; any other's takes a rank with room (there is one), unless it
+    // is a long prompt from a shared line that passes over that room.
+    const bool shared_line = slot < clusters;
+    if (const auto chosen = shared_line ? pick_from_shared_line_locked(head.request, head.cost, head.since, now)
+                                        : pick_locked(head.request, head.cost)) {
       ready.push_back(delivery{std::move(head.deliver), rank_lease(this, *chosen, head.cost)});
       order_.served(head.tag);
+      line->pop_front();
+    } else if (shared_line && spreads(head.request)) {
+      set_aside_.push_back(std::move(head));  // back in its place below; the room may suit those behind it
       line->pop_front();
     } else {
       blocked_[slot] = 1;
     }
   }
+  for (auto& w : set_aside_) insert_by_key(queues_[w.request.cluster], std::move(w));
+  set_aside_.clear();
   count_waiting_locked();
+}
+
+// The pick for a request of a cluster's shared line: a long prompt (queue_limits::long_prompt_tokens) passes
+// over the ranks still prefilling one while some other usable rank of its cluster is not, for at most
+// long_prompt_hold since it came; nullopt when the room is only there (or nowhere). Any other request's pick
+// is the plain one.
+std::optional<std::size_t> balancer::pick_from_shared_line_locked(const pick_context& request, request_cost& cost,
+                                                                  clock::time_point since, clock::time_point now) {
+  if (!spreads(request) || now - since >= limits_.long_prompt_hold) return pick_locked(request, cost);
+  const std::size_t ranks = detail_.size();
+  passed_over_.assign(ranks, false);  // capacity kept
+  bool prefilling = false;
+  bool idle = false;  // some usable rank of its cluster is prefilling no long prompt
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const auto& state = ranks_[r];
+    if (state.cluster != request.cluster || state.flags.load(std::memory_order_relaxed) != 0) continue;
+    const bool busy = state.long_prefills.load(std::memory_order_relaxed) > 0;
+    passed_over_[r] = busy;
+    (busy ? prefilling : idle) = true;
+  }
+  if (!prefilling || !idle || request.avoid) return pick_locked(request, cost);
+  pick_context narrowed = request;
+  narrowed.avoid = &passed_over_;
+  return pick_locked(narrowed, cost);
 }
 
 // After the lock is released: a delivery that drops its lease releases it, which takes the lock again

@@ -415,6 +415,13 @@ constexpr std::array option_table{
                                   "Most requests waiting in dplb's queue (with --max-inflight-per-rank); beyond it new requests get 429."),
     ms_option<&settings::queue_timeout>("queue-timeout-ms", "DPLB_QUEUE_TIMEOUT_MS", "queue_timeout_ms", 1, max_timeout_ms,
                                   "Longest a request waits in dplb's queue; then it gets 503."),
+    count_option<&settings::long_prompt_tokens>("long-prompt-tokens", "DPLB_LONG_PROMPT_TOKENS", "long_prompt_tokens", "N", 0, 100000000, "tokens",
+                                  "With --max-inflight-per-rank: a queued request whose prompt has at least N tokens "
+                                  "(counted from token ids, else estimated from the text) is not given a slot on a "
+                                  "rank still prefilling another such prompt while some other usable rank is not; "
+                                  "it takes the next slot freed there instead (or the busy rank's once that prefill "
+                                  "ends), for at most 500 ms. On a rank already prefilling one, its first token would "
+                                  "come a whole prefill later. 0 = off."),
     ms_option<&settings::max_queue_wait>("max-queue-wait-ms", "DPLB_MAX_QUEUE_WAIT_MS", "max_queue_wait_ms", 0, max_timeout_ms,
                                   "Longest a request may wait in dplb's queue (with --max-inflight-per-rank) before it "
                                   "is answered 429 with Retry-After, before any engine sees it; a tenant's "

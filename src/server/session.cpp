@@ -548,7 +548,11 @@ class session {
         }
         if (!request.pinned_rank) request.cluster = *served;
       }
-      if (reads_.body_for(request.cluster)) cost = cost_of(facts, request);
+      if (reads_.body_for(request.cluster)) {
+        cost = cost_of(facts, request);
+      } else if (tenant_reads) {
+        request.prompt_tokens = facts.prompt_tokens;  // the queue spreads long prompts (--long-prompt-tokens)
+      }
     }
     request.session_key = session_key_;
     return true;

@@ -8,6 +8,7 @@
 #include <boost/asio/post.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -101,11 +102,19 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
   const std::uint64_t waiter_id = outcome.waiter_id;
   const auto waiting_since = clock_type::now();
   if (ticket.tenant) ticket.tenant->set_queued(true);
-  // A waiter holding out for its own full rank stops holding out after the balancer's placement_wait;
-  // no other event may come by then (no release, no arrival), so it wakes itself once to be served anew.
-  const auto placement = shared.balancer.placement_wait();
-  bool reconsidered = !(placement.count() > 0 && placement < queue_timeout);
-  state->timer.expires_after(reconsidered ? queue_timeout : placement);
+  // A waiter holding out for its own full rank stops after the balancer's placement_wait, and a long prompt
+  // passing over ranks still prefilling one after its long_prompt_hold; no other event may come by then (no
+  // release, no arrival), so it wakes itself at each to be served anew, then waits out its queue timeout.
+  std::array<clock_type::duration, 2> wakes{};
+  std::size_t wake_count = 0;
+  const auto wake_at = [&](clock_type::duration after) {
+    if (after.count() > 0 && after < queue_timeout) wakes[wake_count++] = after;
+  };
+  if (shared.balancer.spreads(request)) wake_at(shared.balancer.long_prompt_hold());
+  wake_at(shared.balancer.placement_wait());
+  std::sort(wakes.begin(), wakes.begin() + static_cast<std::ptrdiff_t>(wake_count));
+  std::size_t woken = 0;
+  state->timer.expires_after(wake_count > 0 ? wakes[0] : clock_type::duration(queue_timeout));
   // A client that leaves while queued must give its place up at once: otherwise it holds up everyone
   // behind it and, once served, its request still reaches an engine. The watch is watch_client's
   // one-byte MSG_PEEK (client_watch.hpp); bytes arriving are a pipelined request, not a departure.
@@ -118,9 +127,9 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
                                 });
   for (;;) {
     auto [wait_ec] = co_await state->timer.async_wait(io::as_result);
-    if (wait_ec || reconsidered || state->lease || state->client_gone || state->turned_away) break;
-    reconsidered = true;
-    state->timer.expires_at(waiting_since + queue_timeout);
+    if (wait_ec || woken == wake_count || state->lease || state->client_gone || state->turned_away) break;
+    ++woken;
+    state->timer.expires_at(waiting_since + (woken < wake_count ? wakes[woken] : clock_type::duration(queue_timeout)));
     shared.balancer.reconsider();  // may deliver to this waiter: the hand-over is posted, then cancels the timer
   }
   state->waking = true;

@@ -36,6 +36,9 @@ class balancer;
 struct request_cost {
   std::uint32_t prompt = 0;
   std::uint32_t decode = 0;
+  // Set by the pick, from pick_context::prompt_tokens: a long prompt (queue_limits::long_prompt_tokens), counted
+  // on its rank as prefilling until rank_lease::prompt_done() or the release.
+  bool long_prompt = false;
 };
 
 // One request's claim on a rank: counted in-flight from acquire() until the lease is destroyed or
@@ -93,6 +96,12 @@ struct queue_share {
 //    its turn.
 //  - A freed slot goes to the soonest waiter that it suits, over all lines; so where placement does not
 //    matter (least-inflight, round-robin, a prompt matching nothing) the queue is in the fair order alone.
+//  - A long prompt (queue_limits::long_prompt_tokens) from a shared line passes over the ranks still
+//    prefilling another long prompt while some other usable rank of its cluster is not, for at most
+//    queue_limits::long_prompt_hold: a freed slot there goes to the next waiter it suits. On a rank already
+//    prefilling one, a long prompt's first token comes a whole prefill later (both in one step, or one
+//    after the other); under load a slot frees elsewhere within a step or two, which costs it far less.
+//    The rank it passed over is judged again when that prefill ends (the stream's first byte).
 //  - Nobody starves for a place: a place over the load bound, on a rank that became unusable, or waited
 //    for longer than `placement_wait` (seen at the next release, arrival or state change, or when the
 //    waiting request calls reconsider() at the end of its placement_wait), no longer counts: the waiter
@@ -108,6 +117,11 @@ struct queue_limits {
   // How long a waiter holds out for its own rank while others have room (the application: half of
   // --queue-timeout-ms). 0: never, the first slot of its cluster is as good.
   std::chrono::milliseconds placement_wait{15'000};
+  // A prompt of at least this many tokens (estimated, as request_cost::prompt) is long: a queued one is
+  // not given a slot on a rank still prefilling another, while another rank is not (see above), for at
+  // most long_prompt_hold. 0: off.
+  std::uint32_t long_prompt_tokens = 0;
+  std::chrono::milliseconds long_prompt_hold{500};
 };
 
 struct rank_timing {
@@ -225,6 +239,10 @@ class balancer {
 
   // Queueing (only with max_inflight_per_rank > 0).
   bool queueing() const noexcept { return limits_.max_inflight_per_rank > 0; }
+  // Whether a queued request may pass over ranks still prefilling a long prompt (queue_limits): its own
+  // pick_context::prompt_tokens make it long.
+  bool spreads(const pick_context& request) const noexcept { return queueing() && is_long(request.prompt_tokens); }
+  std::chrono::milliseconds long_prompt_hold() const noexcept { return limits_.long_prompt_hold; }
   // Takes a slot at once (served), or enqueues `deliver` in the place `share` gives it (queued), or
   // refuses: the queue is full, its tenant has max_queued waiters, or no rank is usable. A request whose
   // place is on a full rank waits for it even while other ranks have room (see queue_limits); if it cannot
@@ -252,8 +270,13 @@ class balancer {
   static request_cost at_least_one_token(request_cost cost) noexcept;
   void release(std::size_t rank, request_cost cost) noexcept;
   void release_cost(std::size_t rank, request_cost cost) noexcept;
+  void prompt_done(std::size_t rank, request_cost prefilled) noexcept;
+  bool is_long(std::uint32_t prompt) const noexcept {
+    return limits_.long_prompt_tokens > 0 && prompt >= limits_.long_prompt_tokens;
+  }
   std::optional<std::size_t> place_session_locked(std::string_view key);
-  std::optional<std::size_t> pick_locked(const pick_context& request, request_cost cost);
+  // Counts the request on the rank it picks, and marks `cost` long_prompt when it is.
+  std::optional<std::size_t> pick_locked(const pick_context& request, request_cost& cost);
   bool has_room_locked(std::size_t rank) const noexcept;
   bool cluster_has_room_locked(std::size_t cluster) const noexcept;
   // room_matters: false for policy::preferred's view, where a full rank is usable.
@@ -266,6 +289,9 @@ class balancer {
     rank_lease lease;
   };
   void serve_waiters_locked(std::vector<delivery>& ready);
+  std::optional<std::size_t> pick_from_shared_line_locked(const pick_context& request, request_cost& cost,
+                                                          std::chrono::steady_clock::time_point since,
+                                                          std::chrono::steady_clock::time_point now);
   static void insert_by_key(std::deque<waiter>& line, waiter w);
   wait_state refusal_locked(const pick_context& request, const queue_share& share) const;
   void turn_away_stranded_locked(std::size_t rank, std::vector<delivery>& ready);
@@ -282,6 +308,7 @@ class balancer {
     std::atomic<std::uint64_t> picks{0};
     std::atomic<std::uint64_t> cost{0};         // tokens: prompts not yet prefilled plus generation
     std::atomic<std::uint64_t> prompt_cost{0};  // the prompt part of `cost`
+    std::atomic<std::uint32_t> long_prefills{0};  // long prompts (queue_limits) not yet prefilled
     std::atomic<std::uint8_t> flags{0};
     std::atomic<std::uint32_t> weight{1};
     std::size_t cluster = 0;  // written before the rank is published, never after
@@ -309,6 +336,8 @@ class balancer {
   fair_order order_;                        // every waiter's tags and its tenant's count; guarded by pick_mutex_
   std::vector<char> blocked_;       // scratch for serve_waiters_locked(), a flag per line; guarded by pick_mutex_
   std::vector<char> cluster_full_;  // scratch for serve_waiters_locked(); guarded by pick_mutex_
+  std::deque<waiter> set_aside_;    // scratch for serve_waiters_locked(); guarded by pick_mutex_
+  std::vector<bool> passed_over_;   // scratch for pick_from_shared_line_locked(); guarded by pick_mutex_
   bool hears_releases_ = false;  // some cluster's policy hears releases (fixed at construction)
   std::atomic<std::size_t> waiting_{0};    // waiters, pinned or not, for metrics; never decides anything
   std::uint64_t next_waiter_id_ = 1;       // guarded by pick_mutex_

@@ -193,6 +193,9 @@ struct settings {
   // Retry-After (a tenant's max_queue_wait overrides it for that tenant's requests); 0 = none beyond
   // queue_timeout.
   std::chrono::milliseconds max_queue_wait{0};
+  // --long-prompt-tokens: a queued prompt of at least this many tokens is not given a slot on a rank still
+  // prefilling another such prompt while another rank is not (balancer::queue_limits); 0 = off.
+  std::uint32_t long_prompt_tokens = 1024;
 
   // --- tenants (the config file's "tenants"; none configured: every request is the default tenant's) ---
   // As the file lists them, plain keys included. Parsing checks them by building a tenants::tenant_directory,
