@@ -25,12 +25,11 @@
 #include "dplb/support/io_buffers.hpp"
 #include "kv_request.hpp"
 #include "own_replies.hpp"
-#include "prefill_leg.hpp"
-#include "request_id.hpp"
 #include "request_accounting.hpp"
 #include "response_relay.hpp"
 #include "slot_wait.hpp"
 #include "tenant_pass.hpp"
+#include "two_leg_request.hpp"
 #include "upstream_exchange.hpp"
 
 namespace dplb::server {
@@ -182,16 +181,8 @@ class session {
         refused = {431, "X-Forwarded-For or Via is too long to append to"};
         break;
       }
-      // Both legs of a disaggregated request carry one X-Request-Id: the engines name the request by it, and
-      // the decode instance finds the prefill's blocks under it. The client's, else one dplb makes.
-      if (two_legs) {
-        if (auto given = forwarded_request_id(head.fields)) {
-          request_id_ = std::move(*given);
-        } else {
-          request_id_ = new_request_id();
-          replace_request_id(upstream_head_.bytes, upstream_head_.request_line_end, request_id_);
-        }
-      }
+      // Both legs of a disaggregated request carry one X-Request-Id (two_leg_request.hpp).
+      if (two_legs) request_id_ = two_leg_request_id(head, upstream_head_);
       // Copied now: the head's views do not outlive the body's reading.
       if (!settings_.affinity_header.empty()) session_key_ = head.fields.value(settings_.affinity_header);
       if (decision.send_continue && !co_await send_continue()) co_return false;
@@ -339,87 +330,23 @@ class session {
                                           client_keep_alive);
   }
 
-  // A disaggregated cluster's completion: the prefill leg on a rank of its prefill pool (prefill_leg.hpp),
-  // then the decode leg on `decode`, the rank picked when the request arrived (so a burst splits exactly
-  // over the decode ranks), with the prefill's kv_transfer_params. A client that leaves during the prefill
-  // leg has that engine connection closed, and no decode leg runs.
+  // A disaggregated cluster's completion, in two legs (two_leg_request.hpp): the prefill leg, then the decode
+  // leg on `decode`, the rank picked when the request arrived. The decode leg, a prefill answer relayed as it
+  // came and a prefill leg's failure go the way of any request's.
   io::task<bool> run_two_legs(balancer::rank_lease decode, balancer::pick_context& request,
                               balancer::request_cost cost, bool client_keep_alive) {
-    if (access_.is_open()) access_.entry().request_id = request_id_;
-    if (reads_.may_skip_prefill(request.cluster) &&
-        kv_request::share_held_by(decode.rank(), request, shared_) >= settings_.pd_skip_prefill_ratio) {
-      // The decode rank's KV-cache events say it holds the prompt: it computes the rest itself, and the
-      // prefill leg (a transfer of blocks it already has) is skipped.
-      shared_.metrics.prefill_skipped();
-      co_return co_await exchange_and_relay(std::move(decode), request, cost, false, client_keep_alive, request_started_);
+    two_leg_request legs(worker_, client_, client_deadline_, upstream_deadline_, watch_, access_, tenant_, replies_,
+                         response_head_, upstream_head_, request_body_, body_bytes_, request_id_, ticket_, priority_,
+                         tenant_tokens_);
+    const auto step = co_await legs.run(decode, request, cost, client_keep_alive);
+    if (step == two_leg_request::next::answered) co_return legs.keep_alive();
+    if (step == two_leg_request::next::relay_prefill) {
+      co_return co_await relay_answer(legs.prefill().exchange(), legs.prefill().accounting(), false, client_keep_alive);
     }
-    {
-      auto prefill_body = pd::prefill_body(request_body_);
-      if (!prefill_body) {
-        decode.release();  // free before the answer leaves, as every refusal's slot is
-        shared_.metrics.rejected(400);
-        co_return co_await replies_.send_error(
-            400, "the request body must be a JSON object: dplb writes the prefill leg's body from it", client_keep_alive);
-      }
-      if (!watch_) watch_ = std::make_shared<client_watch>();
-      prefill_leg leg(worker_, *watch_, response_head_, upstream_deadline_, request, cost);
-      // The prefill queue orders it as the decode queue did, and counts it as its tenant's (max_queued).
-      ticket_ = ticket_for(tenant_, priority_, tenant_tokens_, settings_);
-      if (const auto refusal = co_await leg.acquire(client_, access_.open_entry(), ticket_); refusal != slot_refusal::none) {
-        decode.release();
-        tenant_.give_back_reservation();  // no engine saw it
-        shared_.metrics.rejected(refusal == slot_refusal::client_gone ? 499 : refusal_status(refusal));
-        if (refusal == slot_refusal::client_gone) {
-          tenant_.answered(499);
-          if (access_.is_open()) access_.answered_by_dplb(499, 0);
-          co_return false;
-        }
-        co_return co_await replies_.send_error(refusal_status(refusal), leg.refusal_text(refusal), client_keep_alive,
-                                               1);
-      }
-      const auto watching = watch_leg();
-      set_upstream_framing(upstream_head_, bhttp::verb::post, prefill_body->size());
-      const auto result = co_await leg.run(upstream_head_, *prefill_body);
-      if (access_.is_open()) {
-        auto& entry = access_.entry();
-        entry.prefill_rank = leg.accounting().rank();
-        entry.prefill_status = leg.accounting().status();
-        if (const auto took = leg.took()) entry.prefill_duration = std::chrono::duration<double>(*took).count();
-      }
-      if (result != prefill_leg::result::params_ready) decode.release();  // no decode leg: the slot goes now
-      switch (result) {
-        case prefill_leg::result::client_gone:  // counted on its prefill rank (499)
-          tenant_.answered(499);
-          co_return false;
-        case prefill_leg::result::failed:
-          if (leg.answered_without_params()) {
-            if (access_.is_open()) access_.entry().forget_rank_outcome();  // the client gets dplb's 502
-            co_return co_await replies_.send_error(502, leg.missing_params_text(), client_keep_alive);
-          }
-          co_return co_await fail_before_response(leg.accounting(), leg.failure().ec, leg.failure().kind,
-                                                  client_keep_alive);
-        case prefill_leg::result::relay_answer:
-          // A 4xx (or any answer but a 200) is the client's as the engine gave it; no decode leg runs.
-          leg.accounting().speak_for(tenant_);
-          co_return co_await relay_answer(leg.exchange(), leg.accounting(), false, client_keep_alive);
-        case prefill_leg::result::params_ready:
-          break;
-      }
-      shared_.metrics.prefill_leg(*leg.took());
-      // The client's body, braced (prefill_body() accepted it), with the prefill's params: it cannot fail.
-      request_body_ = pd::decode_body(request_body_, leg.params()).value();
-      body_bytes_.set(request_body_.capacity());
+    if (step == two_leg_request::next::prefill_failed) {
+      const auto& failure = legs.prefill().failure();
+      co_return co_await fail_before_response(legs.prefill().accounting(), failure.ec, failure.kind, client_keep_alive);
     }
-    // The decode leg's accounting fills the access log entry anew: the prefill leg's stays in its own fields.
-    if (access_.is_open()) access_.entry().forget_rank_outcome();
-    // A client that left during the prefill leg's last moments (before its watch began, or with its close
-    // not yet seen): no decode leg starts for it.
-    if (watch_->client_gone || client_closed_now(client_.socket())) {
-      tenant_.answered(499);
-      if (access_.is_open()) access_.answered_by_dplb(499, 0);
-      co_return false;
-    }
-    set_upstream_framing(upstream_head_, bhttp::verb::post, request_body_.size());
     co_return co_await exchange_and_relay(std::move(decode), request, cost, false, client_keep_alive, request_started_);
   }
 
