@@ -86,7 +86,7 @@ struct rank_0_prefilling_long {
 
 }  // namespace
 
-TEST_CASE("a queued long prompt passes over a rank prefilling another; the short one behind it takes that slot",
+TEST_CASE("a queued long prompt passes over a rank prefilling another, and the short one behind it takes that slot",
           "[balancer][queue][long-prompts]") {
   auto b = two_ranks_of_two();
   rank_0_prefilling_long full(b);
