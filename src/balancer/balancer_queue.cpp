@@ -4,9 +4,18 @@
 #include "dplb/balancer/balancer.hpp"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <utility>
 
 namespace dplb::balancer {
+
+namespace {
+
+// The fair order's band of retries: before every priority a client can send.
+constexpr std::int64_t retry_band = std::numeric_limits<std::int64_t>::min();
+
+}  // namespace
 
 // Where a waiter belongs, judged as if no rank were full: its session's own rank on the ring (not the next
 // one, which it reaches only when its own is over the load bound), else what its policy prefers. nullopt:
@@ -42,6 +51,7 @@ wait_state balancer::refusal_locked(const pick_context& request, const queue_sha
   const auto pinned = request.pinned_rank;
   if (!(pinned ? usable(*pinned) : any_usable(request.cluster))) return wait_state::no_usable_rank;
   if (!queueing() || closed_) return wait_state::queue_full;
+  if (share.retry) return untried_usable_locked(request) ? wait_state::queued : wait_state::no_usable_rank;
   if (order_.waiting_of(share.tenant) >= share.max_queued) return wait_state::tenant_queue_full;
   if (waiting_.load(std::memory_order_relaxed) >= limits_.max_waiting) return wait_state::queue_full;
   return wait_state::queued;
@@ -72,8 +82,9 @@ wait_outcome balancer::acquire_or_wait(const pick_context& request, request_cost
       line = &queues_[request.cluster];
     }
     const bool shared_line = line == &queues_[request.cluster];
-    // A non-empty line has no room for it (the invariant at release()), whatever its priority.
-    if (now_or_queue && line->empty()) {
+    // A non-empty line has no room for it (the invariant at release()), whatever its priority; a retry
+    // comes before its every waiter.
+    if (now_or_queue && (line->empty() || share.retry)) {
       const auto chosen = shared_line ? pick_from_shared_line_locked(request, cost, now, now) : pick_locked(request, cost);
       if (chosen) out.lease = rank_lease(this, *chosen, cost);
     }
@@ -81,8 +92,8 @@ wait_outcome balancer::acquire_or_wait(const pick_context& request, request_cost
     if (out.state == wait_state::queued) {
       out.waiter_id = next_waiter_id_++;
       waiter w{out.waiter_id, request, cost, now, std::move(deliver),
-               order_.enqueue(share.priority, share.tenant, share.weight, share.cost)};
-      w.request.avoid = nullptr;
+               order_.enqueue(share.retry ? retry_band : share.priority, share.tenant, share.weight, share.cost)};
+      if (!share.retry) w.request.avoid = nullptr;
       insert_by_key(*line, std::move(w));
       // The line may hold long prompts set aside for the room there (see serve_waiters_locked): the
       // newcomer may suit that room.
@@ -191,9 +202,10 @@ void balancer::insert_by_key(std::deque<waiter>& line, waiter w) {
 // whose placement_wait ran out (or that tied two ranks on its prefix) would take a slot free elsewhere, yet
 // waits while the head holds out, at most until the head's own placement_wait is over or the head is served
 // (and then behind any sooner waiter that joined the line meanwhile: by priority, or within a priority by
-// the fair order, which lets only so many go ahead of it). One exception in a shared line: a long prompt that
-// passes over the room there (pick_from_shared_line_locked) is set aside for the call, so that those behind
-// it may take that room, and put back in its place at the end.
+// the fair order, which lets only so many go ahead of it). One exception in a shared line: a head that the
+// room there does not suit (a long prompt passing over ranks still prefilling one, see
+// pick_from_shared_line_locked; a retry whose untried ranks are full) is set aside for the call, so that
+// those behind it may take that room, and put back in its place at the end.
 void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
   if (waiting_.load(std::memory_order_relaxed) == 0) return;  // exact under the lock
   const std::size_t clusters = queues_.size();
@@ -244,7 +256,11 @@ void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
       ready.push_back(delivery{std::move(head.deliver), rank_lease(this, *chosen, head.cost)});
       order_.served(head.tag);
       line->pop_front();
-    } else if (shared_line && spreads(head.request)) {
+    } else if (shared_line && head.request.avoid && !untried_usable_locked(head.request)) {
+      order_.abandoned(head.tag);  // a retry with no rank left to try: refused now, not at its queue timeout
+      ready.push_back(delivery{std::move(head.deliver), rank_lease{}});
+      line->pop_front();
+    } else if (shared_line && (spreads(head.request) || head.request.avoid)) {
       set_aside_.push_back(std::move(head));  // back in its place below; the room may suit those behind it
       line->pop_front();
     } else {
@@ -254,6 +270,17 @@ void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
   for (auto& w : set_aside_) insert_by_key(queues_[w.request.cluster], std::move(w));
   set_aside_.clear();
   count_waiting_locked();
+}
+
+// Whether some usable rank of the request's cluster is not one it tried (pick_context::avoid).
+bool balancer::untried_usable_locked(const pick_context& request) const noexcept {
+  for (std::size_t r = 0; r < detail_.size(); ++r) {
+    const bool tried = request.avoid && r < request.avoid->size() && (*request.avoid)[r];
+    if (!tried && ranks_[r].cluster == request.cluster && ranks_[r].flags.load(std::memory_order_relaxed) == 0) {
+      return true;
+    }
+  }
+  return false;
 }
 
 // The pick for a request of a cluster's shared line: a long prompt (queue_limits::long_prompt_tokens) passes

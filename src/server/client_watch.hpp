@@ -19,6 +19,7 @@ struct client_watch {
   bool done = false;                                  // the request is over; the watcher must not touch anything
   bool client_gone = false;                           // the client closed or reset its connection
   upstream::upstream_connection* upstream = nullptr;  // closed by the watcher when the client goes
+  io::steady_timer* queue_wait = nullptr;             // a retry's wait for a slot: cancelled when the client goes
   char probe = 0;  // where the watch's MSG_PEEK copies a byte (never read; nothing is consumed)
 };
 
@@ -37,6 +38,7 @@ inline void watch_client(io::socket& socket, std::shared_ptr<client_watch> watch
                          if (watch->done || ec == boost::asio::error::operation_aborted) return;
                          if (!ec && n > 0) return;  // a pipelined request: not a disconnect
                          watch->client_gone = true;  // end of file or an error: the client left
+                         if (watch->queue_wait) watch->queue_wait->cancel();
                          if (watch->upstream) {
                            boost::system::error_code ignored;
                            watch->upstream->stream.socket().close(ignored);
@@ -62,6 +64,7 @@ class leg_watch {
     deadline_.cancel_wake();
     watch_->done = true;
     watch_->upstream = nullptr;
+    watch_->queue_wait = nullptr;
     if (started_) {
       boost::system::error_code ignored;
       client_.cancel(ignored);

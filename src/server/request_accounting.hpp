@@ -62,6 +62,10 @@ class request_accounting {
     shared_.metrics.retried();
   }
 
+  // The failed rank's slot goes back while the request waits for another (its rank stays named for the
+  // outcome, should no other come).
+  void give_up_slot() noexcept { lease_.release(); }
+
   // After an attempt that failed before the engine took the request: the request moves to another rank of
   // its cluster, none behind the failed rank's URL (they share its server); false when no rank is left.
   // `tried` holds the ranks ruled out so far (sized on the first retry: the usual request never needs it).

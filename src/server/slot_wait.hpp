@@ -18,6 +18,7 @@
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/server/proxy_context.hpp"
 #include "dplb/support/io_types.hpp"
+#include "client_watch.hpp"
 #include "tenant_pass.hpp"
 
 namespace dplb::server {
@@ -56,12 +57,13 @@ inline queue_ticket ticket_for(tenant_pass& tenant, std::int64_t priority, std::
   return ticket;
 }
 
-// The waiter keeps `request`, with its views of the session's prefix chain and session key: they stay put
-// while the session is suspended here, and the balancer reads them only until it delivers a lease or
-// cancel_wait() returns. Nothing else may be pending on the client's socket.
+// The waiter keeps `request`, with its views of the session's prefix chain and session key (and a retry's
+// tried ranks): they stay put while the session is suspended here, and the balancer reads them only until it
+// delivers a lease or cancel_wait() returns. Nothing else may be pending on the client's socket, unless
+// `leg` is given: the watch of the leg a retry comes from, which then tells of the client's leaving.
 inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state& shared,
                                            const balancer::pick_context& request, balancer::request_cost cost,
-                                           const queue_ticket& ticket) {
+                                           const queue_ticket& ticket, client_watch* leg = nullptr) {
   namespace asio = boost::asio;
   using clock_type = std::chrono::steady_clock;
   struct wait_state {
@@ -117,24 +119,36 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
   state->timer.expires_after(wake_count > 0 ? wakes[0] : clock_type::duration(queue_timeout));
   // A client that leaves while queued must give its place up at once: otherwise it holds up everyone
   // behind it and, once served, its request still reaches an engine. The watch is watch_client's
-  // one-byte MSG_PEEK (client_watch.hpp); bytes arriving are a pipelined request, not a departure.
-  client.socket().async_receive(asio::buffer(&state->probe, 1), io::socket::message_peek,
-                                [state](const boost::system::error_code& ec, std::size_t n) {
-                                  if (state->waking || ec == asio::error::operation_aborted) return;
-                                  if (!ec && n > 0) return;
-                                  state->client_gone = true;
-                                  state->timer.cancel();
-                                });
+  // one-byte MSG_PEEK (client_watch.hpp); bytes arriving are a pipelined request, not a departure. A retry's
+  // leg has that watch running already: it cancels the timer.
+  if (leg) {
+    leg->queue_wait = &state->timer;
+  } else {
+    client.socket().async_receive(asio::buffer(&state->probe, 1), io::socket::message_peek,
+                                  [state](const boost::system::error_code& ec, std::size_t n) {
+                                    if (state->waking || ec == asio::error::operation_aborted) return;
+                                    if (!ec && n > 0) return;
+                                    state->client_gone = true;
+                                    state->timer.cancel();
+                                  });
+  }
+  const auto client_gone = [&] { return leg ? leg->client_gone : state->client_gone; };
   for (;;) {
+    if (client_gone()) break;  // (a retry's client may have left before its wait began)
     auto [wait_ec] = co_await state->timer.async_wait(io::as_result);
-    if (wait_ec || woken == wake_count || state->lease || state->client_gone || state->turned_away) break;
+    if (wait_ec || woken == wake_count || state->lease || client_gone() || state->turned_away) break;
     ++woken;
     state->timer.expires_at(waiting_since + (woken < wake_count ? wakes[woken] : clock_type::duration(queue_timeout)));
     shared.balancer.reconsider();  // may deliver to this waiter: the hand-over is posted, then cancels the timer
   }
   state->waking = true;
-  boost::system::error_code ignored;
-  client.socket().cancel(ignored);  // ends the watch; nothing else is pending on the client socket
+  state->client_gone = client_gone();
+  if (leg) {
+    leg->queue_wait = nullptr;
+  } else {
+    boost::system::error_code ignored;
+    client.socket().cancel(ignored);  // ends the watch; nothing else is pending on the client socket
+  }
   shared.metrics.queued(clock_type::now() - waiting_since, ticket.share.priority);
   if (ticket.tenant) ticket.tenant->set_queued(false);
   if (state->lease && !state->client_gone) co_return slot_result{std::move(state->lease)};

@@ -471,6 +471,68 @@ TEST_CASE("a client that leaves while queued gives up its place at once and neve
   CHECK(metric_sum(m, "dplb_requests_total{", {"code=\"499\""}) == 0);
 }
 
+TEST_CASE("under --max-inflight-per-rank a retry whose other ranks are full waits for a slot, first in line",
+          "[reliability][queue][retry]") {
+  // Rank 0 resets every request before answering; rank 1 works. A stream holds rank 1's only slot (it was
+  // retried there from rank 0 itself); the next request is reset on rank 0 too, finds rank 1 full, and must
+  // wait for rank 1's slot (a 502 was the answer before retries could queue).
+  mock_engine engine(2, {"--itl-ms", "50"});
+  dplb_proxy proxy(engine.urls(), {"--health-check-interval-ms", "0", "--ejection-threshold", "0",
+                                   "--policy", "round-robin", "--max-inflight-per-rank", "1",
+                                   "--queue-timeout-ms", "30000"});
+  engine.set_fault(0, R"({"reset_on_request": true})");
+  http_response first;
+  std::thread streamer([&] {
+    http_connection c(proxy.port());
+    first = c.send_streaming(completion(30, true), 20s);  // about 1.5 s of tokens
+  });
+  auto m = await_metrics(proxy.port(), [](const auto& m) {
+    return metric_sum(m, "dplb_rank_inflight{", {rank_label(1)}) == 1 && metric_sum(m, "dplb_retries_total") == 1;
+  });
+  REQUIRE(metric_sum(m, "dplb_rank_inflight{", {rank_label(1)}) == 1);
+  SECTION("it gets the slot when the stream ends") {
+    http_response second;
+    std::thread retried([&] {
+      http_connection c(proxy.port());
+      second = c.send(completion(1, false));
+    });
+    m = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_queue_depth") == 1; });
+    CHECK(metric_sum(m, "dplb_queue_depth") == 1);  // the retry, waiting for rank 1
+    CHECK(metric_sum(m, "dplb_rank_inflight{", {rank_label(0)}) == 0);  // its failed slot was given back
+    retried.join();
+    streamer.join();
+    CHECK(first.status == 200);
+    CHECK(first.complete);
+    CHECK(second.status == 200);
+    CHECK(header(second, "x-dplb-rank") == "1");
+    m = scrape_metrics(proxy.port());
+    CHECK(metric_sum(m, "dplb_retries_total") == 2);
+    CHECK(metric_sum(m, "dplb_requests_total{", {"code=\"200\""}) == 2);
+    CHECK(metric_sum(m, "dplb_requests_total{", {"code=\"502\""}) == 0);
+  }
+  SECTION("its client leaving gives its place up at once") {
+    {
+      http_connection leaving(proxy.port());
+      leaving.write_raw(wire(completion(1, false)));
+      m = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_queue_depth") == 1; });
+      REQUIRE(metric_sum(m, "dplb_queue_depth") == 1);
+      leaving.close();
+    }
+    m = await_metrics(proxy.port(), [](const auto& m) {
+      return metric_sum(m, "dplb_queue_depth") == 0 && metric_sum(m, "dplb_requests_total{", {"code=\"499\""}) == 1;
+    });
+    CHECK(metric_sum(m, "dplb_queue_depth") == 0);
+    CHECK(metric_sum(m, "dplb_requests_total{", {"code=\"499\""}) == 1);
+    CHECK(metric_sum(m, "dplb_rank_inflight{", {rank_label(1)}) == 1);  // the stream still holds it
+    streamer.join();
+    CHECK(first.status == 200);
+    m = scrape_metrics(proxy.port());
+    CHECK(metric_sum(m, "dplb_rank_inflight{") == 0);
+    CHECK(metric_sum(engine.metrics(1), "mock_requests_received_total") == 1);  // the stream only
+  }
+  if (streamer.joinable()) streamer.join();
+}
+
 TEST_CASE("a drain that times out with requests still queued exits cleanly", "[reliability][queue][shutdown]") {
   // Requests still queued when the drain times out are torn down with their worker threads, while other
   // workers' sessions still hold slots: no freed slot may then be handed to a worker that is gone.

@@ -75,6 +75,9 @@ struct queue_share {
   std::uint32_t weight = 1;     // the tenant's share among equal priorities (0 is taken as 1)
   std::uint64_t cost = 1;       // what the request counts against that share: 1, or its tokens (0 is taken as 1)
   std::size_t max_queued = std::numeric_limits<std::size_t>::max();  // the tenant's waiters at most, this one included
+  // A request whose rank failed before taking it, waiting for a slot on a rank it has not tried
+  // (pick_context::avoid): it goes before every other waiter (it had its turn), and no queue limit refuses it.
+  bool retry = false;
 };
 
 // Optional queueing in dplb (--max-inflight-per-rank): a rank at its limit takes no new request; when
@@ -102,6 +105,9 @@ struct queue_share {
 //    prefilling one, a long prompt's first token comes a whole prefill later (both in one step, or one
 //    after the other); under load a slot frees elsewhere within a step or two, which costs it far less.
 //    The rank it passed over is judged again when that prefill ends (the stream's first byte).
+//  - A retry (queue_share::retry) waits in its cluster's shared line, first, for a slot on a rank it has not
+//    tried; a slot freed on one it tried goes to the next waiter. It is turned away (an empty lease) once no
+//    untried rank of its cluster is usable.
 //  - Nobody starves for a place: a place over the load bound, on a rank that became unusable, or waited
 //    for longer than `placement_wait` (seen at the next release, arrival or state change, or when the
 //    waiting request calls reconsider() at the end of its placement_wait), no longer counts: the waiter
@@ -156,7 +162,7 @@ struct engine_status {
 // delivered or cancel_wait() returned (a waiting session is suspended, so its storage stays put).
 struct waiter {
   std::uint64_t id = 0;  // rising: a smaller id waited longer
-  pick_context request;  // `avoid` is always null: a retry never waits
+  pick_context request;  // `avoid`: set for a retry only (queue_share::retry), the ranks it tried
   request_cost cost;
   std::chrono::steady_clock::time_point since{};
   std::function<void(rank_lease)> deliver;
@@ -289,6 +295,7 @@ class balancer {
     rank_lease lease;
   };
   void serve_waiters_locked(std::vector<delivery>& ready);
+  bool untried_usable_locked(const pick_context& request) const noexcept;
   std::optional<std::size_t> pick_from_shared_line_locked(const pick_context& request, request_cost& cost,
                                                           std::chrono::steady_clock::time_point since,
                                                           std::chrono::steady_clock::time_point now);

@@ -1,0 +1,104 @@
+// A retry in dplb's queue (queue_share::retry): a request whose rank failed before taking it waits, when
+// every rank it has not tried is full, for a slot on one of those, before every other waiter; a slot freed on
+// a rank it tried goes to the next waiter; once no untried rank is usable it is turned away.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "dplb/balancer/balancer.hpp"
+#include "dplb/balancer/least_inflight.hpp"
+
+using namespace dplb::balancer;
+
+namespace {
+
+balancer three_ranks_of_one() {
+  return balancer(3, std::make_unique<least_inflight>(), queue_limits{.max_inflight_per_rank = 1, .max_waiting = 2});
+}
+
+// Waiters and what was handed to each (an empty lease: turned away), by the order in which they queued.
+struct waiters {
+  explicit waiters(balancer& owner) : b(owner) {}
+  balancer& b;
+  std::vector<std::pair<std::size_t, rank_lease>> delivered;
+  std::size_t count = 0;
+
+  wait_outcome queue(const pick_context& request, const queue_share& share = {}) {
+    const std::size_t index = count++;
+    auto out = b.acquire_or_wait(request, {}, share,
+                                 [this, index](rank_lease l) { delivered.emplace_back(index, std::move(l)); });
+    return out;
+  }
+  std::optional<std::size_t> rank_of(std::size_t waiter) const {
+    for (const auto& [w, lease] : delivered) {
+      if (w == waiter && lease) return lease.rank();
+    }
+    return std::nullopt;
+  }
+  bool turned_away(std::size_t waiter) const {
+    for (const auto& [w, lease] : delivered) {
+      if (w == waiter) return !lease;
+    }
+    return false;
+  }
+};
+
+queue_share retry_share() {
+  queue_share s;
+  s.retry = true;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("a retry waits for a rank it has not tried, ahead of the queue, and passes over the one it tried",
+          "[balancer][queue][retry]") {
+  auto b = three_ranks_of_one();
+  std::vector<rank_lease> held;
+  for (int i = 0; i < 3; ++i) held.push_back(b.acquire());
+  waiters w(b);
+  REQUIRE(w.queue({}).state == wait_state::queued);  // waiter 0: an ordinary request, first in line
+  REQUIRE(w.queue({}).state == wait_state::queued);  // waiter 1: the queue is now full (max_waiting 2)
+  // The retry tried rank 0; a full queue does not refuse it.
+  std::vector<bool> tried{true, false, false};
+  pick_context retry;
+  retry.avoid = &tried;
+  REQUIRE(w.queue(retry, retry_share()).state == wait_state::queued);  // waiter 2
+  CHECK(b.waiting() == 3);
+  // Rank 0 frees: the retry passes it over, the oldest ordinary waiter takes it.
+  held[0].release();
+  CHECK(w.rank_of(0) == 0u);
+  CHECK_FALSE(w.rank_of(2));
+  // Rank 2 frees: the retry goes first, though it came last.
+  held[2].release();
+  CHECK(w.rank_of(2) == 2u);
+  CHECK_FALSE(w.rank_of(1));
+  CHECK(b.waiting() == 1);
+}
+
+TEST_CASE("a retry with no untried rank left is turned away, in the queue or before it", "[balancer][queue][retry]") {
+  auto b = three_ranks_of_one();
+  std::vector<rank_lease> held;
+  for (int i = 0; i < 3; ++i) held.push_back(b.acquire());
+  waiters w(b);
+  std::vector<bool> tried{true, true, false};
+  pick_context retry;
+  retry.avoid = &tried;
+  SECTION("its last untried rank goes down while it waits") {
+    REQUIRE(w.queue(retry, retry_share()).state == wait_state::queued);
+    held[0].release();  // a slot on a rank it tried: not for it
+    CHECK(w.delivered.empty());
+    b.set_flag(2, rank_flag::unhealthy, true);
+    CHECK(w.turned_away(0));
+    CHECK(b.waiting() == 0);
+  }
+  SECTION("no untried rank is usable when it comes") {
+    b.set_flag(2, rank_flag::unhealthy, true);
+    CHECK(w.queue(retry, retry_share()).state == wait_state::no_usable_rank);
+    CHECK(b.waiting() == 0);
+  }
+}
