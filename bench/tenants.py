@@ -31,8 +31,9 @@ Request shapes (1 prompt word = 1 token in the mock, `ignore_eos`: every request
   own step, with a full batch. On an idle rank (the solo run) it pays (3) alone, with a small batch. (2) and the
   larger batch are the engine's cost of being busy, the same under any queue discipline that does not preempt a
   step: ~25 ms at 16 slots. With a 4,000-token prompt (80 ms of prefill, ~95 ms of solo TTFT) they are a quarter of
-  the solo TTFT, and the bar measures the queue (and, at p99, how often two interactive prompts get slots on one
-  rank within a step: the waiter goes to the rank that freed a slot); with a 64-token prompt (~17 ms) they alone
+  the solo TTFT, and the bar measures the queue (and, at p99, whether two interactive prompts prefill on one
+  rank: the queue passes a long prompt over ranks still prefilling one, --long-prompt-tokens; with it off, ~8% of
+  the interactive requests met another on their rank and the p99 was 1.9x); with a 64-token prompt (~17 ms) they alone
   are 2.5x it, and no queue could meet a 1.5x bar (measured: 1.9-2.2x at 64 and 128 tokens, 1.6-1.7x at 2,000).
   docs/benchmarks.md section 10 has the figures.
 

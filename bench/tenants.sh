@@ -18,10 +18,11 @@
 # Environment:
 #   TENANTS_BUILD_DIR   where the binaries are (default: build)
 #   TENANTS_QUICK=1     a smoke of under a minute (CI): 6-8 s runs, results in $TMPDIR. The bars are the full
-#                       run's except the fair / solo p99 bar, 3.0 instead of 1.5: 8 s of the interactive tenant
-#                       are ~20-30 requests, whose p99 is their slowest, and one of them sharing a step with another
-#                       4,000-token prefill alone makes 2.4x (docs/benchmarks.md section 10); FIFO (8x and more)
-#                       still fails it by far
+#                       run's except the fair / solo p99 bar, 2.0 instead of 1.5: 8 s of the interactive tenant
+#                       are ~20-30 requests, whose p99 is their slowest (1.3x when measured). Two of them
+#                       prefilling on one rank make ~2x, which the queue's spreading of long prompts
+#                       (--long-prompt-tokens) prevents: with --long-prompt-tokens 0 two smokes gave 2.12x and
+#                       2.10x (docs/benchmarks.md section 10); FIFO (8x and more) fails it by far
 # Everything listens on 127.0.0.1 on ephemeral ports; every process started is stopped by its pid.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,6 @@ cd "$(dirname "$0")/.."
 args=(--build-dir "${TENANTS_BUILD_DIR:-build}")
 if [[ ${TENANTS_QUICK:-0} == 1 ]]; then
   args+=(--capacity-warmup 1 --capacity-seconds 2.5 --duration 8 --weights-duration 6 --warmup-timeout 10
-         --max-fair-ratio 3.0 --results-dir "${TMPDIR:-/tmp}/dplb-tenants-quick")
+         --max-fair-ratio 2.0 --results-dir "${TMPDIR:-/tmp}/dplb-tenants-quick")
 fi
 exec python3 bench/tenants.py "${args[@]}" "$@"

@@ -48,6 +48,15 @@ std::string header(const http_response& r, std::string_view name) {
 
 std::string rank_label(int rank) { return "rank=\"" + std::to_string(rank) + "\""; }
 
+// A client sends a request, sees it wait in dplb's queue (the only waiter), and closes its connection.
+void leave_while_queued(unsigned short port) {
+  http_connection leaving(port);
+  leaving.write_raw(wire(completion(1, false)));
+  const auto m = await_metrics(port, [](const auto& m) { return metric_sum(m, "dplb_queue_depth") == 1; });
+  REQUIRE(metric_sum(m, "dplb_queue_depth") == 1);
+  leaving.close();
+}
+
 }  // namespace
 
 TEST_CASE("active health checks take a rank out and bring it back", "[reliability][health]") {
@@ -442,13 +451,7 @@ TEST_CASE("a client that leaves while queued gives up its place at once and neve
   });
   auto m = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_rank_inflight{") == 1; });
   REQUIRE(metric_sum(m, "dplb_rank_inflight{") == 1);
-  {
-    http_connection leaving(proxy.port());
-    leaving.write_raw(wire(completion(1, false)));
-    m = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_queue_depth") == 1; });
-    REQUIRE(metric_sum(m, "dplb_queue_depth") == 1);
-    leaving.close();
-  }
+  leave_while_queued(proxy.port());
   // The close itself ends the wait, long before the stream frees the slot; dplb answers nobody, so the
   // request is counted as rejected with nginx's 499 (it never had a rank to be counted on).
   m = await_metrics(proxy.port(), [](const auto& m) {
@@ -511,13 +514,7 @@ TEST_CASE("under --max-inflight-per-rank a retry whose other ranks are full wait
     CHECK(metric_sum(m, "dplb_requests_total{", {"code=\"502\""}) == 0);
   }
   SECTION("its client leaving gives its place up at once") {
-    {
-      http_connection leaving(proxy.port());
-      leaving.write_raw(wire(completion(1, false)));
-      m = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_queue_depth") == 1; });
-      REQUIRE(metric_sum(m, "dplb_queue_depth") == 1);
-      leaving.close();
-    }
+    leave_while_queued(proxy.port());
     m = await_metrics(proxy.port(), [](const auto& m) {
       return metric_sum(m, "dplb_queue_depth") == 0 && metric_sum(m, "dplb_requests_total{", {"code=\"499\""}) == 1;
     });
