@@ -3,7 +3,8 @@
 // pool is picked (after a wait in that pool's queue under --max-inflight-per-rank), sent the prefill body,
 // and its answer read whole: its kv_transfer_params say where the prompt's KV cache waits for the decode
 // leg. A rank that refuses or resets before answering is replaced by another of the pool, as any request's
-// rank is (--max-retries). Any other answer than a 200 with kv_transfer_params is the client's to see: the
+// rank is (--max-retries; under --max-inflight-per-rank, after a wait first in the pool's queue when every
+// untried prefill rank is full). Any other answer than a 200 with kv_transfer_params is the client's to see: the
 // session relays it as it came, and no decode leg runs.
 
 #include <boost/beast/http/error.hpp>
@@ -53,6 +54,8 @@ class prefill_leg {
   // request's access log entry, which this leg's accounting fills until the decode leg takes it over.
   // `ticket`: the request's place in the queue (its priority and tenant's share, its longest wait).
   io::task<slot_refusal> acquire(io::tcp_stream& client, metrics::access_entry* access, const queue_ticket& ticket) {
+    client_ = &client;
+    ticket_ = ticket;
     auto slot = slot_without_queue(shared_, request_, cost_);
     if (!slot) slot = co_await wait_for_slot(client, shared_, request_, cost_, ticket);
     if (!slot->lease) co_return slot->refusal;
@@ -85,9 +88,14 @@ class prefill_leg {
         co_return result::client_gone;
       }
       accounting_->attempt_failed(attempt.kind, attempt.health);
-      if (attempt.retry_elsewhere && retries < shared_.settings.max_retries &&
-          accounting_->move_elsewhere(request_, cost_, tried)) {
-        continue;
+      if (attempt.retry_elsewhere && retries < shared_.settings.max_retries) {
+        if (accounting_->move_elsewhere(request_, cost_, tried)) continue;
+        const bool moved = co_await accounting_->wait_elsewhere(*client_, request_, cost_, ticket_, watch_);
+        if (moved) continue;
+        if (watch_.client_gone) {
+          accounting_->finish(499);
+          co_return result::client_gone;
+        }
       }
       failure_ = attempt;
       co_return result::failed;
@@ -169,6 +177,8 @@ class prefill_leg {
   socket_deadline& deadline_;
   balancer::pick_context request_;  // the pick over the prefill pool
   balancer::request_cost cost_;
+  io::tcp_stream* client_ = nullptr;  // from acquire(): a retry that must wait for a prefill slot watches it
+  queue_ticket ticket_;               // from acquire(): the request's place, for such a retry
   std::optional<request_accounting> accounting_;
   upstream_exchange::outcome failure_;
   std::string answer_;

@@ -20,6 +20,9 @@
 #include "dplb/metrics/usage_scanner.hpp"
 #include "dplb/server/proxy_context.hpp"
 #include "dplb/upstream/health_monitor.hpp"
+#include "dplb/support/io_types.hpp"
+#include "client_watch.hpp"
+#include "slot_wait.hpp"
 #include "tenant_pass.hpp"
 
 namespace dplb::server {
@@ -62,10 +65,6 @@ class request_accounting {
     shared_.metrics.retried();
   }
 
-  // The failed rank's slot goes back while the request waits for another (its rank stays named for the
-  // outcome, should no other come).
-  void give_up_slot() noexcept { lease_.release(); }
-
   // After an attempt that failed before the engine took the request: the request moves to another rank of
   // its cluster, none behind the failed rank's URL (they share its server); false when no rank is left.
   // `tried` holds the ranks ruled out so far (sized on the first retry: the usual request never needs it).
@@ -80,6 +79,24 @@ class request_accounting {
     spdlog::debug("rank {} failed; retrying on rank {}", rank_, next.rank());
     move_to(std::move(next));
     return true;
+  }
+
+  // After move_elsewhere() found every untried rank full (--max-inflight-per-rank): the request waits for a
+  // slot on one of them, before every waiter (it had its turn), for up to --queue-timeout-ms, while its
+  // client stays (`leg`: the watch of the leg that failed tells). The failed rank's slot is given back first
+  // (its rank stays named for the outcome, should no slot come): two retries must not each hold the slot the
+  // other waits for. `ticket`: the request's own (its priority and tenant). False: no slot (no queueing, the
+  // client left, the wait timed out, no untried rank is usable).
+  io::task<bool> wait_elsewhere(io::tcp_stream& client, const balancer::pick_context& request,
+                                balancer::request_cost cost, queue_ticket ticket, client_watch& leg) {
+    if (!shared_.balancer.queueing()) co_return false;
+    lease_.release();
+    ticket.share.retry = true;
+    ticket.max_wait = {};  // no 429 to a request an engine failed: the queue timeout's 503 at most
+    auto slot = co_await wait_for_slot(client, shared_, request, cost, ticket, &leg);
+    if (!slot.lease) co_return false;
+    move_to(std::move(slot.lease));
+    co_return true;
   }
 
   // An attempt on the rank failed (`kind`: one of metrics::upstream_error_kinds).

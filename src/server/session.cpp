@@ -379,13 +379,11 @@ class session {
       // Nothing reached the engine's application and nothing reached the client: try another rank.
       if (attempt.retry_elsewhere && retries < settings_.max_retries && !request.pinned_rank) {
         if (accounting.move_elsewhere(request, cost, tried)) continue;
-        if (shared_.balancer.queueing()) {
-          const bool moved = co_await wait_elsewhere(accounting, request, cost);
-          if (moved) continue;
-          if (watch->client_gone) {
-            accounting.finish(499);
-            co_return false;
-          }
+        const bool moved = co_await accounting.wait_elsewhere(client_, request, cost, ticket_, *watch);
+        if (moved) continue;
+        if (watch->client_gone) {
+          accounting.finish(499);
+          co_return false;
         }
       }
       co_return co_await fail_before_response(accounting, attempt.ec, attempt.kind, client_keep_alive);
@@ -393,22 +391,6 @@ class session {
     accounting.answered(exchange.response_head().status);
     release_large_body();  // the engine has answered: nothing will be retried
     co_return co_await relay_answer(exchange, accounting, head_request, client_keep_alive);
-  }
-
-  // A retry under --max-inflight-per-rank whose untried ranks are all full waits for a slot on one of them,
-  // before every waiter (it had its turn), for up to --queue-timeout-ms, while its client stays (the leg's
-  // watch tells). Its failed rank's slot is given up first: two retries must not each hold the slot the
-  // other waits for. False: no slot (the client left, the wait timed out, no untried rank is usable).
-  io::task<bool> wait_elsewhere(request_accounting& accounting, balancer::pick_context& request,
-                                balancer::request_cost cost) {
-    accounting.give_up_slot();
-    auto ticket = ticket_;
-    ticket.share.retry = true;
-    ticket.max_wait = {};  // no 429 to a request an engine failed: the queue timeout's 503 at most
-    auto slot = co_await wait_for_slot(client_, shared_, request, cost, ticket, watch_.get());
-    if (!slot.lease) co_return false;
-    accounting.move_to(std::move(slot.lease));
-    co_return true;
   }
 
   // Relays the engine's answer, whose head `exchange` has read, to the client. Returns whether the client

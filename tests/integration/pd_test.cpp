@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <fstream>
 #include <future>
 #include <map>
@@ -474,6 +475,48 @@ TEST_CASE("pd: under --max-inflight-per-rank a request waits for a prefill slot,
   const auto m = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_rank_inflight{") == 0; });
   CHECK(metric_sum(m, "dplb_rank_inflight{") == 0);
   CHECK(decode_a.request_count() + decode_b.request_count() == 0);
+}
+
+TEST_CASE("pd: under --max-inflight-per-rank a prefill retry whose other prefill ranks are full waits for a slot",
+          "[integration][pd][retry]") {
+  // Prefill rank 0 resets every request before answering; prefill rank 1 holds the first request it gets for
+  // 2 s. The first request is reset on rank 0 and retried on rank 1; the second is reset on rank 0 too, finds
+  // rank 1 full, and waits in the prefill queue for its slot (before retries could wait: a 502).
+  raw_engine resetting([](const raw_request&) { return std::vector{reset_connection()}; });
+  std::atomic<int> prefills{0};
+  raw_engine prefill([&](const raw_request&) {
+    if (prefills++ == 0) return std::vector{pause_for(2s), write_bytes(prefill_answer())};
+    return std::vector{write_bytes(prefill_answer())};
+  });
+  auto decode_a = decode_engine();
+  auto decode_b = decode_engine();
+  dplb_proxy proxy({}, pd_args({resetting.url(), prefill.url()}, {decode_a.url(), decode_b.url()},
+                               {"--max-inflight-per-rank", "1", "--queue-timeout-ms", "20000", "--prefill-policy",
+                                "round-robin", "--ejection-threshold", "0"}));
+  http_response first;
+  std::thread first_client([&] {
+    http_connection c(proxy.port());
+    first = c.send(post("/v1/completions", R"({"model":"m","prompt":"first","max_tokens":3})"));
+  });
+  REQUIRE(prefill.await_requests(1, 5s));
+  http_response second;
+  std::thread second_client([&] {
+    http_connection c(proxy.port());
+    second = c.send(post("/v1/completions", R"({"model":"m","prompt":"second","max_tokens":3})"));
+  });
+  const auto queued = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_queue_depth") == 1; });
+  CHECK(metric_sum(queued, "dplb_queue_depth") == 1);  // the second, reset on rank 0, waiting for rank 1
+  first_client.join();
+  second_client.join();
+  CHECK(first.status == 200);
+  CHECK(second.status == 200);
+  CHECK(prefill.request_count() == 2);
+  CHECK(resetting.request_count() == 2);
+  CHECK(decode_a.request_count() + decode_b.request_count() == 2);
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_retries_total") == 2);
+  CHECK(metric_sum(m, "dplb_rank_inflight{") == 0);
+  CHECK(metric_sum(m, "dplb_queue_depth") == 0);
 }
 
 TEST_CASE("pd: the access log has one line per two-leg request: the decode leg's rank and times, the prefill leg's, "
