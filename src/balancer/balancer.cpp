@@ -186,7 +186,7 @@ std::optional<std::size_t> balancer::pick_locked(const pick_context& request, re
   r.picks.fetch_add(1, std::memory_order_relaxed);
   if (const std::uint64_t tokens = std::uint64_t{cost.prompt} + cost.decode) r.cost.fetch_add(tokens, std::memory_order_relaxed);
   if (cost.prompt > 0) r.prompt_cost.fetch_add(cost.prompt, std::memory_order_relaxed);
-  cost.long_prompt = is_long(request.prompt_tokens);
+  cost.long_prompt = prefills_long(request);
   if (cost.long_prompt) r.long_prefills.fetch_add(1, std::memory_order_relaxed);
   return chosen;
 }

@@ -12,7 +12,8 @@ namespace dplb::balancer {
 
 namespace {
 
-// The fair order's band of retries: before every priority a client can send.
+// The fair order's band of retries: before every other (a client's priority of this value is taken as the
+// next one).
 constexpr std::int64_t retry_band = std::numeric_limits<std::int64_t>::min();
 
 }  // namespace
@@ -74,7 +75,7 @@ wait_outcome balancer::acquire_or_wait(const pick_context& request, request_cost
     bool now_or_queue = true;  // it may take a slot at once, if its line is empty (no jumping the queue)
     if (pinned) {
       line = &detail_[*pinned].pinned;
-    } else if (const auto place = queueing() ? preferred_locked(request, now, now) : std::nullopt;
+    } else if (const auto place = queueing() && !share.retry ? preferred_locked(request, now, now) : std::nullopt;
                place && !has_room_locked(*place)) {
       line = &detail_[*place].preferring;  // its rank is full: it holds out for that rank's next slot
       now_or_queue = false;
@@ -92,12 +93,13 @@ wait_outcome balancer::acquire_or_wait(const pick_context& request, request_cost
     if (out.state == wait_state::queued) {
       out.waiter_id = next_waiter_id_++;
       waiter w{out.waiter_id, request, cost, now, std::move(deliver),
-               order_.enqueue(share.retry ? retry_band : share.priority, share.tenant, share.weight, share.cost)};
+               order_.enqueue(share.retry ? retry_band : std::max(share.priority, retry_band + 1), share.tenant,
+                              share.weight, share.cost)};
       if (!share.retry) w.request.avoid = nullptr;
       insert_by_key(*line, std::move(w));
-      // The line may hold long prompts set aside for the room there (see serve_waiters_locked): the
-      // newcomer may suit that room.
-      if (shared_line && limits_.long_prompt_tokens > 0 && cluster_has_room_locked(request.cluster)) {
+      // The line may hold waiters set aside for the room there (long prompts, retries: see
+      // serve_waiters_locked): the newcomer may suit that room.
+      if (shared_line && cluster_has_room_locked(request.cluster)) {
         serve_waiters_locked(ready);
       }
       count_waiting_locked();
@@ -237,7 +239,9 @@ void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
         blocked_[slot] = 1;
         continue;
       }
-      if (const auto place = preferred_locked(head.request, head.since, now); place && !has_room_locked(*place)) {
+      // (A retry has no place: it takes the first slot of a rank it has not tried.)
+      if (const auto place = head.request.avoid ? std::nullopt : preferred_locked(head.request, head.since, now);
+          place && !has_room_locked(*place)) {
         auto& own = detail_[*place].preferring;
         if (line == &own) {
           blocked_[slot] = 1;

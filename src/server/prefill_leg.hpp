@@ -46,6 +46,7 @@ class prefill_leg {
     request_.cluster = *shared_.settings.clusters.at(request.cluster).prefill_pool;
     request_.pinned_rank.reset();  // a pinned rank is the decode leg's
     request_.avoid = nullptr;
+    request_.prefilled_elsewhere = false;  // this leg is where the prompt is prefilled
     request_.decode_tokens = 1;
   }
 

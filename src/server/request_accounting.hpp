@@ -92,7 +92,8 @@ class request_accounting {
     if (!shared_.balancer.queueing()) co_return false;
     lease_.release();
     ticket.share.retry = true;
-    ticket.max_wait = {};  // no 429 to a request an engine failed: the queue timeout's 503 at most
+    ticket.max_wait = {};  // no 429 for a request an engine failed: a wait that ends without a slot (at
+                           // --queue-timeout-ms at most) answers the failed attempt's 502, or 503 after a refusal
     auto slot = co_await wait_for_slot(client, shared_, request, cost, ticket, &leg);
     if (!slot.lease) co_return false;
     move_to(std::move(slot.lease));

@@ -295,6 +295,7 @@ class session {
     balancer::rank_lease lease;
     if (describe_request(pinned, request, cost) && admit_by_tenant()) {  // else refusal_ says why
       if (kv_.awaits_tokens()) co_await kv_.tokenize(request_body_, shared_, request);
+      request.prefilled_elsewhere = two_legs && settings_.clusters[request.cluster].disaggregated();
       // (Not a conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among
       // them.)
       auto slot = slot_without_queue(shared_, request, cost);

@@ -104,6 +104,26 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
   const std::uint64_t waiter_id = outcome.waiter_id;
   const auto waiting_since = clock_type::now();
   if (ticket.tenant) ticket.tenant->set_queued(true);
+  // Should the wait below throw (an allocation under the balancer's lock), the waiter must not outlive this
+  // frame: the balancer would go on reading the views it keeps (prefix chain, tried ranks) and hand it a slot.
+  struct leave_on_unwind {
+    shared_state& shared;
+    std::shared_ptr<wait_state>& state;
+    std::uint64_t id;
+    const queue_ticket& ticket;
+    client_watch* leg;
+    bool armed = true;
+    ~leave_on_unwind() {
+      if (!armed) return;
+      if (leg) leg->queue_wait = nullptr;
+      if (ticket.tenant) ticket.tenant->set_queued(false);
+      state->gave_up = true;  // a lease already on its way is released where it lands
+      try {
+        shared.balancer.cancel_wait(id);
+      } catch (...) {
+      }
+    }
+  } unwind_guard{shared, state, waiter_id, ticket, leg};
   // A waiter holding out for its own full rank stops after the balancer's placement_wait, and a long prompt
   // passing over ranks still prefilling one after its long_prompt_hold; no other event may come by then (no
   // release, no arrival), so it wakes itself at each to be served anew, then waits out its queue timeout.
@@ -141,6 +161,7 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
     state->timer.expires_at(waiting_since + (woken < wake_count ? wakes[woken] : clock_type::duration(queue_timeout)));
     shared.balancer.reconsider();  // may deliver to this waiter: the hand-over is posted, then cancels the timer
   }
+  unwind_guard.armed = false;
   state->waking = true;
   state->client_gone = client_gone();
   if (leg) {

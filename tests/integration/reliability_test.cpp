@@ -487,7 +487,7 @@ TEST_CASE("under --max-inflight-per-rank a retry whose other ranks are full wait
   http_response first;
   std::thread streamer([&] {
     http_connection c(proxy.port());
-    first = c.send_streaming(completion(30, true), 20s);  // about 1.5 s of tokens
+    first = c.send_streaming(completion(60, true), 30s);  // about 3 s of tokens: time to see the leaver go
   });
   auto m = await_metrics(proxy.port(), [](const auto& m) {
     return metric_sum(m, "dplb_rank_inflight{", {rank_label(1)}) == 1 && metric_sum(m, "dplb_retries_total") == 1;

@@ -247,7 +247,7 @@ class balancer {
   bool queueing() const noexcept { return limits_.max_inflight_per_rank > 0; }
   // Whether a queued request may pass over ranks still prefilling a long prompt (queue_limits): its own
   // pick_context::prompt_tokens make it long.
-  bool spreads(const pick_context& request) const noexcept { return queueing() && is_long(request.prompt_tokens); }
+  bool spreads(const pick_context& request) const noexcept { return queueing() && prefills_long(request); }
   std::chrono::milliseconds long_prompt_hold() const noexcept { return limits_.long_prompt_hold; }
   // Takes a slot at once (served), or enqueues `deliver` in the place `share` gives it (queued), or
   // refuses: the queue is full, its tenant has max_queued waiters, or no rank is usable. A request whose
@@ -277,8 +277,9 @@ class balancer {
   void release(std::size_t rank, request_cost cost) noexcept;
   void release_cost(std::size_t rank, request_cost cost) noexcept;
   void prompt_done(std::size_t rank, request_cost prefilled) noexcept;
-  bool is_long(std::uint32_t prompt) const noexcept {
-    return limits_.long_prompt_tokens > 0 && prompt >= limits_.long_prompt_tokens;
+  bool prefills_long(const pick_context& request) const noexcept {
+    return limits_.long_prompt_tokens > 0 && request.prompt_tokens >= limits_.long_prompt_tokens &&
+           !request.prefilled_elsewhere;
   }
   std::optional<std::size_t> place_session_locked(std::string_view key);
   // Counts the request on the rank it picks, and marks `cost` long_prompt when it is.

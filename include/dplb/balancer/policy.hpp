@@ -68,6 +68,9 @@ struct pick_context {
   std::optional<std::size_t> pinned_rank{};  // the client named the rank: only it is a candidate
   std::size_t cluster = 0;  // the cluster serving the request: only its ranks are candidates
   const std::vector<bool>* avoid = nullptr;  // ranks already tried by this request (a retry)
+  // A disaggregated request's decode leg: another rank prefills its prompt, so it never counts as a long
+  // prompt on its own rank (balancer::queue_limits::long_prompt_tokens).
+  bool prefilled_elsewhere = false;
 };
 
 class policy {

@@ -42,6 +42,9 @@ balancer two_ranks_of_two(std::chrono::milliseconds hold = 10s, std::uint32_t th
 // Waiters and the leases handed to them, by the order in which they queued.
 struct waiters {
   explicit waiters(balancer& owner) : b(owner) {}
+  // Drops the waiters left before the leases go: a lease released here must not deliver into `delivered`
+  // while it is being destroyed.
+  ~waiters() { b.close(); }
   balancer& b;
   std::vector<std::pair<std::size_t, rank_lease>> delivered;  // (waiter, lease)
   std::size_t count = 0;
@@ -129,7 +132,7 @@ TEST_CASE("a passed-over rank is the long prompt's once its prefill ends", "[bal
 }
 
 TEST_CASE("a long prompt passes over a prefilling rank for at most long_prompt_hold", "[balancer][queue][long-prompts]") {
-  const auto hold = 20ms;
+  const auto hold = 200ms;  // long enough that the first reconsider() comes within it, on a slow machine too
   auto b = two_ranks_of_two(hold);
   CHECK(b.long_prompt_hold() == hold);
   rank_0_prefilling_long full(b);

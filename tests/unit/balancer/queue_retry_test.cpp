@@ -6,11 +6,15 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "dplb/balancer/balancer.hpp"
 #include "dplb/balancer/least_inflight.hpp"
+#include "dplb/balancer/prefix_aware.hpp"
+#include "dplb/balancer/prefix_index.hpp"
 
 using namespace dplb::balancer;
 
@@ -23,6 +27,9 @@ balancer three_ranks_of_one() {
 // Waiters and what was handed to each (an empty lease: turned away), by the order in which they queued.
 struct waiters {
   explicit waiters(balancer& owner) : b(owner) {}
+  // Drops the waiters left before the leases go: a lease released here must not deliver into `delivered`
+  // while it is being destroyed.
+  ~waiters() { b.close(); }
   balancer& b;
   std::vector<std::pair<std::size_t, rank_lease>> delivered;
   std::size_t count = 0;
@@ -46,6 +53,18 @@ struct waiters {
     return false;
   }
 };
+
+std::vector<prefix_hash> group_chain(char group) {
+  prefix_chain_builder b(0);
+  b.feed(std::string(8 * prefix_block_bytes, group));
+  return b.take();
+}
+
+pick_context with_chain(const std::vector<prefix_hash>& chain) {
+  pick_context c;
+  c.prefix_chain = chain;
+  return c;
+}
 
 queue_share retry_share() {
   queue_share s;
@@ -101,4 +120,49 @@ TEST_CASE("a retry with no untried rank left is turned away, in the queue or bef
     CHECK(w.queue(retry, retry_share()).state == wait_state::no_usable_rank);
     CHECK(b.waiting() == 0);
   }
+}
+
+TEST_CASE("a request arriving while a retry passes over the room takes that room at once", "[balancer][queue][retry]") {
+  auto b = three_ranks_of_one();  // --long-prompt-tokens off: retries alone set waiters aside
+  std::vector<rank_lease> held;
+  for (int i = 0; i < 3; ++i) held.push_back(b.acquire());
+  waiters w(b);
+  std::vector<bool> tried{true, false, false};
+  pick_context retry;
+  retry.avoid = &tried;
+  REQUIRE(w.queue(retry, retry_share()).state == wait_state::queued);
+  held[0].release();  // the retry passes it over: rank 0 is idle with a waiter in line
+  CHECK(b.inflight(0) == 0);
+  const auto newcomer = w.queue({});
+  // It may not take the slot at once past a waiter in its line, but the same call serves it: no idle rank
+  // beside a waiter it suits.
+  CHECK(newcomer.state == wait_state::queued);
+  CHECK(w.rank_of(1) == 0u);
+  CHECK(b.inflight(0) == 1);
+  CHECK(b.waiting() == 1);
+}
+
+TEST_CASE("a retry takes the first slot of an untried rank, whatever its policy would prefer",
+          "[balancer][queue][retry][prefix]") {
+  balancer b(3, std::make_unique<prefix_aware>(prefix_aware_options{}, nullptr),
+             queue_limits{.max_inflight_per_rank = 1, .max_waiting = 8});
+  const auto a = group_chain('a');
+  const auto x = group_chain('x');
+  const auto y = group_chain('y');
+  auto on_a = b.acquire(with_chain(a));
+  auto on_x = b.acquire(with_chain(x));
+  auto on_y = b.acquire(with_chain(y));
+  REQUIRE(on_a.rank() == 0);
+  REQUIRE(on_x.rank() == 1);
+  REQUIRE(on_y.rank() == 2);
+  waiters w(b);
+  // Group x's prompt, retried after rank 0 failed: its prefix is on rank 1 (full), but it had its turn and
+  // must not hold out for that rank.
+  std::vector<bool> tried{true, false, false};
+  auto retry = with_chain(x);
+  retry.avoid = &tried;
+  REQUIRE(w.queue(retry, retry_share()).state == wait_state::queued);
+  on_y.release();
+  CHECK(w.rank_of(0) == 2u);
+  CHECK(b.waiting() == 0);
 }
