@@ -4,12 +4,14 @@
 // final status; each failed attempt counts against its rank's errors and health. One object per request
 // with an explicit state, instead of flags that every exit path had to keep in agreement.
 
+#include <boost/beast/core/error.hpp>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <optional>
+#include <string>
 #include <vector>
 #include <string_view>
 #include <utility>
@@ -26,6 +28,31 @@
 #include "tenant_pass.hpp"
 
 namespace dplb::server {
+
+// What the client is told when no engine answered, its last attempt (on `rank`) having failed as `ec`, of
+// `kind` (metrics::upstream_error_kinds): 503 when it could not connect (nothing was delivered: trying again
+// later is safe), 504 when the engine stayed silent, else 502; the message names the rank and what to check.
+struct failure_answer {
+  unsigned status = 502;
+  bool not_delivered = false;
+  std::string message;
+};
+inline failure_answer answer_for_failure(std::size_t rank, std::string_view rank_name, const boost::system::error_code& ec,
+                                         std::string_view kind) {
+  const bool timeout = ec == boost::beast::error::timeout;
+  failure_answer answer;
+  answer.not_delivered = kind == "connect";
+  answer.status = answer.not_delivered ? 503 : timeout ? 504 : 502;
+  const auto where = "backend rank " + std::to_string(rank) + " (" + std::string(rank_name) + ")";
+  answer.message =
+      answer.not_delivered
+          ? "no backend rank could take the request; the last tried, " + where +
+                (timeout ? ", did not accept a connection within --upstream-connect-timeout-ms"
+                         : ", refused the connection: " + ec.message())
+      : answer.status == 504 ? where + " did not answer in time (--upstream-first-byte-timeout-ms, --upstream-read-timeout-ms)"
+                             : "dplb could not get a response from " + where + ": " + std::string(kind) + ": " + ec.message();
+  return answer;
+}
 
 class request_accounting {
  public:

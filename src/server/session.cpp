@@ -537,21 +537,11 @@ class session {
   // before the answer leaves: a client that saw the error also sees the slot free.
   io::task<bool> fail_before_response(request_accounting& accounting, const boost::system::error_code& ec,
                                       std::string_view kind, bool client_keep_alive) {
-    const bool not_delivered = kind == "connect";
-    if (!not_delivered) tenant_.reached_engine();  // the engine took the request: its tokens count as reserved
-    const unsigned status = not_delivered ? 503 : ec == beast::error::timeout ? 504 : 502;
-    accounting.finish(status);
-    const auto rank = accounting.rank();
-    const auto where = "backend rank " + std::to_string(rank) + " (" + shared_.topology.ranks()[rank].name + ")";
-    std::string message =
-        not_delivered
-            ? "no backend rank could take the request; the last tried, " + where +
-                  (ec == beast::error::timeout ? ", did not accept a connection within --upstream-connect-timeout-ms"
-                                               : ", refused the connection: " + ec.message())
-        : status == 504 ? where + " did not answer in time (--upstream-first-byte-timeout-ms, --upstream-read-timeout-ms)"
-                        : "dplb could not get a response from " + where + ": " + std::string(kind) + ": " + ec.message();
-    spdlog::warn("{}", message);
-    co_return co_await replies_.send_error(status, message, client_keep_alive, not_delivered ? 1 : 0);
+    const auto answer = answer_for_failure(accounting.rank(), shared_.topology.ranks()[accounting.rank()].name, ec, kind);
+    if (!answer.not_delivered) tenant_.reached_engine();  // the engine took the request: its tokens count as reserved
+    accounting.finish(answer.status);
+    spdlog::warn("{}", answer.message);
+    co_return co_await replies_.send_error(answer.status, answer.message, client_keep_alive, answer.not_delivered ? 1 : 0);
   }
 
   worker_state& worker_;
