@@ -104,10 +104,11 @@ wait_outcome balancer::acquire_or_wait(const pick_context& request, request_cost
       }
       count_waiting_locked();
     } else if (!out.lease && out.state != wait_state::no_usable_rank &&
-               (now_or_queue ? line->empty() : queues_[request.cluster].empty())) {
-      // It would have held out for its full rank, or passed over a rank still prefilling a long prompt,
-      // but cannot wait (the queue or its tenant's share of it is full, or it is closing): a slot elsewhere
-      // beats a refusal, as it would for a request with no place.
+               (now_or_queue ? line->empty() || shared_line : queues_[request.cluster].empty())) {
+      // It would have held out for its full rank, or passed over a rank still prefilling a long prompt, or
+      // found its line holding only waiters set aside for the room there (the serve above left it to them),
+      // but cannot wait (the queue or its tenant's share of it is full, or it is closing): a slot beats a
+      // refusal, as it would for a request with no place.
       if (const auto chosen = pick_locked(request, cost)) out.lease = rank_lease(this, *chosen, cost);
     }
     if (out.lease) out.state = wait_state::served;
@@ -253,7 +254,9 @@ void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
       }
     }
     // A pinned head's pick checks its rank; any other's takes a rank with room (there is one), unless it
-    // is a long prompt from a shared line that passes over that room.
+    // is a long prompt from a shared line that passes over that room. (Room for its delivery first: a lease
+    // dropped by a push_back that throws would release itself under this lock.)
+    if (ready.size() == ready.capacity()) ready.reserve(std::max<std::size_t>(4, 2 * ready.size()));
     const bool shared_line = slot < clusters;
     if (const auto chosen = shared_line ? pick_from_shared_line_locked(head.request, head.cost, head.since, now)
                                         : pick_locked(head.request, head.cost)) {

@@ -324,7 +324,7 @@ class session {
                                              refusal_.retry_after, refusal_.param);
     }
     tenant_.holding_slot();
-    if (two_legs && settings_.clusters[request.cluster].disaggregated()) {
+    if (request.prefilled_elsewhere) {  // a disaggregated cluster's completion (see above)
       co_return co_await run_two_legs(std::move(lease), request, cost, client_keep_alive);
     }
     co_return co_await exchange_and_relay(std::move(lease), request, cost, method == bhttp::verb::head,
@@ -348,6 +348,8 @@ class session {
       const auto& failure = legs.prefill().failure();
       co_return co_await fail_before_response(legs.prefill().accounting(), failure.ec, failure.kind, client_keep_alive);
     }
+    // Without a prefill leg the decode rank prefills the prompt (its rest; all of it on a retry elsewhere).
+    if (legs.prefill_skipped()) request.prefilled_elsewhere = false;
     co_return co_await exchange_and_relay(std::move(decode), request, cost, false, client_keep_alive, request_started_);
   }
 

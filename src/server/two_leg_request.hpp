@@ -65,6 +65,9 @@ class two_leg_request {
   two_leg_request(const two_leg_request&) = delete;
   two_leg_request& operator=(const two_leg_request&) = delete;
 
+  // Whether the prefill leg was skipped (the decode rank holds the prompt): the decode rank prefills the rest.
+  bool prefill_skipped() const noexcept { return !leg_; }
+
   // The request up to its decode leg. `decode`: the decode rank's lease, released here when no decode leg
   // will run; `request` and `cost`: the decode leg's pick and cost.
   io::task<next> run(balancer::rank_lease& decode, const balancer::pick_context& request, balancer::request_cost cost,

@@ -166,3 +166,23 @@ TEST_CASE("a retry takes the first slot of an untried rank, whatever its policy 
   CHECK(w.rank_of(0) == 2u);
   CHECK(b.waiting() == 0);
 }
+
+TEST_CASE("a request refused a place in a full queue still takes the room a retry passes over",
+          "[balancer][queue][retry]") {
+  balancer b(3, std::make_unique<least_inflight>(), queue_limits{.max_inflight_per_rank = 1, .max_waiting = 1});
+  std::vector<rank_lease> held;
+  for (int i = 0; i < 3; ++i) held.push_back(b.acquire());
+  waiters w(b);
+  std::vector<bool> tried{true, false, false};
+  pick_context retry;
+  retry.avoid = &tried;
+  REQUIRE(w.queue(retry, retry_share()).state == wait_state::queued);  // no queue limit refuses a retry
+  held[0].release();  // passed over by the retry: idle
+  // The queue is full (one waiter), so the newcomer may not wait; rank 0 is idle and nobody waiting can
+  // use it: a slot beats a 429.
+  auto out = w.queue({});
+  CHECK(out.state == wait_state::served);
+  REQUIRE(out.lease);
+  CHECK(out.lease.rank() == 0);
+  CHECK(b.waiting() == 1);
+}
