@@ -66,6 +66,20 @@ pick_context with_chain(const std::vector<prefix_hash>& chain) {
   return c;
 }
 
+// Every rank's one slot, held.
+std::vector<rank_lease> fill(balancer& b) {
+  std::vector<rank_lease> held;
+  for (std::size_t r = 0; r < b.rank_count(); ++r) held.push_back(b.acquire());
+  return held;
+}
+
+// A retry's pick: the ranks it tried are `tried`, which must outlive it.
+pick_context retry_after(const std::vector<bool>& tried) {
+  pick_context retry;
+  retry.avoid = &tried;
+  return retry;
+}
+
 queue_share retry_share() {
   queue_share s;
   s.retry = true;
@@ -77,15 +91,13 @@ queue_share retry_share() {
 TEST_CASE("a retry waits for a rank it has not tried, ahead of the queue, and passes over the one it tried",
           "[balancer][queue][retry]") {
   auto b = three_ranks_of_one();
-  std::vector<rank_lease> held;
-  for (int i = 0; i < 3; ++i) held.push_back(b.acquire());
+  auto held = fill(b);
   waiters w(b);
   REQUIRE(w.queue({}).state == wait_state::queued);  // waiter 0: an ordinary request, first in line
   REQUIRE(w.queue({}).state == wait_state::queued);  // waiter 1: the queue is now full (max_waiting 2)
   // The retry tried rank 0; a full queue does not refuse it.
-  std::vector<bool> tried{true, false, false};
-  pick_context retry;
-  retry.avoid = &tried;
+  const std::vector<bool> tried{true, false, false};
+  const auto retry = retry_after(tried);
   REQUIRE(w.queue(retry, retry_share()).state == wait_state::queued);  // waiter 2
   CHECK(b.waiting() == 3);
   // Rank 0 frees: the retry passes it over, the oldest ordinary waiter takes it.
@@ -101,12 +113,10 @@ TEST_CASE("a retry waits for a rank it has not tried, ahead of the queue, and pa
 
 TEST_CASE("a retry with no untried rank left is turned away, in the queue or before it", "[balancer][queue][retry]") {
   auto b = three_ranks_of_one();
-  std::vector<rank_lease> held;
-  for (int i = 0; i < 3; ++i) held.push_back(b.acquire());
+  auto held = fill(b);
   waiters w(b);
-  std::vector<bool> tried{true, true, false};
-  pick_context retry;
-  retry.avoid = &tried;
+  const std::vector<bool> tried{true, true, false};
+  const auto retry = retry_after(tried);
   SECTION("its last untried rank goes down while it waits") {
     REQUIRE(w.queue(retry, retry_share()).state == wait_state::queued);
     held[0].release();  // a slot on a rank it tried: not for it
@@ -124,12 +134,10 @@ TEST_CASE("a retry with no untried rank left is turned away, in the queue or bef
 
 TEST_CASE("a request arriving while a retry passes over the room takes that room at once", "[balancer][queue][retry]") {
   auto b = three_ranks_of_one();  // --long-prompt-tokens off: retries alone set waiters aside
-  std::vector<rank_lease> held;
-  for (int i = 0; i < 3; ++i) held.push_back(b.acquire());
+  auto held = fill(b);
   waiters w(b);
-  std::vector<bool> tried{true, false, false};
-  pick_context retry;
-  retry.avoid = &tried;
+  const std::vector<bool> tried{true, false, false};
+  const auto retry = retry_after(tried);
   REQUIRE(w.queue(retry, retry_share()).state == wait_state::queued);
   held[0].release();  // the retry passes it over: rank 0 is idle with a waiter in line
   CHECK(b.inflight(0) == 0);
@@ -170,12 +178,10 @@ TEST_CASE("a retry takes the first slot of an untried rank, whatever its policy 
 TEST_CASE("a request refused a place in a full queue still takes the room a retry passes over",
           "[balancer][queue][retry]") {
   balancer b(3, std::make_unique<least_inflight>(), queue_limits{.max_inflight_per_rank = 1, .max_waiting = 1});
-  std::vector<rank_lease> held;
-  for (int i = 0; i < 3; ++i) held.push_back(b.acquire());
+  auto held = fill(b);
   waiters w(b);
-  std::vector<bool> tried{true, false, false};
-  pick_context retry;
-  retry.avoid = &tried;
+  const std::vector<bool> tried{true, false, false};
+  const auto retry = retry_after(tried);
   REQUIRE(w.queue(retry, retry_share()).state == wait_state::queued);  // no queue limit refuses a retry
   held[0].release();  // passed over by the retry: idle
   // The queue is full (one waiter), so the newcomer may not wait; rank 0 is idle and nobody waiting can
