@@ -3,6 +3,7 @@ processes that log to a file and are stopped by their own pid, sums over Prometh
 and dplb started on ephemeral ports, dplb-bench runs, and a sampler of the engines' gauges. Standard library
 only."""
 
+import contextlib
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -298,26 +300,33 @@ def window_throughput(samples, own_clocks=False):
             "padding": (sum(last["padded"]) - sum(first["padded"])) / real if real else 0.0}
 
 
-def run_cells(script, cells, run_one, opts, report):
-    """Runs run_one(workdir, *cell) for each cell (a tuple; alternate the policies within a repeat so that a slow
-    moment of the machine hits each alike), in a work directory removed afterwards unless opts.keep_logs. Writes
-    <results_dir>/<script>.json (the settings and every run's record) and <script>.md (report(records, elapsed)),
-    prints the report, and exits 1 if any run had failed requests; else returns the records."""
-    import tempfile
+@contextlib.contextmanager
+def work_directory(script, keep_logs):
+    """A fresh directory for a benchmark's logs and files (dplb-<script>.XXXX in $TMPDIR), removed with its files
+    afterwards, also on errors; with keep_logs it is kept, and its path logged."""
     workdir = Path(tempfile.mkdtemp(prefix=f"dplb-{script}."))
-    records = []
-    started = time.monotonic()
     try:
-        for cell in cells:
-            log(f"{script}: {', '.join(str(part) for part in cell[:-1])}, run {cell[-1] + 1}/{opts.repeats}")
-            records.append(run_one(workdir, *cell))
+        yield workdir
     finally:
-        if opts.keep_logs:
+        if keep_logs:
             log(f"{script}: logs kept in {workdir}")
         else:
             for f in workdir.iterdir():
                 f.unlink()
             workdir.rmdir()
+
+
+def run_cells(script, cells, run_one, opts, report):
+    """Runs run_one(workdir, *cell) for each cell (a tuple; alternate the policies within a repeat so that a slow
+    moment of the machine hits each alike), in a work directory removed afterwards unless opts.keep_logs. Writes
+    <results_dir>/<script>.json (the settings and every run's record) and <script>.md (report(records, elapsed)),
+    prints the report, and exits 1 if any run had failed requests; else returns the records."""
+    records = []
+    started = time.monotonic()
+    with work_directory(script, opts.keep_logs) as workdir:
+        for cell in cells:
+            log(f"{script}: {', '.join(str(part) for part in cell[:-1])}, run {cell[-1] + 1}/{opts.repeats}")
+            records.append(run_one(workdir, *cell))
     results = Path(opts.results_dir)
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{script}.json").write_text(json.dumps({

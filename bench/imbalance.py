@@ -30,11 +30,10 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from benchlib import binaries, log, metric_sum, offered_policies, scrape, start_dplb, start_mock
+from benchlib import binaries, log, metric_sum, offered_policies, scrape, start_dplb, start_mock, work_directory
 
 RANKS = 4
 
@@ -150,10 +149,9 @@ def main():
     if "least-inflight" not in opts.policies.split():
         sys.exit("imbalance: the policies must include least-inflight, the balanced reference")
 
-    workdir = Path(tempfile.mkdtemp(prefix="dplb-imbalance."))
     records = []
     started = time.monotonic()
-    try:
+    with work_directory("imbalance", opts.keep_logs) as workdir:
         for burst in [int(b) for b in opts.bursts.split()]:
             for repeat in range(opts.repeats):
                 # Policies alternate within a repeat, so that a slow moment of the machine hits each alike.
@@ -177,13 +175,6 @@ def main():
                                    "--random-output-len", str(opts.poisson_output_len), "--seed", str(opts.seed + repeat)])
                     rec.update(kind="poisson", load=rate, repeat=repeat)
                     records.append(rec)
-    finally:
-        if not opts.keep_logs:
-            for f in workdir.iterdir():
-                f.unlink()
-            workdir.rmdir()
-        else:
-            log(f"imbalance: logs kept in {workdir}")
 
     results = Path(opts.results_dir)
     results.mkdir(parents=True, exist_ok=True)

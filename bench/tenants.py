@@ -77,12 +77,11 @@ also on errors and Ctrl-C.
 
 import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 
 from benchlib import (PeriodicSampler, binaries, labelled_sum, log, metric_sum, quantile, scrape, start_bench,
-                      start_mock, start_router)
+                      start_mock, start_router, work_directory)
 
 RANKS = 4  # main() may change it (--ranks)
 TENANT_HEADER = "X-Tenant"
@@ -479,11 +478,10 @@ def main():
         p.error(f"--parts: of {' '.join(PARTS)}")
     opts.dplb, opts.mock, opts.bench = binaries(opts.build_dir, "tenants.py")
 
-    workdir = Path(tempfile.mkdtemp(prefix="dplb-tenants."))
     started = time.monotonic()
     records = []
     capacity = {}
-    try:
+    with work_directory("tenants", opts.keep_logs) as workdir:
         for shape in ("flood", "interactive"):
             given = getattr(opts, f"{shape}_capacity")
             capacity[shape] = ({"shape": shape, "capacity_rps": given, "given": True} if given else
@@ -496,13 +494,6 @@ def main():
         if "weights" in parts:
             log("tenants: weights 3:1")
             records.append(run_weights(opts, workdir))
-    finally:
-        if opts.keep_logs:
-            log(f"tenants: logs kept in {workdir}")
-        else:
-            for f in workdir.iterdir():
-                f.unlink()
-            workdir.rmdir()
     failures = checks(opts, records)
     results = Path(opts.results_dir)
     results.mkdir(parents=True, exist_ok=True)
