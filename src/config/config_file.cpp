@@ -6,7 +6,7 @@
 #include <optional>
 #include <set>
 
-#include "dplb/balancer/policy_names.hpp"
+#include "dplb/support/policy_names.hpp"
 #include "sources.hpp"
 #include "text_file.hpp"
 #include "value_parsers.hpp"
@@ -14,7 +14,7 @@
 namespace dplb::config::detail {
 namespace {
 
-using balancer::policy_names;
+using support::policy_names;
 
 // The keys of one cluster's object.
 constexpr std::array<std::string_view, 8> cluster_keys{"name",    "models",  "backends",       "policy",

@@ -5,7 +5,7 @@
 #include <sstream>
 #include <string>
 
-#include "dplb/balancer/policy_names.hpp"
+#include "dplb/support/policy_names.hpp"
 #include "dplb/config/settings.hpp"
 #include "option_table.hpp"
 #include "value_parsers.hpp"
@@ -47,7 +47,7 @@ po::options_description visible_options() {
 
 }  // namespace detail
 
-using balancer::policy_names;
+using support::policy_names;
 using detail::join;
 using detail::visible_options;
 

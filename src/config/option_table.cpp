@@ -7,14 +7,14 @@
 
 #include <boost/beast/http/field.hpp>
 
-#include "dplb/balancer/policy_names.hpp"
+#include "dplb/support/policy_names.hpp"
 #include "dplb/http/header_sanitizer.hpp"
 #include "value_parsers.hpp"
 
 namespace dplb::config::detail {
 namespace {
 
-using balancer::policy_names;
+using support::policy_names;
 
 // Accepted values of the enumerated options. Each list is the single place to extend: --help, the error
 // messages and the docs' wording are all generated from it. spdlog's level names (spdlog::level::from_str); "warning" and "err" aliases are left out so that one

@@ -3,7 +3,7 @@
 #include <string_view>
 
 #include "dplb/balancer/policy.hpp"
-#include "dplb/balancer/policy_names.hpp"
+#include "dplb/support/policy_names.hpp"
 #include "dplb/balancer/prefix_aware.hpp"
 
 namespace dplb::balancer {

@@ -156,7 +156,7 @@ TEST_CASE("concurrent picks from several threads stay exact", "[balancer]") {
 }
 
 TEST_CASE("the factory knows every listed policy and nothing else", "[balancer]") {
-  for (auto name : dplb::balancer::policy_names) {
+  for (auto name : dplb::support::policy_names) {
     auto p = make_policy(name);
     REQUIRE(p);
     CHECK(p->name() == name);

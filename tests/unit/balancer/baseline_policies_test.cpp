@@ -98,7 +98,7 @@ TEST_CASE("the balancer hands published engine stats to its policy and keeps its
 }
 
 TEST_CASE("only the engine-stats baseline and least-load ask for engine stats, least-tokens and prefix-aware for the body", "[balancer][baseline]") {
-  for (const auto name : dplb::balancer::policy_names) {
+  for (const auto name : dplb::support::policy_names) {
     INFO(name);
     CHECK(dplb::balancer::make_policy(name)->uses_engine_stats() == (name == "engine-stats" || name == "least-load"));
     CHECK(dplb::balancer::make_policy(name)->needs_request_facts() == (name == "least-tokens" || name == "prefix-aware"));
