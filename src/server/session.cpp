@@ -20,6 +20,7 @@
 #include "client_watch.hpp"
 #include "dplb/http/header_sanitizer.hpp"
 #include "dplb/http/message_head.hpp"
+#include "dplb/pd/leg_bodies.hpp"
 #include "dplb/server/admission.hpp"
 #include "dplb/server/request_facts.hpp"
 #include "dplb/support/io_buffers.hpp"
@@ -293,7 +294,8 @@ class session {
     balancer::pick_context request;
     balancer::request_cost cost;
     balancer::rank_lease lease;
-    if (describe_request(pinned, request, cost) && admit_by_tenant()) {  // else refusal_ says why
+    if (describe_request(pinned, request, cost) && leaves_kv_params_to_dplb(request) &&
+        admit_by_tenant()) {  // else refusal_ says why
       if (kv_.awaits_tokens()) co_await kv_.tokenize(request_body_, shared_, request);
       request.prefilled_elsewhere = two_legs && settings_.clusters[request.cluster].disaggregated();
       // (Not a conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among
@@ -491,6 +493,20 @@ class session {
     }
     request.session_key = session_key_;
     return true;
+  }
+
+  // In a disaggregated cluster kv_transfer_params are dplb's to write, never a client's: on a prefill engine they
+  // hold the prompt's blocks for a pull that may never come, on a decode engine they pull blocks from whatever
+  // host they name. A body that carries its own is refused on every path (two legs, a skipped prefill, a pinned
+  // rank of either pool, any other path), before any engine or the tenant's budget sees it.
+  bool leaves_kv_params_to_dplb(const balancer::pick_context& request) {
+    if (settings_.clusters[request.cluster].role == config::rank_role::both) return true;
+    if (!pd::sets_kv_transfer_params(request_body_)) return true;
+    refusal_ = {400,
+                "kv_transfer_params is set by dplb in a disaggregated (prefill/decode) cluster: a request may not "
+                "carry its own (a body in UTF-16 or UTF-32, which dplb cannot check for it, is refused too)",
+                "kv_transfer_params"};
+    return false;
   }
 
   // What the request costs in tokens, from its body (for a policy that asks): the prompt, and the most it

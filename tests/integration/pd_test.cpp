@@ -155,6 +155,56 @@ TEST_CASE("pd: the prefill leg gets the rewritten body, the decode leg the clien
   }
 }
 
+TEST_CASE("pd: a body with its own kv_transfer_params is refused with 400 naming the field on every path (two legs, "
+          "a pinned prefill or decode rank, another POST path), and no engine sees it",
+          "[integration][pd]") {
+  auto prefill = prefill_engine();
+  auto decode = decode_engine();
+  dplb_proxy proxy({}, pd_args({prefill.url()}, {decode.url()}));
+  http_connection client(proxy.port());
+  const std::string pull_from_elsewhere =
+      R"("kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"e-x","remote_block_ids":[1,2],)"
+      R"("remote_host":"10.9.9.9","remote_port":5600})";
+  const auto refused = [&](bhttp::request<bhttp::string_body> r) {
+    const auto answer = client.send(r);
+    CHECK(answer.status == 400);
+    CHECK(answer.keep_alive);
+    const auto error = json::parse(answer.body)["error"];
+    CHECK(error["param"] == "kv_transfer_params");
+    CHECK(error["type"] == "BadRequestError");
+    CHECK(error["code"] == 400);
+    CHECK_THAT(error["message"].get<std::string>(), Catch::Contains("kv_transfer_params is set by dplb"));
+  };
+  refused(post("/v1/completions", R"({"model":"m","prompt":"p",)" + pull_from_elsewhere + "}"));
+  refused(post("/v1/chat/completions",
+               R"({"model":"m","messages":[{"role":"user","content":"hi"}],"kv_transfer_p\u0061rams":{"do_remote_decode":true}})"));
+  for (const std::string rank : {"0", "1"}) {  // the prefill rank (one leg), the decode rank (two legs)
+    auto pinned = post("/v1/completions", R"({"model":"m","prompt":"p",)" + pull_from_elsewhere + "}");
+    pinned.set("X-data-parallel-rank", rank);
+    refused(pinned);
+  }
+  refused(post("/tokenize", R"({"model":"m","prompt":"p",)" + pull_from_elsewhere + "}"));
+  refused(post("/v1/embeddings", "{" + pull_from_elsewhere + R"(,"model":"m","input":"p"})"));
+  CHECK(prefill.accepted_count() == 0);
+  CHECK(decode.accepted_count() == 0);
+  CHECK(metric_sum(scrape_metrics(proxy.port()), "dplb_rejected_requests_total{", {"code=\"400\""}) == 6);
+  // A client's kv_transfer_params nested deeper, or named in a string, is its own business.
+  CHECK(client.send(post("/v1/completions", R"({"model":"m","prompt":"kv_transfer_params","x":{"kv_transfer_params":1}})"))
+            .status == 200);
+  CHECK(prefill.request_count() == 1);
+  CHECK(decode.request_count() == 1);
+}
+
+TEST_CASE("pd: a co-located cluster passes a client's kv_transfer_params on as it came", "[integration][pd]") {
+  auto engine = decode_engine();
+  dplb_proxy proxy({engine.url()}, {"--health-check-interval-ms", "0"});
+  http_connection client(proxy.port());
+  const std::string body = R"({"model":"m","prompt":"p","kv_transfer_params":{"do_remote_decode":true}})";
+  CHECK(client.send(post("/v1/completions", body)).status == 200);
+  REQUIRE(engine.await_requests(1, 5s));
+  CHECK(engine.requests().at(0).body == body);
+}
+
 TEST_CASE("pd: a 4xx from the prefill leg reaches the client as it came, and no decode leg runs", "[integration][pd]") {
   const std::string error = R"({"object":"error","message":"max_tokens is too large","type":"BadRequestError","param":null,"code":400})";
   raw_engine prefill([&](const raw_request&) { return std::vector{write_bytes(json_response(400, error))}; });
@@ -379,6 +429,15 @@ TEST_CASE("pd: a prompt the decode rank's KV-cache events say it holds skips the
   half.insert(half.end(), rest.begin(), rest.end());  // 4 of 10: 0.4
   CHECK(client.send(post("/v1/completions", json{{"model", "m"}, {"prompt", half}, {"max_tokens", 3}}.dump())).status == 200);
   REQUIRE(prefill.await_requests(1, 5s));
+  // The held prompt again, with a kv_transfer_params of the client's: refused, where it would skip the prefill.
+  const auto decode_legs = holder.request_count() + other.request_count();
+  auto own_params = json{{"model", "m"}, {"prompt", prompt}, {"max_tokens", 3}};
+  own_params["kv_transfer_params"] = {{"do_remote_prefill", true}, {"remote_host", "10.9.9.9"}};
+  const auto refused = client.send(post("/v1/completions", own_params.dump()));
+  CHECK(refused.status == 400);
+  CHECK(json::parse(refused.body)["error"]["param"] == "kv_transfer_params");
+  CHECK(holder.request_count() + other.request_count() == decode_legs);
+  CHECK(prefill.request_count() == 1);
   const auto m = scrape_metrics(proxy.port());
   CHECK(metric_sum(m, "dplb_pd_prefill_skipped_total") == 1);
   CHECK(metric_sum(m, "dplb_pd_leg_duration_seconds_count{", {"leg=\"prefill\""}) == 1);
