@@ -27,6 +27,7 @@
 #include "kv_request.hpp"
 #include "own_replies.hpp"
 #include "request_accounting.hpp"
+#include "request_id.hpp"
 #include "response_relay.hpp"
 #include "slot_wait.hpp"
 #include "tenant_pass.hpp"
@@ -182,8 +183,15 @@ class session {
         refused = {431, "X-Forwarded-For or Via is too long to append to"};
         break;
       }
-      // Both legs of a disaggregated request carry one X-Request-Id (two_leg_request.hpp).
-      if (two_legs) request_id_ = two_leg_request_id(head, upstream_head_);
+      // The engines' X-Request-Id: unique per request, whatever the client sent; both legs of a disaggregated
+      // request carry the same one (request_id.hpp).
+      if (decision.route == request_route::proxy) {
+        assign_request_ids(head.fields, two_legs, upstream_head_.bytes, upstream_head_.request_line_end, request_ids_);
+        if (access_.is_open()) {
+          access_.entry().request_id = request_ids_.engine;
+          access_.entry().client_request_id = request_ids_.client;
+        }
+      }
       // Copied now: the head's views do not outlive the body's reading.
       if (!settings_.affinity_header.empty()) session_key_ = head.fields.value(settings_.affinity_header);
       if (decision.send_continue && !co_await send_continue()) co_return false;
@@ -273,7 +281,7 @@ class session {
     body_bytes_.set(0);
     std::string().swap(client_framing_);
     std::string().swap(session_key_);
-    std::string().swap(request_id_);
+    request_ids_ = {};
     std::string().swap(refusal_.message);
     upstream_head_ = {};
     request_head_ = {};
@@ -339,7 +347,7 @@ class session {
   io::task<bool> run_two_legs(balancer::rank_lease decode, balancer::pick_context& request,
                               balancer::request_cost cost, bool client_keep_alive) {
     two_leg_request legs(worker_, client_, client_deadline_, upstream_deadline_, watch_, access_, tenant_, replies_,
-                         response_head_, upstream_head_, request_body_, body_bytes_, request_id_, ticket_, priority_,
+                         response_head_, upstream_head_, request_body_, body_bytes_, ticket_, priority_,
                          tenant_tokens_);
     const auto step = co_await legs.run(decode, request, cost, client_keep_alive);
     if (step == two_leg_request::next::answered) co_return legs.keep_alive();
@@ -406,6 +414,7 @@ class session {
     const auto& watch = watch_;
     const std::size_t rank = accounting.rank();
     response_relay relay(client_.socket(), client_deadline_, exchange, settings_, client_framing_);
+    relay.answer_request_id(request_ids_.client);  // an engine's echo of its id is the client's own again
     // A drain that began while the engine worked closes the connection after this response: say so.
     const bool keep_client = relay.prepare_head(rank, head_request, client_version,
                                                 client_keep_alive && !shared_.draining.load(std::memory_order_relaxed));
@@ -592,7 +601,7 @@ class session {
   // Reused by every request of the connection, so that the steady state allocates nothing:
   http::request_head request_head_;    // views into buffer_
   std::string session_key_;            // --affinity-header's value in the request being served
-  std::string request_id_;             // a two-leg request's X-Request-Id (the client's, or dplb's)
+  request_ids request_ids_;            // its X-Request-Id: the client's, and the engines'
   clock_type::time_point request_started_;  // when the request being proxied was read whole
   std::vector<std::uint64_t> prefix_chain_;  // its prompt's prefix blocks (prefix-aware), for the pick
   kv_request kv_;  // its prompt as the KV-cache events see it (prefix-aware with events), for the pick

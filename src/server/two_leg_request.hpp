@@ -24,20 +24,10 @@
 #include "kv_request.hpp"
 #include "own_replies.hpp"
 #include "prefill_leg.hpp"
-#include "request_id.hpp"
 #include "slot_wait.hpp"
 #include "tenant_pass.hpp"
 
 namespace dplb::server {
-
-// The X-Request-Id both legs carry: the engines name the request by it, and the decode instance finds the
-// prefill's blocks under it. The client's, else one dplb makes, written into `upstream` (the engines' head).
-inline std::string two_leg_request_id(const http::request_head& head, upstream_head& upstream) {
-  if (auto given = forwarded_request_id(head.fields)) return std::move(*given);
-  auto made = new_request_id();
-  replace_request_id(upstream.bytes, upstream.request_line_end, made);
-  return made;
-}
 
 class two_leg_request {
  public:
@@ -51,17 +41,18 @@ class two_leg_request {
 
   // The session's parts the request uses: its worker, the client's connection and its deadline, the engine
   // connection's deadline, the client watch; the request's access log entry, tenant and dplb's answers; its
-  // heads and body (rewritten for each leg); its X-Request-Id, and its place in the queue (`ticket`, written
+  // heads and body (rewritten for each leg; the engines' head carries the request's one X-Request-Id, the
+  // session's request_id.hpp), and its place in the queue (`ticket`, written
   // for the prefill queue from the request's priority and tenant tokens, as the decode queue had it).
   two_leg_request(worker_state& worker, io::tcp_stream& client, socket_deadline& client_deadline,
                   socket_deadline& upstream_deadline, std::shared_ptr<client_watch>& watch, access_record& access,
                   tenant_pass& tenant, own_replies& replies, http::response_head& response_head,
                   upstream_head& upstream_head, std::string& body, io::tracked_bytes& body_bytes,
-                  const std::string& request_id, queue_ticket& ticket, std::int64_t priority, std::uint64_t tokens)
+                  queue_ticket& ticket, std::int64_t priority, std::uint64_t tokens)
       : worker_(worker), shared_(worker.shared), client_(client), client_deadline_(client_deadline),
         upstream_deadline_(upstream_deadline), watch_(watch), access_(access), tenant_(tenant), replies_(replies),
         response_head_(response_head), upstream_head_(upstream_head), body_(body), body_bytes_(body_bytes),
-        request_id_(request_id), ticket_(ticket), priority_(priority), tokens_(tokens) {}
+        ticket_(ticket), priority_(priority), tokens_(tokens) {}
   two_leg_request(const two_leg_request&) = delete;
   two_leg_request& operator=(const two_leg_request&) = delete;
 
@@ -73,7 +64,6 @@ class two_leg_request {
   io::task<next> run(balancer::rank_lease& decode, const balancer::pick_context& request, balancer::request_cost cost,
                      bool client_keep_alive) {
     const auto& settings = shared_.settings;
-    if (access_.is_open()) access_.entry().request_id = request_id_;
     if (shared_.reads.may_skip_prefill(request.cluster) &&
         kv_request::share_held_by(decode.rank(), request, shared_) >= settings.pd_skip_prefill_ratio) {
       // The decode rank's KV-cache events say it holds the prompt: it computes the rest itself, and the
@@ -179,7 +169,6 @@ class two_leg_request {
   upstream_head& upstream_head_;
   std::string& body_;
   io::tracked_bytes& body_bytes_;
-  const std::string& request_id_;
   queue_ticket& ticket_;
   const std::int64_t priority_;
   const std::uint64_t tokens_;

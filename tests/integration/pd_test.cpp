@@ -133,15 +133,17 @@ TEST_CASE("pd: the prefill leg gets the rewritten body, the decode leg the clien
     CHECK(p.header_values("x-request-id").size() == 1);
     CHECK(d.header_values("x-request-id").size() == 1);
   }
-  SECTION("the client's X-Request-Id is kept on both legs") {
+  SECTION("the client's X-Request-Id goes to both legs made unique, the same on both") {
     http_connection client(proxy.port());
     const auto r = client.send(post("/v1/chat/completions", R"({"model":"m","messages":[{"role":"user","content":"hi"}]})",
                                     "client-id-7"));
     CHECK(r.status == 200);
     REQUIRE(decode.await_requests(1, 5s));
     CHECK(prefill.requests().at(0).target() == "/v1/chat/completions");
-    CHECK(prefill.requests().at(0).header_values("x-request-id") == std::vector<std::string>{"client-id-7"});
-    CHECK(decode.requests().at(0).header_values("x-request-id") == std::vector<std::string>{"client-id-7"});
+    const auto ids = prefill.requests().at(0).header_values("x-request-id");
+    REQUIRE(ids.size() == 1);
+    CHECK(ids[0].starts_with("client-id-7-"));
+    CHECK(decode.requests().at(0).header_values("x-request-id") == ids);
     CHECK_FALSE(json::parse(prefill.requests().at(0).body).contains("max_completion_tokens"));
   }
   SECTION("other paths go to a decode rank in one leg") {
@@ -203,6 +205,38 @@ TEST_CASE("pd: a co-located cluster passes a client's kv_transfer_params on as i
   CHECK(client.send(post("/v1/completions", body)).status == 200);
   REQUIRE(engine.await_requests(1, 5s));
   CHECK(engine.requests().at(0).body == body);
+}
+
+TEST_CASE("pd: two requests with one client X-Request-Id reach the engines under two ids, each the same on both "
+          "legs, and each client gets its own id back",
+          "[integration][pd]") {
+  auto prefill = prefill_engine();
+  // Echoes the X-Request-Id it got, as vLLM does with --enable-request-id-headers.
+  raw_engine decode([](const raw_request& r) {
+    auto answer = decode_answer();
+    answer.insert(answer.find("\r\n") + 2, "X-Request-Id: " + r.header("x-request-id").value_or("none") + "\r\n");
+    return std::vector{write_bytes(answer)};
+  });
+  dplb_proxy proxy({}, pd_args({prefill.url()}, {decode.url()}));
+  for (int i = 0; i < 2; ++i) {
+    http_connection client(proxy.port());
+    const auto r = client.send(post("/v1/completions", R"({"model":"m","prompt":"p"})", "reused"));
+    CHECK(r.status == 200);
+    CHECK(r.headers.count("X-Request-Id") == 1);
+    CHECK(r.headers["X-Request-Id"] == "reused");
+  }
+  REQUIRE(decode.await_requests(2, 5s));
+  REQUIRE(prefill.await_requests(2, 5s));
+  std::vector<std::string> ids;
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto leg1 = prefill.requests().at(i).header_values("x-request-id");
+    const auto leg2 = decode.requests().at(i).header_values("x-request-id");
+    REQUIRE(leg1.size() == 1);
+    CHECK(leg2 == leg1);
+    CHECK(leg1[0].starts_with("reused-"));
+    ids.push_back(leg1[0]);
+  }
+  CHECK(ids[0] != ids[1]);
 }
 
 TEST_CASE("pd: a 4xx from the prefill leg reaches the client as it came, and no decode leg runs", "[integration][pd]") {
@@ -599,7 +633,8 @@ TEST_CASE("pd: the access log has one line per two-leg request: the decode leg's
   const auto& line = lines[0];
   CHECK(line["rank"] == 1);
   CHECK(line["status"] == 200);
-  CHECK(line["request_id"] == "log-id-1");
+  CHECK(line["client_request_id"] == "log-id-1");
+  CHECK(line["request_id"].get<std::string>().starts_with("log-id-1-"));
   CHECK(line["prefill_rank"] == 0);
   CHECK(line["prefill_status"] == 200);
   CHECK(line["prefill_duration"].is_number());
