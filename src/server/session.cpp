@@ -306,6 +306,8 @@ class session {
         admit_by_tenant()) {  // else refusal_ says why
       if (kv_.awaits_tokens()) co_await kv_.tokenize(request_body_, shared_, request);
       request.prefilled_elsewhere = two_legs && settings_.clusters[request.cluster].disaggregated();
+      // A disaggregated cluster's completion takes its decode rank once its prefill has answered.
+      if (request.prefilled_elsewhere) co_return co_await run_two_legs(request, cost, client_keep_alive);
       // (Not a conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among
       // them.)
       auto slot = slot_without_queue(shared_, request, cost);
@@ -334,22 +336,18 @@ class session {
                                              refusal_.retry_after, refusal_.param);
     }
     tenant_.holding_slot();
-    if (request.prefilled_elsewhere) {  // a disaggregated cluster's completion (see above)
-      co_return co_await run_two_legs(std::move(lease), request, cost, client_keep_alive);
-    }
     co_return co_await exchange_and_relay(std::move(lease), request, cost, method == bhttp::verb::head,
                                           client_keep_alive);
   }
 
   // A disaggregated cluster's completion, in two legs (two_leg_request.hpp): the prefill leg, then the decode
-  // leg on `decode`, the rank picked when the request arrived. The decode leg, a prefill answer relayed as it
+  // leg on the decode rank picked when the prefill answered. The decode leg, a prefill answer relayed as it
   // came and a prefill leg's failure go the way of any request's.
-  io::task<bool> run_two_legs(balancer::rank_lease decode, balancer::pick_context& request,
-                              balancer::request_cost cost, bool client_keep_alive) {
+  io::task<bool> run_two_legs(balancer::pick_context& request, balancer::request_cost cost, bool client_keep_alive) {
     two_leg_request legs(worker_, client_, client_deadline_, upstream_deadline_, watch_, access_, tenant_, replies_,
                          response_head_, upstream_head_, request_body_, body_bytes_, ticket_, priority_,
                          tenant_tokens_);
-    const auto step = co_await legs.run(decode, request, cost, client_keep_alive);
+    const auto step = co_await legs.run(request, cost, client_keep_alive);
     if (step == two_leg_request::next::answered) co_return legs.keep_alive();
     if (step == two_leg_request::next::relay_prefill) {
       co_return co_await relay_answer(legs.prefill().exchange(), legs.prefill().accounting(), false, client_keep_alive);
@@ -360,7 +358,8 @@ class session {
     }
     // Without a prefill leg the decode rank prefills the prompt (its rest; all of it on a retry elsewhere).
     if (legs.prefill_skipped()) request.prefilled_elsewhere = false;
-    co_return co_await exchange_and_relay(std::move(decode), request, cost, false, client_keep_alive, request_started_);
+    co_return co_await exchange_and_relay(legs.take_decode_lease(), request, cost, false, client_keep_alive,
+                                          request_started_);
   }
 
   // While dplb waits for an engine and relays its answer, a watcher notices the client leaving and closes

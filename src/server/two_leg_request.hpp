@@ -1,11 +1,13 @@
 #pragma once
-// Private to the session: a completion of a disaggregated cluster, in two legs. The decode rank is the one
-// picked when the request arrived (so a burst splits exactly over the decode ranks); the prefill leg runs
-// first, on a rank of the cluster's prefill pool (prefill_leg.hpp), and its kv_transfer_params go into the
-// decode leg's body. Both legs carry one X-Request-Id. The prefill leg is skipped for a prompt the decode
-// rank holds already. A client that leaves during the prefill leg has that engine connection closed, and no
-// decode leg runs. What any request does is left to the session (run() says which): the decode leg goes its
-// one-leg way, and so does a prefill answer relayed as it came, or a prefill failure answered.
+// Private to the session: a completion of a disaggregated cluster, in two legs. The prefill leg runs first, on
+// a rank of the cluster's prefill pool (prefill_leg.hpp), and its kv_transfer_params go into the decode leg's
+// body; the decode rank is picked when the prefill answers, as vLLM's own disaggregated proxy picks it, so that a
+// decode rank's count is the requests it decodes (a lockstep decode pool's batches are what is balanced) and no
+// decode slot is held while a request waits for, or runs, its prefill. Both legs carry one X-Request-Id (the
+// session's, request_id.hpp). The prefill leg is skipped for a prompt the decode rank picked on arrival holds
+// already. A client that leaves during the prefill leg has that engine connection closed, and no decode leg
+// runs. What any request does is left to the session (run() says which): the decode leg goes its one-leg way,
+// and so does a prefill answer relayed as it came, or a prefill failure answered.
 
 #include <boost/beast/http/verb.hpp>
 
@@ -42,8 +44,8 @@ class two_leg_request {
   // The session's parts the request uses: its worker, the client's connection and its deadline, the engine
   // connection's deadline, the client watch; the request's access log entry, tenant and dplb's answers; its
   // heads and body (rewritten for each leg; the engines' head carries the request's one X-Request-Id, the
-  // session's request_id.hpp), and its place in the queue (`ticket`, written
-  // for the prefill queue from the request's priority and tenant tokens, as the decode queue had it).
+  // session's request_id.hpp), and its place in the queues (`ticket`, written from the request's priority and
+  // tenant tokens).
   two_leg_request(worker_state& worker, io::tcp_stream& client, socket_deadline& client_deadline,
                   socket_deadline& upstream_deadline, std::shared_ptr<client_watch>& watch, access_record& access,
                   tenant_pass& tenant, own_replies& replies, http::response_head& response_head,
@@ -57,23 +59,31 @@ class two_leg_request {
   two_leg_request& operator=(const two_leg_request&) = delete;
 
   // Whether the prefill leg was skipped (the decode rank holds the prompt): the decode rank prefills the rest.
-  bool prefill_skipped() const noexcept { return !leg_; }
+  bool prefill_skipped() const noexcept { return skipped_; }
 
-  // The request up to its decode leg. `decode`: the decode rank's lease, released here when no decode leg
-  // will run; `request` and `cost`: the decode leg's pick and cost.
-  io::task<next> run(balancer::rank_lease& decode, const balancer::pick_context& request, balancer::request_cost cost,
-                     bool client_keep_alive) {
+  // The request up to its decode leg. `request` and `cost`: the decode leg's pick and cost. After
+  // next::decode_leg, decode_lease() is the decode rank's slot.
+  io::task<next> run(const balancer::pick_context& request, balancer::request_cost cost, bool client_keep_alive) {
     const auto& settings = shared_.settings;
-    if (shared_.reads.may_skip_prefill(request.cluster) &&
-        kv_request::share_held_by(decode.rank(), request, shared_) >= settings.pd_skip_prefill_ratio) {
-      // The decode rank's KV-cache events say it holds the prompt: it computes the rest itself, and the
-      // prefill leg (a transfer of blocks it already has) is skipped.
-      shared_.metrics.prefill_skipped();
-      co_return next::decode_leg;
+    // Both queues order it alike, and count it as its tenant's (max_queued).
+    ticket_ = ticket_for(tenant_, priority_, tokens_, settings);
+    const double skip_ratio = settings.pd_skip_prefill_ratio;
+    if (shared_.reads.may_skip_prefill(request.cluster) && kv_request::some_rank_holds(skip_ratio, request, shared_)) {
+      // Some decode rank's KV-cache events say it holds the prompt: the request's decode rank is picked now, as
+      // for any request, and if it is such a rank it computes the rest itself (the prefill leg, a transfer of
+      // blocks it already has, is skipped). Else the request goes on in two legs, its decode rank picked anew
+      // when the prefill answers.
+      if (!co_await take_decode_slot(request, cost, client_keep_alive)) co_return next::answered;
+      if (kv_request::share_held_by(decode_.rank(), request, shared_) >= skip_ratio) {
+        shared_.metrics.prefill_skipped();
+        skipped_ = true;
+        tenant_.holding_slot();
+        co_return next::decode_leg;
+      }
+      decode_.release();
     }
     prefill_body_ = pd::prefill_body(body_);
     if (!prefill_body_) {
-      decode.release();  // free before the answer leaves, as every refusal's slot is
       shared_.metrics.rejected(400);
       keep_alive_ = co_await replies_.send_error(
           400, "the request body must be a JSON object: dplb writes the prefill leg's body from it", client_keep_alive);
@@ -81,10 +91,7 @@ class two_leg_request {
     }
     if (!watch_) watch_ = std::make_shared<client_watch>();
     auto& leg = leg_.emplace(worker_, *watch_, response_head_, upstream_deadline_, request, cost);
-    // The prefill queue orders it as the decode queue did, and counts it as its tenant's (max_queued).
-    ticket_ = ticket_for(tenant_, priority_, tokens_, settings);
     if (const auto refusal = co_await leg.acquire(client_, access_.open_entry(), ticket_); refusal != slot_refusal::none) {
-      decode.release();
       tenant_.give_back_reservation();  // no engine saw it
       shared_.metrics.rejected(refusal == slot_refusal::client_gone ? 499 : refusal_status(refusal));
       if (refusal == slot_refusal::client_gone) {
@@ -95,6 +102,7 @@ class two_leg_request {
       keep_alive_ = co_await replies_.send_error(refusal_status(refusal), leg.refusal_text(refusal), client_keep_alive, 1);
       co_return next::answered;
     }
+    tenant_.holding_slot();
     // The leg's client watch (the session's watch_leg()), while the prefill rank works and its answer is read.
     watching_.emplace(client_deadline_, client_.socket(), watch_, worker_.deadlines.period());
     set_upstream_framing(upstream_head_, boost::beast::http::verb::post, prefill_body_->size());
@@ -105,7 +113,6 @@ class two_leg_request {
       entry.prefill_status = leg.accounting().status();
       if (const auto took = leg.took()) entry.prefill_duration = std::chrono::duration<double>(*took).count();
     }
-    if (result != prefill_leg::result::params_ready) decode.release();  // no decode leg: the slot goes now
     switch (result) {
       case prefill_leg::result::client_gone:  // counted on its prefill rank (499)
         tenant_.answered(499);
@@ -134,13 +141,18 @@ class two_leg_request {
     // A client that left during the prefill leg's last moments (before its watch began, or with its close
     // not yet seen): no decode leg starts for it.
     if (watch_->client_gone || client_closed_now(client_.socket())) {
-      tenant_.answered(499);
-      if (access_.is_open()) access_.answered_by_dplb(499, 0);
+      left_between_legs();
       co_return next::answered;
     }
+    // The decode rank is bound now, as the prefill answers: a decode rank's count is what it decodes, and no
+    // decode slot waits on a prefill (a wait for one here watches the client as any queued request's does).
+    if (!co_await take_decode_slot(request, cost, client_keep_alive)) co_return next::answered;
     set_upstream_framing(upstream_head_, boost::beast::http::verb::post, body_.size());
     co_return next::decode_leg;
   }
+
+  // After next::decode_leg: the decode rank's slot, for the decode leg's accounting.
+  balancer::rank_lease take_decode_lease() noexcept { return std::move(decode_); }
 
   // After next::answered: whether the client connection may carry another request.
   bool keep_alive() const noexcept { return keep_alive_; }
@@ -148,6 +160,36 @@ class two_leg_request {
   prefill_leg& prefill() noexcept { return *leg_; }
 
  private:
+  // The decode rank's slot, at once or after a wait in the decode ranks' queue (--max-inflight-per-rank), into
+  // decode_. False when there is none: the client has dplb's answer (or left, counted as 499 between the legs).
+  io::task<bool> take_decode_slot(const balancer::pick_context& request, balancer::request_cost cost,
+                                  bool client_keep_alive) {
+    auto slot = slot_without_queue(shared_, request, cost);
+    if (!slot) slot = co_await wait_for_slot(client_, shared_, request, cost, ticket_);
+    if (slot->lease) {
+      decode_ = std::move(slot->lease);
+      co_return true;
+    }
+    if (slot->refusal == slot_refusal::client_gone) {
+      left_between_legs();
+      co_return false;
+    }
+    tenant_.give_back_reservation();  // no engine took the work for the client (a prefill's blocks are left)
+    const auto status = refusal_status(slot->refusal);
+    shared_.metrics.rejected(status);
+    keep_alive_ = co_await replies_.send_error(
+        status, "no decode rank for the request: " + refusal_message(slot->refusal, request, shared_.models.by_model()),
+        client_keep_alive, 1);
+    co_return false;
+  }
+
+  // The client left while no leg ran (its decode leg not begun): counted, as nginx counts a client that closes
+  // first (499), among the requests dplb answered without a rank.
+  void left_between_legs() {
+    tenant_.answered(499);
+    if (access_.is_open()) access_.answered_by_dplb(499, 0);
+  }
+
   // The prefill leg's parts go before the decode leg starts, in the order the end of one scope holding them
   // would end them: the client watch, the leg (its engine connection and accounting), the prefill body.
   void end_prefill_leg() {
@@ -173,6 +215,8 @@ class two_leg_request {
   const std::int64_t priority_;
   const std::uint64_t tokens_;
   bool keep_alive_ = false;
+  bool skipped_ = false;
+  balancer::rank_lease decode_;  // the decode rank's slot, from its pick to the decode leg's accounting
   // Declared in the order the prefill leg makes them, so that they also end in reverse (see end_prefill_leg).
   std::optional<std::string> prefill_body_;
   std::optional<prefill_leg> leg_;

@@ -293,6 +293,10 @@ TEST_CASE("pd: a client that leaves during the prefill leg has that engine conne
   client.write_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
                    std::to_string(body.size()) + "\r\n\r\n" + body);
   REQUIRE(prefill.await_requests(1, 5s));
+  // The decode rank is not bound yet: it is picked when the prefill answers.
+  const auto prefilling = scrape_metrics(proxy.port());
+  CHECK(metric_sum(prefilling, "dplb_rank_inflight{", {"rank=\"0\""}) == 1);
+  CHECK(metric_sum(prefilling, "dplb_rank_inflight{", {"rank=\"1\""}) == 0);
   const auto left_at = steady::now();
   client.close();
   REQUIRE(prefill.await_peer_close(0, 5s));
@@ -554,10 +558,11 @@ TEST_CASE("pd: under --max-inflight-per-rank a request waits for a prefill slot,
   REQUIRE(prefill.await_requests(1, 5s));
   http_connection second(proxy.port());
   send_raw(second, R"({"model":"m","prompt":"second"})");
-  // Queued for the prefill slot, its decode slot held: both decode ranks are taken.
+  // Queued for the prefill slot, holding no decode slot (nor does the first, in its prefill leg): a decode slot
+  // is taken when the prefill answers.
   const auto queued = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_queue_depth") == 1; });
   REQUIRE(metric_sum(queued, "dplb_queue_depth") == 1);
-  CHECK(metric_sum(queued, "dplb_rank_inflight{", {"rank=\"1\""}) + metric_sum(queued, "dplb_rank_inflight{", {"rank=\"2\""}) == 2);
+  CHECK(metric_sum(queued, "dplb_rank_inflight{", {"rank=\"1\""}) + metric_sum(queued, "dplb_rank_inflight{", {"rank=\"2\""}) == 0);
   first.close();  // frees the prefill slot: the second request's prefill leg starts
   REQUIRE(prefill.await_requests(2, 5s));
   const auto left_at = steady::now();
