@@ -186,6 +186,7 @@ class two_leg_request {
   // The client left while no leg ran (its decode leg not begun): counted, as nginx counts a client that closes
   // first (499), among the requests dplb answered without a rank.
   void left_between_legs() {
+    shared_.metrics.rejected(499);
     tenant_.answered(499);
     if (access_.is_open()) access_.answered_by_dplb(499, 0);
   }

@@ -307,6 +307,38 @@ TEST_CASE("pd: a client that leaves during the prefill leg has that engine conne
   CHECK(decode.request_count() == 0);
 }
 
+TEST_CASE("pd: a client that leaves between the legs, waiting for a decode slot after its prefill answered, is "
+          "counted as 499 among the rejected, and no decode leg runs",
+          "[integration][pd]") {
+  auto prefill = prefill_engine();
+  raw_engine decode([](const raw_request&) { return std::vector{pause_for(20s), write_bytes(decode_answer())}; });
+  dplb_proxy proxy({}, pd_args({prefill.url()}, {decode.url()}, {"--max-inflight-per-rank", "1", "--queue-timeout-ms", "20000"}));
+  const auto send_raw = [&](http_connection& c, const std::string& body) {
+    c.write_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                std::to_string(body.size()) + "\r\n\r\n" + body);
+  };
+  http_connection first(proxy.port());
+  send_raw(first, R"({"model":"m","prompt":"first"})");
+  REQUIRE(decode.await_requests(1, 5s));  // the first holds the one decode slot for 20 s
+  http_connection second(proxy.port());
+  send_raw(second, R"({"model":"m","prompt":"second"})");
+  REQUIRE(prefill.await_requests(2, 5s));
+  // Its prefill answered, the second waits for the decode slot.
+  const auto waiting = await_metrics(proxy.port(), [](const auto& m) {
+    return metric_sum(m, "dplb_queue_depth") == 1 && metric_sum(m, "dplb_requests_total{", {"rank=\"0\"", "code=\"200\""}) == 2;
+  });
+  REQUIRE(metric_sum(waiting, "dplb_queue_depth") == 1);
+  CHECK(metric_sum(waiting, "dplb_rejected_requests_total{", {"code=\"499\""}) == 0);
+  second.close();
+  const auto m = await_metrics(proxy.port(), [](const auto& m) {
+    return metric_sum(m, "dplb_rejected_requests_total{", {"code=\"499\""}) == 1;
+  });
+  CHECK(metric_sum(m, "dplb_rejected_requests_total{", {"code=\"499\""}) == 1);
+  CHECK(metric_sum(m, "dplb_queue_depth") == 0);
+  CHECK(metric_sum(m, "dplb_requests_total{", {"rank=\"1\""}) == 0);  // the first is still decoding
+  CHECK(decode.request_count() == 1);
+}
+
 TEST_CASE("pd: /metrics names every prefill and decode URL with its role, and the legs' histograms", "[integration][pd]") {
   auto prefill_a = prefill_engine();
   auto prefill_b = prefill_engine();
