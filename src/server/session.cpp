@@ -344,9 +344,11 @@ class session {
   // leg on the decode rank picked when the prefill answered. The decode leg, a prefill answer relayed as it
   // came and a prefill leg's failure go the way of any request's.
   io::task<bool> run_two_legs(balancer::pick_context& request, balancer::request_cost cost, bool client_keep_alive) {
-    two_leg_request legs(worker_, client_, client_deadline_, upstream_deadline_, watch_, access_, tenant_, replies_,
-                         response_head_, upstream_head_, request_body_, body_bytes_, ticket_, priority_,
-                         tenant_tokens_);
+    two_leg_request legs({.worker = worker_, .client = client_, .client_deadline = client_deadline_,
+                          .upstream_deadline = upstream_deadline_, .watch = watch_, .access = access_, .tenant = tenant_,
+                          .replies = replies_, .response_head = response_head_, .engine_head = upstream_head_,
+                          .body = request_body_, .body_bytes = body_bytes_, .ticket = ticket_, .priority = priority_,
+                          .tokens = tenant_tokens_});
     const auto step = co_await legs.run(request, cost, client_keep_alive);
     if (step == two_leg_request::next::answered) co_return legs.keep_alive();
     if (step == two_leg_request::next::relay_prefill) {

@@ -31,6 +31,29 @@
 
 namespace dplb::server {
 
+// The session's parts a two-leg request works with, one struct made for each such request: its worker, the
+// client's connection and its deadline, the engine connection's deadline, the client watch; the request's access
+// log entry, tenant and dplb's answers; its heads and body (rewritten for each leg; the engines' head carries the
+// request's one X-Request-Id, request_id.hpp); its place in the queues (`ticket`, written from its `priority` and
+// tenant `tokens`).
+struct two_leg_parts {
+  worker_state& worker;
+  io::tcp_stream& client;
+  socket_deadline& client_deadline;
+  socket_deadline& upstream_deadline;
+  std::shared_ptr<client_watch>& watch;
+  access_record& access;
+  tenant_pass& tenant;
+  own_replies& replies;
+  http::response_head& response_head;  // the engine's answer's
+  upstream_head& engine_head;  // the engines' request head
+  std::string& body;
+  io::tracked_bytes& body_bytes;
+  queue_ticket& ticket;
+  std::int64_t priority = 0;
+  std::uint64_t tokens = 0;
+};
+
 class two_leg_request {
  public:
   // What the session does once run() is over.
@@ -41,20 +64,7 @@ class two_leg_request {
     prefill_failed,  // no usable answer from any prefill rank: prefill().failure() says why
   };
 
-  // The session's parts the request uses: its worker, the client's connection and its deadline, the engine
-  // connection's deadline, the client watch; the request's access log entry, tenant and dplb's answers; its
-  // heads and body (rewritten for each leg; the engines' head carries the request's one X-Request-Id, the
-  // session's request_id.hpp), and its place in the queues (`ticket`, written from the request's priority and
-  // tenant tokens).
-  two_leg_request(worker_state& worker, io::tcp_stream& client, socket_deadline& client_deadline,
-                  socket_deadline& upstream_deadline, std::shared_ptr<client_watch>& watch, access_record& access,
-                  tenant_pass& tenant, own_replies& replies, http::response_head& response_head,
-                  upstream_head& upstream_head, std::string& body, io::tracked_bytes& body_bytes,
-                  queue_ticket& ticket, std::int64_t priority, std::uint64_t tokens)
-      : worker_(worker), shared_(worker.shared), client_(client), client_deadline_(client_deadline),
-        upstream_deadline_(upstream_deadline), watch_(watch), access_(access), tenant_(tenant), replies_(replies),
-        response_head_(response_head), upstream_head_(upstream_head), body_(body), body_bytes_(body_bytes),
-        ticket_(ticket), priority_(priority), tokens_(tokens) {}
+  explicit two_leg_request(const two_leg_parts& parts) : parts_(parts), shared_(parts.worker.shared) {}
   two_leg_request(const two_leg_request&) = delete;
   two_leg_request& operator=(const two_leg_request&) = delete;
 
@@ -66,7 +76,7 @@ class two_leg_request {
   io::task<next> run(const balancer::pick_context& request, balancer::request_cost cost, bool client_keep_alive) {
     const auto& settings = shared_.settings;
     // Both queues order it alike, and count it as its tenant's (max_queued).
-    ticket_ = ticket_for(tenant_, priority_, tokens_, settings);
+    parts_.ticket = ticket_for(parts_.tenant, parts_.priority, parts_.tokens, settings);
     const double skip_ratio = settings.pd_skip_prefill_ratio;
     if (shared_.reads.may_skip_prefill(request.cluster) && kv_request::some_rank_holds(skip_ratio, request, shared_)) {
       // Some decode rank's KV-cache events say it holds the prompt: the request's decode rank is picked now, as
@@ -77,77 +87,79 @@ class two_leg_request {
       if (kv_request::share_held_by(decode_.rank(), request, shared_) >= skip_ratio) {
         shared_.metrics.prefill_skipped();
         skipped_ = true;
-        tenant_.holding_slot();
+        parts_.tenant.holding_slot();
         co_return next::decode_leg;
       }
       decode_.release();
     }
-    prefill_body_ = pd::prefill_body(body_);
+    prefill_body_ = pd::prefill_body(parts_.body);
     if (!prefill_body_) {
       shared_.metrics.rejected(400);
-      keep_alive_ = co_await replies_.send_error(
+      keep_alive_ = co_await parts_.replies.send_error(
           400, "the request body must be a JSON object: dplb writes the prefill leg's body from it", client_keep_alive);
       co_return next::answered;
     }
-    if (!watch_) watch_ = std::make_shared<client_watch>();
-    auto& leg = leg_.emplace(worker_, *watch_, response_head_, upstream_deadline_, request, cost);
-    if (const auto refusal = co_await leg.acquire(client_, access_.open_entry(), ticket_); refusal != slot_refusal::none) {
-      tenant_.give_back_reservation();  // no engine saw it
+    if (!parts_.watch) parts_.watch = std::make_shared<client_watch>();
+    auto& leg = leg_.emplace(parts_.worker, *parts_.watch, parts_.response_head, parts_.upstream_deadline, request, cost);
+    const auto refusal = co_await leg.acquire(parts_.client, parts_.access.open_entry(), parts_.ticket);
+    if (refusal != slot_refusal::none) {
+      parts_.tenant.give_back_reservation();  // no engine saw it
       shared_.metrics.rejected(refusal == slot_refusal::client_gone ? 499 : refusal_status(refusal));
       if (refusal == slot_refusal::client_gone) {
-        tenant_.answered(499);
-        if (access_.is_open()) access_.answered_by_dplb(499, 0);
+        parts_.tenant.answered(499);
+        if (parts_.access.is_open()) parts_.access.answered_by_dplb(499, 0);
         co_return next::answered;
       }
-      keep_alive_ = co_await replies_.send_error(refusal_status(refusal), leg.refusal_text(refusal), client_keep_alive, 1);
+      keep_alive_ =
+          co_await parts_.replies.send_error(refusal_status(refusal), leg.refusal_text(refusal), client_keep_alive, 1);
       co_return next::answered;
     }
-    tenant_.holding_slot();
+    parts_.tenant.holding_slot();
     // The leg's client watch (the session's watch_leg()), while the prefill rank works and its answer is read.
-    watching_.emplace(client_deadline_, client_.socket(), watch_, worker_.deadlines.period());
-    set_upstream_framing(upstream_head_, boost::beast::http::verb::post, prefill_body_->size());
-    const auto result = co_await leg.run(upstream_head_, *prefill_body_);
-    if (access_.is_open()) {
-      auto& entry = access_.entry();
+    watching_.emplace(parts_.client_deadline, parts_.client.socket(), parts_.watch, parts_.worker.deadlines.period());
+    set_upstream_framing(parts_.engine_head, boost::beast::http::verb::post, prefill_body_->size());
+    const auto result = co_await leg.run(parts_.engine_head, *prefill_body_);
+    if (parts_.access.is_open()) {
+      auto& entry = parts_.access.entry();
       entry.prefill_rank = leg.accounting().rank();
       entry.prefill_status = leg.accounting().status();
       if (const auto took = leg.took()) entry.prefill_duration = std::chrono::duration<double>(*took).count();
     }
     switch (result) {
       case prefill_leg::result::client_gone:  // counted on its prefill rank (499)
-        tenant_.answered(499);
+        parts_.tenant.answered(499);
         co_return next::answered;
       case prefill_leg::result::failed:
         if (leg.answered_without_params()) {
-          if (access_.is_open()) access_.entry().forget_rank_outcome();  // the client gets dplb's 502
-          keep_alive_ = co_await replies_.send_error(502, leg.missing_params_text(), client_keep_alive);
+          if (parts_.access.is_open()) parts_.access.entry().forget_rank_outcome();  // the client gets dplb's 502
+          keep_alive_ = co_await parts_.replies.send_error(502, leg.missing_params_text(), client_keep_alive);
           co_return next::answered;
         }
         co_return next::prefill_failed;
       case prefill_leg::result::relay_answer:
         // A 4xx (or any answer but a 200) is the client's as the engine gave it; no decode leg runs.
-        leg.accounting().speak_for(tenant_);
+        leg.accounting().speak_for(parts_.tenant);
         co_return next::relay_prefill;
       case prefill_leg::result::params_ready:
         break;
     }
     shared_.metrics.prefill_leg(*leg.took());
     // The client's body, braced (prefill_body() accepted it), with the prefill's params: it cannot fail.
-    body_ = pd::decode_body(body_, leg.params()).value();
-    body_bytes_.set(body_.capacity());
+    parts_.body = pd::decode_body(parts_.body, leg.params()).value();
+    parts_.body_bytes.set(parts_.body.capacity());
     end_prefill_leg();
     // The decode leg's accounting fills the access log entry anew: the prefill leg's stays in its own fields.
-    if (access_.is_open()) access_.entry().forget_rank_outcome();
+    if (parts_.access.is_open()) parts_.access.entry().forget_rank_outcome();
     // A client that left during the prefill leg's last moments (before its watch began, or with its close
     // not yet seen): no decode leg starts for it.
-    if (watch_->client_gone || client_closed_now(client_.socket())) {
+    if (parts_.watch->client_gone || client_closed_now(parts_.client.socket())) {
       left_between_legs();
       co_return next::answered;
     }
     // The decode rank is bound now, as the prefill answers: a decode rank's count is what it decodes, and no
     // decode slot waits on a prefill (a wait for one here watches the client as any queued request's does).
     if (!co_await take_decode_slot(request, cost, client_keep_alive)) co_return next::answered;
-    set_upstream_framing(upstream_head_, boost::beast::http::verb::post, body_.size());
+    set_upstream_framing(parts_.engine_head, boost::beast::http::verb::post, parts_.body.size());
     co_return next::decode_leg;
   }
 
@@ -165,7 +177,7 @@ class two_leg_request {
   io::task<bool> take_decode_slot(const balancer::pick_context& request, balancer::request_cost cost,
                                   bool client_keep_alive) {
     auto slot = slot_without_queue(shared_, request, cost);
-    if (!slot) slot = co_await wait_for_slot(client_, shared_, request, cost, ticket_);
+    if (!slot) slot = co_await wait_for_slot(parts_.client, shared_, request, cost, parts_.ticket);
     if (slot->lease) {
       decode_ = std::move(slot->lease);
       co_return true;
@@ -174,10 +186,10 @@ class two_leg_request {
       left_between_legs();
       co_return false;
     }
-    tenant_.give_back_reservation();  // no engine took the work for the client (a prefill's blocks are left)
+    parts_.tenant.give_back_reservation();  // no engine took the work for the client (a prefill's blocks are left)
     const auto status = refusal_status(slot->refusal);
     shared_.metrics.rejected(status);
-    keep_alive_ = co_await replies_.send_error(
+    keep_alive_ = co_await parts_.replies.send_error(
         status, "no decode rank for the request: " + refusal_message(slot->refusal, request, shared_.models.by_model()),
         client_keep_alive, 1);
     co_return false;
@@ -187,8 +199,8 @@ class two_leg_request {
   // first (499), among the requests dplb answered without a rank.
   void left_between_legs() {
     shared_.metrics.rejected(499);
-    tenant_.answered(499);
-    if (access_.is_open()) access_.answered_by_dplb(499, 0);
+    parts_.tenant.answered(499);
+    if (parts_.access.is_open()) parts_.access.answered_by_dplb(499, 0);
   }
 
   // The prefill leg's parts go before the decode leg starts, in the order the end of one scope holding them
@@ -199,22 +211,8 @@ class two_leg_request {
     prefill_body_.reset();
   }
 
-  worker_state& worker_;
+  two_leg_parts parts_;  // the session's, for this request
   shared_state& shared_;
-  io::tcp_stream& client_;
-  socket_deadline& client_deadline_;
-  socket_deadline& upstream_deadline_;
-  std::shared_ptr<client_watch>& watch_;
-  access_record& access_;
-  tenant_pass& tenant_;
-  own_replies& replies_;
-  http::response_head& response_head_;
-  upstream_head& upstream_head_;
-  std::string& body_;
-  io::tracked_bytes& body_bytes_;
-  queue_ticket& ticket_;
-  const std::int64_t priority_;
-  const std::uint64_t tokens_;
   bool keep_alive_ = false;
   bool skipped_ = false;
   balancer::rank_lease decode_;  // the decode rank's slot, from its pick to the decode leg's accounting
