@@ -127,6 +127,10 @@ std::string format_access_line(const access_entry& e, std::chrono::steady_clock:
     out += ",\"request_id\":";
     append_text_or_null(out, e.request_id);
   }
+  if (!e.client_request_id.empty()) {
+    out += ",\"client_request_id\":";
+    append_text_or_null(out, e.client_request_id);
+  }
   if (e.prefill_rank) {
     out += ",\"prefill_rank\":";
     append_number_or_null(out, e.prefill_rank);

@@ -26,7 +26,120 @@ std::optional<json> object_of(std::string_view body) {
   return parsed;
 }
 
+// The member name dplb owns, and the reading of a body's top-level keys that looks for it.
+constexpr std::string_view params_key = "kv_transfer_params";
+
+bool blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+std::size_t skip_blanks(std::string_view t, std::size_t i) {
+  while (i < t.size() && blank(t[i])) ++i;
+  return i;
+}
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// The string starting at t[i] == '"': where it ends (just past its closing quote, or npos), and whether it
+// spells `name` once its escapes are decoded.
+struct string_scan {
+  std::size_t end = std::string_view::npos;
+  bool spells_name = false;
+};
+string_scan scan_string(std::string_view t, std::size_t i, std::string_view name) {
+  std::size_t matched = 0;  // characters of `name` matched so far
+  bool same = true;
+  const auto take = [&](unsigned code) {
+    same = same && matched < name.size() && static_cast<unsigned char>(name[matched]) == code;
+    ++matched;
+  };
+  for (++i; i < t.size(); ++i) {
+    const char c = t[i];
+    if (c == '"') return {i + 1, same && matched == name.size()};
+    if (c != '\\') {
+      take(static_cast<unsigned char>(c));
+      continue;
+    }
+    if (++i >= t.size()) break;
+    switch (t[i]) {
+      case 'u': {
+        unsigned code = 0;
+        for (int d = 0; d < 4; ++d) {
+          const int v = i + 1 < t.size() ? hex_digit(t[i + 1]) : -1;
+          if (v < 0) return {};
+          code = code * 16 + static_cast<unsigned>(v);
+          ++i;
+        }
+        take(code);  // a code point beyond ASCII never matches the (ASCII) name
+        break;
+      }
+      case 'b': take('\b'); break;
+      case 'f': take('\f'); break;
+      case 'n': take('\n'); break;
+      case 'r': take('\r'); break;
+      case 't': take('\t'); break;
+      default: take(static_cast<unsigned char>(t[i])); break;  // \" \\ \/ (and what Python refuses anyway)
+    }
+  }
+  return {};
+}
+
+// The end of the value starting at t[i] (a string, a container, or a bare literal such as NaN), or npos.
+std::size_t skip_value(std::string_view t, std::size_t i) {
+  if (i >= t.size()) return std::string_view::npos;
+  if (t[i] == '"') return scan_string(t, i, {}).end;
+  if (t[i] == '{' || t[i] == '[') {
+    std::size_t depth = 0;
+    while (i < t.size()) {
+      const char c = t[i];
+      if (c == '"') {
+        i = scan_string(t, i, {}).end;
+        if (i == std::string_view::npos) return i;
+        continue;
+      }
+      if (c == '{' || c == '[') ++depth;
+      if ((c == '}' || c == ']') && --depth == 0) return i + 1;
+      ++i;
+    }
+    return std::string_view::npos;
+  }
+  const std::size_t start = i;
+  while (i < t.size() && !blank(t[i]) && t[i] != ',' && t[i] != '}' && t[i] != ']') ++i;
+  return i == start ? std::string_view::npos : i;
+}
+
+// A body Python's json would decode from UTF-16 or UTF-32 (json.detect_encoding): a byte order mark of
+// theirs, or a NUL among the first four bytes (JSON text in UTF-8 has none).
+bool wide_encoding(std::string_view body) {
+  if (body.starts_with("\xFE\xFF") || body.starts_with("\xFF\xFE")) return true;
+  return body.substr(0, 4).find('\0') != std::string_view::npos;
+}
+
 }  // namespace
+
+bool sets_kv_transfer_params(std::string_view body) {
+  if (wide_encoding(body)) return true;
+  if (body.starts_with("\xEF\xBB\xBF")) body.remove_prefix(3);
+  std::size_t i = skip_blanks(body, 0);
+  if (i >= body.size() || body[i] != '{') return false;
+  i = skip_blanks(body, i + 1);
+  while (i < body.size() && body[i] == '"') {
+    const auto key = scan_string(body, i, params_key);
+    if (key.spells_name) return true;
+    if (key.end == std::string_view::npos) return false;
+    i = skip_blanks(body, key.end);
+    if (i >= body.size() || body[i] != ':') return false;
+    const std::size_t value_end = skip_value(body, skip_blanks(body, i + 1));
+    if (value_end == std::string_view::npos) return false;
+    i = skip_blanks(body, value_end);
+    if (i >= body.size() || body[i] != ',') return false;
+    i = skip_blanks(body, i + 1);
+  }
+  return false;
+}
 
 std::optional<std::string> prefill_body(std::string_view client_body) {
   auto body = object_of(client_body);

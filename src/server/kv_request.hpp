@@ -53,6 +53,20 @@ class kv_request {
     return rank < matched.size() ? static_cast<double>(matched[rank]) / static_cast<double>(request.kv_chain.size()) : 0;
   }
 
+  // Whether some usable rank of the request's cluster holds at least `share` of its prompt blocks (as
+  // share_held_by counts them); false without a chain.
+  static bool some_rank_holds(double share, const balancer::pick_context& request, const shared_state& shared) {
+    if (request.kv_chain.empty() || shared.kv_events == nullptr) return false;
+    std::vector<std::uint32_t> matched;
+    shared.kv_events->match(request.kv_chain, shared.topology.ranks().size(), matched);
+    const auto chain = static_cast<double>(request.kv_chain.size());
+    for (const auto& r : shared.topology.ranks()) {
+      if (r.cluster != request.cluster || r.rank >= matched.size() || !shared.balancer.usable(r.rank)) continue;
+      if (static_cast<double>(matched[r.rank]) / chain >= share) return true;
+    }
+    return false;
+  }
+
   // --tokenize engine: the token ids of a text prompt or of chat messages, from vLLM's POST /tokenize on an
   // engine of the request's cluster (any: they share the tokenizer and the template). On any failure the
   // request goes on without them, matched by the approximate index, and the failure is counted.

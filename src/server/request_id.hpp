@@ -1,8 +1,11 @@
 #pragma once
-// Private to the session: a disaggregated request's X-Request-Id. Both legs carry the same one: the engines
-// name the request by it (vLLM's request id, in its logs and in the kv_transfer_params the decode instance
-// reads), so the prefill and decode of one request can be told apart from those of any other. The client's
-// is kept; dplb makes one for a request that has none (or an empty or hop-by-hop one).
+// Private to the session: the X-Request-Id dplb sends the engines. vLLM names a request by it (its request id,
+// in its logs and in the kv_transfer_params by which a decode instance finds the prefill's blocks), so it must
+// be unique per request: a client's id goes to the engines with a suffix of dplb's, random and unguessable
+// (clients reuse ids, and a hostile one could reuse another's on purpose to pair its request with theirs),
+// and the client's own stays in the access log and in the response head it gets. The suffix, rather than an id
+// of dplb's own in place of the client's, keeps the engines' logs searchable by the client's id. A request
+// without one gets none, unless it runs in two legs: both legs must carry one, the same, so dplb makes it.
 
 #include <cstddef>
 #include <cstdint>
@@ -69,6 +72,43 @@ inline std::string new_request_id() {
   out += '-';
   append(low, 4, 12);
   return out;
+}
+
+// What the engines get for a client's `client_id`: it, a dash, and 16 hex digits from the system's random
+// source (not a seeded generator, whose next outputs a client could work out from ids an engine echoes).
+inline std::string engine_request_id(std::string_view client_id) {
+  thread_local std::random_device source;
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(client_id.size() + 17);
+  out += client_id;
+  out += '-';
+  for (int word = 0; word < 2; ++word) {
+    const std::uint32_t bits = source();
+    for (int i = 7; i >= 0; --i) out += digits[(bits >> (4 * i)) & 0xf];
+  }
+  return out;
+}
+
+// The request's ids, written into the engine's request head (`head`, its fields from `fields_from`): the
+// client's (empty: none, or one dplb strips), and what the engines get (empty: none is sent).
+struct request_ids {
+  std::string client;
+  std::string engine;
+};
+inline void assign_request_ids(const http::field_list& client_fields, bool two_legs, std::string& head,
+                               std::size_t fields_from, request_ids& out) {
+  out.client.clear();
+  out.engine.clear();
+  if (auto given = forwarded_request_id(client_fields)) {
+    out.client = std::move(*given);
+    out.engine = engine_request_id(out.client);
+  } else if (two_legs) {
+    out.engine = new_request_id();
+  } else {
+    return;
+  }
+  replace_request_id(head, fields_from, out.engine);
 }
 
 }  // namespace dplb::server

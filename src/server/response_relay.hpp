@@ -9,6 +9,7 @@
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/buffers_suffix.hpp>
+#include <boost/beast/core/string.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/message.hpp>
 
@@ -62,6 +63,10 @@ class response_relay {
 
   // Writes the client's head from the engine's. Returns whether the client connection stays open after
   // this response.
+  // The client's X-Request-Id (empty: it sent none): the engines got it made unique (request_id.hpp), and the
+  // client's response carries its own, whether or not the engine echoed the id it got.
+  void answer_request_id(std::string_view client_id) noexcept { client_request_id_ = client_id; }
+
   bool prepare_head(std::size_t rank, bool head_request, unsigned client_version, bool client_keep_alive) {
     namespace bhttp = boost::beast::http;
     const auto& parser = exchange_.response();
@@ -75,11 +80,12 @@ class response_relay {
       // sent can neither remove it nor contradict it. (Without a body, the Content-Length of a HEAD or a
       // 304 tells the size of what a GET would get, and goes through.)
       if (!http::crosses(field, options) || (has_body_ && field.name == bhttp::field::content_length) ||
-          is_rank_field(field)) {
+          is_rank_field(field) || (!client_request_id_.empty() && boost::beast::iequals(field.name_string, "x-request-id"))) {
         continue;
       }
       http::append_field(framing_, field.name_string, field.value);
     }
+    if (!client_request_id_.empty()) http::append_field(framing_, "X-Request-Id", client_request_id_);
     bool keep_client = client_keep_alive;
     if (has_body_) {
       if (const auto length = parser.content_length()) {
@@ -237,6 +243,7 @@ class response_relay {
   upstream_exchange& exchange_;
   const config::settings& settings_;
   std::string& framing_;
+  std::string_view client_request_id_;  // the client's X-Request-Id, for its response head (empty: none)
   io::buffer_block sink_{io::large_block_size};  // the body bytes of one read, de-chunked; held only to send them
   std::array<boost::asio::const_buffer, 3> pieces_;
   std::optional<boost::beast::buffers_suffix<std::array<boost::asio::const_buffer, 3>>> rest_;

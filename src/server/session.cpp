@@ -20,12 +20,14 @@
 #include "client_watch.hpp"
 #include "dplb/http/header_sanitizer.hpp"
 #include "dplb/http/message_head.hpp"
+#include "dplb/pd/leg_bodies.hpp"
 #include "dplb/server/admission.hpp"
 #include "dplb/server/request_facts.hpp"
 #include "dplb/support/io_buffers.hpp"
 #include "kv_request.hpp"
 #include "own_replies.hpp"
 #include "request_accounting.hpp"
+#include "request_id.hpp"
 #include "response_relay.hpp"
 #include "slot_wait.hpp"
 #include "tenant_pass.hpp"
@@ -181,8 +183,15 @@ class session {
         refused = {431, "X-Forwarded-For or Via is too long to append to"};
         break;
       }
-      // Both legs of a disaggregated request carry one X-Request-Id (two_leg_request.hpp).
-      if (two_legs) request_id_ = two_leg_request_id(head, upstream_head_);
+      // The engines' X-Request-Id: unique per request, whatever the client sent; both legs of a disaggregated
+      // request carry the same one (request_id.hpp).
+      if (decision.route == request_route::proxy) {
+        assign_request_ids(head.fields, two_legs, upstream_head_.bytes, upstream_head_.request_line_end, request_ids_);
+        if (access_.is_open()) {
+          access_.entry().request_id = request_ids_.engine;
+          access_.entry().client_request_id = request_ids_.client;
+        }
+      }
       // Copied now: the head's views do not outlive the body's reading.
       if (!settings_.affinity_header.empty()) session_key_ = head.fields.value(settings_.affinity_header);
       if (decision.send_continue && !co_await send_continue()) co_return false;
@@ -272,7 +281,7 @@ class session {
     body_bytes_.set(0);
     std::string().swap(client_framing_);
     std::string().swap(session_key_);
-    std::string().swap(request_id_);
+    request_ids_ = {};
     std::string().swap(refusal_.message);
     upstream_head_ = {};
     request_head_ = {};
@@ -293,9 +302,12 @@ class session {
     balancer::pick_context request;
     balancer::request_cost cost;
     balancer::rank_lease lease;
-    if (describe_request(pinned, request, cost) && admit_by_tenant()) {  // else refusal_ says why
+    if (describe_request(pinned, request, cost) && leaves_kv_params_to_dplb(request) &&
+        admit_by_tenant()) {  // else refusal_ says why
       if (kv_.awaits_tokens()) co_await kv_.tokenize(request_body_, shared_, request);
       request.prefilled_elsewhere = two_legs && settings_.clusters[request.cluster].disaggregated();
+      // A disaggregated cluster's completion takes its decode rank once its prefill has answered.
+      if (request.prefilled_elsewhere) co_return co_await run_two_legs(request, cost, client_keep_alive);
       // (Not a conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among
       // them.)
       auto slot = slot_without_queue(shared_, request, cost);
@@ -324,22 +336,20 @@ class session {
                                              refusal_.retry_after, refusal_.param);
     }
     tenant_.holding_slot();
-    if (request.prefilled_elsewhere) {  // a disaggregated cluster's completion (see above)
-      co_return co_await run_two_legs(std::move(lease), request, cost, client_keep_alive);
-    }
     co_return co_await exchange_and_relay(std::move(lease), request, cost, method == bhttp::verb::head,
                                           client_keep_alive);
   }
 
   // A disaggregated cluster's completion, in two legs (two_leg_request.hpp): the prefill leg, then the decode
-  // leg on `decode`, the rank picked when the request arrived. The decode leg, a prefill answer relayed as it
+  // leg on the decode rank picked when the prefill answered. The decode leg, a prefill answer relayed as it
   // came and a prefill leg's failure go the way of any request's.
-  io::task<bool> run_two_legs(balancer::rank_lease decode, balancer::pick_context& request,
-                              balancer::request_cost cost, bool client_keep_alive) {
-    two_leg_request legs(worker_, client_, client_deadline_, upstream_deadline_, watch_, access_, tenant_, replies_,
-                         response_head_, upstream_head_, request_body_, body_bytes_, request_id_, ticket_, priority_,
-                         tenant_tokens_);
-    const auto step = co_await legs.run(decode, request, cost, client_keep_alive);
+  io::task<bool> run_two_legs(balancer::pick_context& request, balancer::request_cost cost, bool client_keep_alive) {
+    two_leg_request legs({.worker = worker_, .client = client_, .client_deadline = client_deadline_,
+                          .upstream_deadline = upstream_deadline_, .watch = watch_, .access = access_, .tenant = tenant_,
+                          .replies = replies_, .response_head = response_head_, .engine_head = upstream_head_,
+                          .body = request_body_, .body_bytes = body_bytes_, .ticket = ticket_, .priority = priority_,
+                          .tokens = tenant_tokens_});
+    const auto step = co_await legs.run(request, cost, client_keep_alive);
     if (step == two_leg_request::next::answered) co_return legs.keep_alive();
     if (step == two_leg_request::next::relay_prefill) {
       co_return co_await relay_answer(legs.prefill().exchange(), legs.prefill().accounting(), false, client_keep_alive);
@@ -350,7 +360,8 @@ class session {
     }
     // Without a prefill leg the decode rank prefills the prompt (its rest; all of it on a retry elsewhere).
     if (legs.prefill_skipped()) request.prefilled_elsewhere = false;
-    co_return co_await exchange_and_relay(std::move(decode), request, cost, false, client_keep_alive, request_started_);
+    co_return co_await exchange_and_relay(legs.take_decode_lease(), request, cost, false, client_keep_alive,
+                                          request_started_);
   }
 
   // While dplb waits for an engine and relays its answer, a watcher notices the client leaving and closes
@@ -404,6 +415,7 @@ class session {
     const auto& watch = watch_;
     const std::size_t rank = accounting.rank();
     response_relay relay(client_.socket(), client_deadline_, exchange, settings_, client_framing_);
+    relay.answer_request_id(request_ids_.client);  // an engine's echo of its id is the client's own again
     // A drain that began while the engine worked closes the connection after this response: say so.
     const bool keep_client = relay.prepare_head(rank, head_request, client_version,
                                                 client_keep_alive && !shared_.draining.load(std::memory_order_relaxed));
@@ -493,6 +505,20 @@ class session {
     return true;
   }
 
+  // In a disaggregated cluster kv_transfer_params are dplb's to write, never a client's: on a prefill engine they
+  // hold the prompt's blocks for a pull that may never come, on a decode engine they pull blocks from whatever
+  // host they name. A body that carries its own is refused on every path (two legs, a skipped prefill, a pinned
+  // rank of either pool, any other path), before any engine or the tenant's budget sees it.
+  bool leaves_kv_params_to_dplb(const balancer::pick_context& request) {
+    if (settings_.clusters[request.cluster].role == config::rank_role::both) return true;
+    if (!pd::sets_kv_transfer_params(request_body_)) return true;
+    refusal_ = {400,
+                "kv_transfer_params is set by dplb in a disaggregated (prefill/decode) cluster: a request may not "
+                "carry its own (a body in UTF-16 or UTF-32, which dplb cannot check for it, is refused too)",
+                "kv_transfer_params"};
+    return false;
+  }
+
   // What the request costs in tokens, from its body (for a policy that asks): the prompt, and the most it
   // may generate (max_tokens, else --default-max-tokens, times n). A separate function, so that the facts
   // are not part of proxy()'s coroutine frame.
@@ -576,7 +602,7 @@ class session {
   // Reused by every request of the connection, so that the steady state allocates nothing:
   http::request_head request_head_;    // views into buffer_
   std::string session_key_;            // --affinity-header's value in the request being served
-  std::string request_id_;             // a two-leg request's X-Request-Id (the client's, or dplb's)
+  request_ids request_ids_;            // its X-Request-Id: the client's, and the engines'
   clock_type::time_point request_started_;  // when the request being proxied was read whole
   std::vector<std::uint64_t> prefix_chain_;  // its prompt's prefix blocks (prefix-aware), for the pick
   kv_request kv_;  // its prompt as the KV-cache events see it (prefix-aware with events), for the pick

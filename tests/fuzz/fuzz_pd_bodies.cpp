@@ -7,6 +7,7 @@
 //    false, max_tokens 1, and without stream_options, min_tokens, min_completion_tokens;
 //  - a top-level member's raw text (json_member_text) lies inside the input, and, on the canonical text of a
 //    parsed object, parses to the member's value;
+//  - such an object has a top-level kv_transfer_params exactly when pd::sets_kv_transfer_params says so;
 //  - the decode body of a parsed object, given a params object, parses to the object plus those params.
 // Any difference traps with a description.
 
@@ -50,6 +51,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   if (!prefill) fail("no prefill body for a JSON object", input);
+  if (dom.contains("kv_transfer_params") != dplb::pd::sets_kv_transfer_params(input)) {
+    fail("a client's top-level kv_transfer_params found where JSON has none, or missed", input);
+  }
   json expected = dom;
   for (const char* key : {"stream_options", "min_tokens", "min_completion_tokens"}) expected.erase(key);
   expected["kv_transfer_params"] = json{{"do_remote_decode", true},   {"do_remote_prefill", false},

@@ -8,12 +8,14 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <sstream>
 
 #include "await.hpp"
 #include "http_client.hpp"
 #include "processes.hpp"
+#include "raw_engine.hpp"
 
 using namespace dplb::test;
 using json = nlohmann::json;
@@ -156,4 +158,59 @@ TEST_CASE("the access log path - writes the lines to standard output", "[access-
   REQUIRE(http_post_json(proxy.port(), "/v1/completions?from=stdout", completion(false).body()).status == 200);
   const auto line = proxy.process().wait_for_line(std::regex(R"(\{"time":"[^"]+","rank":0,.*"path":"/v1/completions\?from=stdout")"), 10s);
   CHECK(line.has_value());
+}
+
+TEST_CASE("the access log keeps the client's X-Request-Id, the engine gets it made unique per request, and the client "
+          "its own back",
+          "[access-log]") {
+  const auto dir = temp_dir();
+  const auto path = dir / "access.log";
+  // Echoes the X-Request-Id it got, as vLLM does with --enable-request-id-headers.
+  raw_engine engine([](const raw_request& r) {
+    const std::string body = R"({"object":"text_completion","choices":[]})";
+    return std::vector{write_bytes("HTTP/1.1 200 OK\r\nX-Request-Id: " + r.header("x-request-id").value_or("none") +
+                                   "\r\nContent-Type: application/json\r\nContent-Length: " +
+                                   std::to_string(body.size()) + "\r\n\r\n" + body)};
+  });
+  dplb_proxy proxy({engine.url()}, {"--health-check-interval-ms", "0", "--access-log", path.string()});
+  http_connection first(proxy.port());
+  http_connection second(proxy.port());
+  for (auto* client : {&first, &second}) {  // two clients, one id
+    auto r = completion(false);
+    r.set("X-Request-Id", "shared-id");
+    const auto answer = client->send(r);
+    CHECK(answer.status == 200);
+    CHECK(answer.headers.count("X-Request-Id") == 1);
+    CHECK(answer.headers["X-Request-Id"] == "shared-id");
+  }
+  REQUIRE(engine.await_requests(2, 5s));
+  const auto a = engine.requests().at(0).header_values("x-request-id");
+  const auto b = engine.requests().at(1).header_values("x-request-id");
+  REQUIRE(a.size() == 1);
+  REQUIRE(b.size() == 1);
+  CHECK(a[0] != b[0]);
+  CHECK(a[0].starts_with("shared-id-"));
+  CHECK(b[0].starts_with("shared-id-"));
+  // A request without one goes without one, as it came.
+  http_connection third(proxy.port());
+  CHECK(third.send(completion(false)).status == 200);
+  REQUIRE(engine.await_requests(3, 5s));
+  CHECK(engine.requests().at(2).header_values("x-request-id").empty());
+
+  const auto lines = await_lines(path, 3);
+  REQUIRE(lines.size() == 3);
+  // (In any order: each line is written once its response is out, and the next request may be faster.)
+  std::set<std::string> logged;
+  int without_ids = 0;
+  for (const auto& line : lines) {
+    if (!line.contains("client_request_id")) {
+      without_ids += line.contains("request_id") ? 0 : 1;
+      continue;
+    }
+    CHECK(line["client_request_id"] == "shared-id");
+    logged.insert(line["request_id"].get<std::string>());
+  }
+  CHECK(logged == std::set<std::string>{a[0], b[0]});
+  CHECK(without_ids == 1);
+  std::filesystem::remove_all(dir);
 }

@@ -133,15 +133,17 @@ TEST_CASE("pd: the prefill leg gets the rewritten body, the decode leg the clien
     CHECK(p.header_values("x-request-id").size() == 1);
     CHECK(d.header_values("x-request-id").size() == 1);
   }
-  SECTION("the client's X-Request-Id is kept on both legs") {
+  SECTION("the client's X-Request-Id goes to both legs made unique, the same on both") {
     http_connection client(proxy.port());
     const auto r = client.send(post("/v1/chat/completions", R"({"model":"m","messages":[{"role":"user","content":"hi"}]})",
                                     "client-id-7"));
     CHECK(r.status == 200);
     REQUIRE(decode.await_requests(1, 5s));
     CHECK(prefill.requests().at(0).target() == "/v1/chat/completions");
-    CHECK(prefill.requests().at(0).header_values("x-request-id") == std::vector<std::string>{"client-id-7"});
-    CHECK(decode.requests().at(0).header_values("x-request-id") == std::vector<std::string>{"client-id-7"});
+    const auto ids = prefill.requests().at(0).header_values("x-request-id");
+    REQUIRE(ids.size() == 1);
+    CHECK(ids[0].starts_with("client-id-7-"));
+    CHECK(decode.requests().at(0).header_values("x-request-id") == ids);
     CHECK_FALSE(json::parse(prefill.requests().at(0).body).contains("max_completion_tokens"));
   }
   SECTION("other paths go to a decode rank in one leg") {
@@ -153,6 +155,88 @@ TEST_CASE("pd: the prefill leg gets the rewritten body, the decode leg the clien
     CHECK(decode.requests().at(0).target() == "/v1/models");
     CHECK(prefill.request_count() == 0);
   }
+}
+
+TEST_CASE("pd: a body with its own kv_transfer_params is refused with 400 naming the field on every path (two legs, "
+          "a pinned prefill or decode rank, another POST path), and no engine sees it",
+          "[integration][pd]") {
+  auto prefill = prefill_engine();
+  auto decode = decode_engine();
+  dplb_proxy proxy({}, pd_args({prefill.url()}, {decode.url()}));
+  http_connection client(proxy.port());
+  const std::string pull_from_elsewhere =
+      R"("kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"e-x","remote_block_ids":[1,2],)"
+      R"("remote_host":"10.9.9.9","remote_port":5600})";
+  const auto refused = [&](bhttp::request<bhttp::string_body> r) {
+    const auto answer = client.send(r);
+    CHECK(answer.status == 400);
+    CHECK(answer.keep_alive);
+    const auto error = json::parse(answer.body)["error"];
+    CHECK(error["param"] == "kv_transfer_params");
+    CHECK(error["type"] == "BadRequestError");
+    CHECK(error["code"] == 400);
+    CHECK_THAT(error["message"].get<std::string>(), Catch::Contains("kv_transfer_params is set by dplb"));
+  };
+  refused(post("/v1/completions", R"({"model":"m","prompt":"p",)" + pull_from_elsewhere + "}"));
+  refused(post("/v1/chat/completions",
+               R"({"model":"m","messages":[{"role":"user","content":"hi"}],"kv_transfer_p\u0061rams":{"do_remote_decode":true}})"));
+  for (const std::string rank : {"0", "1"}) {  // the prefill rank (one leg), the decode rank (two legs)
+    auto pinned = post("/v1/completions", R"({"model":"m","prompt":"p",)" + pull_from_elsewhere + "}");
+    pinned.set("X-data-parallel-rank", rank);
+    refused(pinned);
+  }
+  refused(post("/tokenize", R"({"model":"m","prompt":"p",)" + pull_from_elsewhere + "}"));
+  refused(post("/v1/embeddings", "{" + pull_from_elsewhere + R"(,"model":"m","input":"p"})"));
+  CHECK(prefill.accepted_count() == 0);
+  CHECK(decode.accepted_count() == 0);
+  CHECK(metric_sum(scrape_metrics(proxy.port()), "dplb_rejected_requests_total{", {"code=\"400\""}) == 6);
+  // A client's kv_transfer_params nested deeper, or named in a string, is its own business.
+  CHECK(client.send(post("/v1/completions", R"({"model":"m","prompt":"kv_transfer_params","x":{"kv_transfer_params":1}})"))
+            .status == 200);
+  CHECK(prefill.request_count() == 1);
+  CHECK(decode.request_count() == 1);
+}
+
+TEST_CASE("pd: a co-located cluster passes a client's kv_transfer_params on as it came", "[integration][pd]") {
+  auto engine = decode_engine();
+  dplb_proxy proxy({engine.url()}, {"--health-check-interval-ms", "0"});
+  http_connection client(proxy.port());
+  const std::string body = R"({"model":"m","prompt":"p","kv_transfer_params":{"do_remote_decode":true}})";
+  CHECK(client.send(post("/v1/completions", body)).status == 200);
+  REQUIRE(engine.await_requests(1, 5s));
+  CHECK(engine.requests().at(0).body == body);
+}
+
+TEST_CASE("pd: two requests with one client X-Request-Id reach the engines under two ids, each the same on both "
+          "legs, and each client gets its own id back",
+          "[integration][pd]") {
+  auto prefill = prefill_engine();
+  // Echoes the X-Request-Id it got, as vLLM does with --enable-request-id-headers.
+  raw_engine decode([](const raw_request& r) {
+    auto answer = decode_answer();
+    answer.insert(answer.find("\r\n") + 2, "X-Request-Id: " + r.header("x-request-id").value_or("none") + "\r\n");
+    return std::vector{write_bytes(answer)};
+  });
+  dplb_proxy proxy({}, pd_args({prefill.url()}, {decode.url()}));
+  for (int i = 0; i < 2; ++i) {
+    http_connection client(proxy.port());
+    const auto r = client.send(post("/v1/completions", R"({"model":"m","prompt":"p"})", "reused"));
+    CHECK(r.status == 200);
+    CHECK(r.headers.count("X-Request-Id") == 1);
+    CHECK(r.headers["X-Request-Id"] == "reused");
+  }
+  REQUIRE(decode.await_requests(2, 5s));
+  REQUIRE(prefill.await_requests(2, 5s));
+  std::vector<std::string> ids;
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto leg1 = prefill.requests().at(i).header_values("x-request-id");
+    const auto leg2 = decode.requests().at(i).header_values("x-request-id");
+    REQUIRE(leg1.size() == 1);
+    CHECK(leg2 == leg1);
+    CHECK(leg1[0].starts_with("reused-"));
+    ids.push_back(leg1[0]);
+  }
+  CHECK(ids[0] != ids[1]);
 }
 
 TEST_CASE("pd: a 4xx from the prefill leg reaches the client as it came, and no decode leg runs", "[integration][pd]") {
@@ -209,6 +293,10 @@ TEST_CASE("pd: a client that leaves during the prefill leg has that engine conne
   client.write_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
                    std::to_string(body.size()) + "\r\n\r\n" + body);
   REQUIRE(prefill.await_requests(1, 5s));
+  // The decode rank is not bound yet: it is picked when the prefill answers.
+  const auto prefilling = scrape_metrics(proxy.port());
+  CHECK(metric_sum(prefilling, "dplb_rank_inflight{", {"rank=\"0\""}) == 1);
+  CHECK(metric_sum(prefilling, "dplb_rank_inflight{", {"rank=\"1\""}) == 0);
   const auto left_at = steady::now();
   client.close();
   REQUIRE(prefill.await_peer_close(0, 5s));
@@ -217,6 +305,38 @@ TEST_CASE("pd: a client that leaves during the prefill leg has that engine conne
   CHECK(metric_sum(m, "dplb_rank_inflight{") == 0);
   CHECK(metric_sum(m, "dplb_requests_total{", {"rank=\"0\"", "code=\"499\""}) == 1);
   CHECK(decode.request_count() == 0);
+}
+
+TEST_CASE("pd: a client that leaves between the legs, waiting for a decode slot after its prefill answered, is "
+          "counted as 499 among the rejected, and no decode leg runs",
+          "[integration][pd]") {
+  auto prefill = prefill_engine();
+  raw_engine decode([](const raw_request&) { return std::vector{pause_for(20s), write_bytes(decode_answer())}; });
+  dplb_proxy proxy({}, pd_args({prefill.url()}, {decode.url()}, {"--max-inflight-per-rank", "1", "--queue-timeout-ms", "20000"}));
+  const auto send_raw = [&](http_connection& c, const std::string& body) {
+    c.write_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                std::to_string(body.size()) + "\r\n\r\n" + body);
+  };
+  http_connection first(proxy.port());
+  send_raw(first, R"({"model":"m","prompt":"first"})");
+  REQUIRE(decode.await_requests(1, 5s));  // the first holds the one decode slot for 20 s
+  http_connection second(proxy.port());
+  send_raw(second, R"({"model":"m","prompt":"second"})");
+  REQUIRE(prefill.await_requests(2, 5s));
+  // Its prefill answered, the second waits for the decode slot.
+  const auto waiting = await_metrics(proxy.port(), [](const auto& m) {
+    return metric_sum(m, "dplb_queue_depth") == 1 && metric_sum(m, "dplb_requests_total{", {"rank=\"0\"", "code=\"200\""}) == 2;
+  });
+  REQUIRE(metric_sum(waiting, "dplb_queue_depth") == 1);
+  CHECK(metric_sum(waiting, "dplb_rejected_requests_total{", {"code=\"499\""}) == 0);
+  second.close();
+  const auto m = await_metrics(proxy.port(), [](const auto& m) {
+    return metric_sum(m, "dplb_rejected_requests_total{", {"code=\"499\""}) == 1;
+  });
+  CHECK(metric_sum(m, "dplb_rejected_requests_total{", {"code=\"499\""}) == 1);
+  CHECK(metric_sum(m, "dplb_queue_depth") == 0);
+  CHECK(metric_sum(m, "dplb_requests_total{", {"rank=\"1\""}) == 0);  // the first is still decoding
+  CHECK(decode.request_count() == 1);
 }
 
 TEST_CASE("pd: /metrics names every prefill and decode URL with its role, and the legs' histograms", "[integration][pd]") {
@@ -379,6 +499,15 @@ TEST_CASE("pd: a prompt the decode rank's KV-cache events say it holds skips the
   half.insert(half.end(), rest.begin(), rest.end());  // 4 of 10: 0.4
   CHECK(client.send(post("/v1/completions", json{{"model", "m"}, {"prompt", half}, {"max_tokens", 3}}.dump())).status == 200);
   REQUIRE(prefill.await_requests(1, 5s));
+  // The held prompt again, with a kv_transfer_params of the client's: refused, where it would skip the prefill.
+  const auto decode_legs = holder.request_count() + other.request_count();
+  auto own_params = json{{"model", "m"}, {"prompt", prompt}, {"max_tokens", 3}};
+  own_params["kv_transfer_params"] = {{"do_remote_prefill", true}, {"remote_host", "10.9.9.9"}};
+  const auto refused = client.send(post("/v1/completions", own_params.dump()));
+  CHECK(refused.status == 400);
+  CHECK(json::parse(refused.body)["error"]["param"] == "kv_transfer_params");
+  CHECK(holder.request_count() + other.request_count() == decode_legs);
+  CHECK(prefill.request_count() == 1);
   const auto m = scrape_metrics(proxy.port());
   CHECK(metric_sum(m, "dplb_pd_prefill_skipped_total") == 1);
   CHECK(metric_sum(m, "dplb_pd_leg_duration_seconds_count{", {"leg=\"prefill\""}) == 1);
@@ -461,10 +590,11 @@ TEST_CASE("pd: under --max-inflight-per-rank a request waits for a prefill slot,
   REQUIRE(prefill.await_requests(1, 5s));
   http_connection second(proxy.port());
   send_raw(second, R"({"model":"m","prompt":"second"})");
-  // Queued for the prefill slot, its decode slot held: both decode ranks are taken.
+  // Queued for the prefill slot, holding no decode slot (nor does the first, in its prefill leg): a decode slot
+  // is taken when the prefill answers.
   const auto queued = await_metrics(proxy.port(), [](const auto& m) { return metric_sum(m, "dplb_queue_depth") == 1; });
   REQUIRE(metric_sum(queued, "dplb_queue_depth") == 1);
-  CHECK(metric_sum(queued, "dplb_rank_inflight{", {"rank=\"1\""}) + metric_sum(queued, "dplb_rank_inflight{", {"rank=\"2\""}) == 2);
+  CHECK(metric_sum(queued, "dplb_rank_inflight{", {"rank=\"1\""}) + metric_sum(queued, "dplb_rank_inflight{", {"rank=\"2\""}) == 0);
   first.close();  // frees the prefill slot: the second request's prefill leg starts
   REQUIRE(prefill.await_requests(2, 5s));
   const auto left_at = steady::now();
@@ -540,7 +670,8 @@ TEST_CASE("pd: the access log has one line per two-leg request: the decode leg's
   const auto& line = lines[0];
   CHECK(line["rank"] == 1);
   CHECK(line["status"] == 200);
-  CHECK(line["request_id"] == "log-id-1");
+  CHECK(line["client_request_id"] == "log-id-1");
+  CHECK(line["request_id"].get<std::string>().starts_with("log-id-1-"));
   CHECK(line["prefill_rank"] == 0);
   CHECK(line["prefill_status"] == 200);
   CHECK(line["prefill_duration"].is_number());

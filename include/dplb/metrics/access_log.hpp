@@ -43,7 +43,10 @@ struct access_entry {
   std::optional<std::size_t> prefill_rank;
   unsigned prefill_status = 0;
   std::optional<double> prefill_duration;
-  std::string request_id;  // a disaggregated request's X-Request-Id (either leg, or the one run alone)
+  // The X-Request-Id the engines got (both legs of a disaggregated request), unique per request: the client's
+  // with dplb's suffix, or one dplb made for a request in two legs; and the client's own, when it sent one.
+  std::string request_id;
+  std::string client_request_id;
 
   // What a rank's accounting wrote (its rank, status, times and tokens), for the next leg to write anew.
   void forget_rank_outcome() {
@@ -58,8 +61,9 @@ struct access_entry {
 
 // The line for an entry, without its newline: {"time":"2026-12-04T10:00:00.123Z","rank":0,"method":"POST",
 // "path":"/v1/completions","status":200,"bytes":312,"ttfb":0.0123,"duration":0.5,"tokens":30,
-// "prompt_tokens":20,"completion_tokens":10,"model":"m","client":"10.0.0.9:51234","tenant":"default"}; a disaggregated cluster's
-// completion adds ,"request_id":"..." and, when it ran a prefill leg, ,"prefill_rank":4,"prefill_status":200,
+// "prompt_tokens":20,"completion_tokens":10,"model":"m","client":"10.0.0.9:51234","tenant":"default"}; a request
+// that sent the engines an X-Request-Id adds ,"request_id":"..." (the engines') and ,"client_request_id":"..."
+// when the client sent one; a disaggregated cluster's completion, when it ran a prefill leg, ,"prefill_rank":4,"prefill_status":200,
 // "prefill_duration":0.2 before the closing brace. `now` ends a duration that was not set.
 std::string format_access_line(const access_entry& entry, std::chrono::steady_clock::time_point now);
 

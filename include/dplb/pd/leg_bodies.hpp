@@ -34,4 +34,14 @@ std::optional<std::string_view> kv_transfer_params_of(std::string_view prefill_a
 // braces are checked here); nullopt when it is not braced.
 std::optional<std::string> decode_body(std::string_view client_body, std::string_view params);
 
+// Whether a client's body could give the engines a kv_transfer_params of its own: in a disaggregated cluster
+// those are dplb's to write (they tell an engine to hold blocks for a pull, or to pull blocks from a host), so
+// such a body is refused. The engines read bodies with Python's json, which is lenient where a plain key search
+// is not, so the scan is too: every top-level key is compared once unescaped ("kv_transfer_p\u0061rams"), every
+// occurrence of it (a duplicate key cannot hide one: Python keeps the last), after an optional UTF-8 byte order
+// mark; values are only delimited (NaN and the like pass). A body in UTF-16 or UTF-32 (a byte order mark for
+// them, or a NUL among its first four bytes), which Python's json decodes and this scan cannot read, counts as
+// one that does. Anything else that is no JSON object does not (an engine refuses it).
+bool sets_kv_transfer_params(std::string_view client_body);
+
 }  // namespace dplb::pd

@@ -66,7 +66,8 @@ TEST_CASE("an access line of a two-leg request adds its request id and its prefi
   e.rank = 5;
   e.status = 200;
   e.duration = 0.9;
-  e.request_id = "id-\"7\"";
+  e.request_id = "id-\"7\"-0123456789abcdef";
+  e.client_request_id = "id-\"7\"";
   e.prefill_rank = 1;
   e.prefill_status = 200;
   e.prefill_duration = 0.25;
@@ -75,16 +76,22 @@ TEST_CASE("an access line of a two-leg request adds its request id and its prefi
   for (const auto& [key, value] : ordered.items()) keys.push_back(key);
   CHECK(keys == std::vector<std::string>{"time", "rank", "method", "path", "status", "bytes", "ttfb", "duration",
                                          "tokens", "prompt_tokens", "completion_tokens", "model", "client",
-                                         "tenant", "request_id", "prefill_rank", "prefill_status", "prefill_duration"});
-  CHECK(ordered["request_id"] == "id-\"7\"");
+                                         "tenant", "request_id", "client_request_id", "prefill_rank", "prefill_status",
+                                         "prefill_duration"});
+  CHECK(ordered["request_id"] == "id-\"7\"-0123456789abcdef");
+  CHECK(ordered["client_request_id"] == "id-\"7\"");
   CHECK(ordered["prefill_rank"] == 1);
   CHECK(ordered["prefill_status"] == 200);
   CHECK(ordered["prefill_duration"] == 0.25);
   // A request that ran one leg (its prefill skipped) has its id alone; another request, none of them.
   e.prefill_rank.reset();
   const auto one_leg = json::parse(format_access_line(e, {}));
-  CHECK(one_leg["request_id"] == "id-\"7\"");
+  CHECK(one_leg["request_id"] == "id-\"7\"-0123456789abcdef");
   CHECK_FALSE(one_leg.contains("prefill_rank"));
+  e.client_request_id.clear();  // dplb made the id: the client sent none
+  const auto made = json::parse(format_access_line(e, {}));
+  CHECK(made["request_id"] == "id-\"7\"-0123456789abcdef");
+  CHECK_FALSE(made.contains("client_request_id"));
   e.request_id.clear();
   CHECK_FALSE(json::parse(format_access_line(e, {})).contains("request_id"));
 }

@@ -93,3 +93,30 @@ TEST_CASE("json text: nesting depth and a top-level member's raw value", "[pd][j
   CHECK_FALSE(support::json_member_text(R"({"a":[1,)", "a"));
   CHECK_FALSE(support::json_member_text(R"([{"a":1}])", "a"));
 }
+
+TEST_CASE("client body: a top-level kv_transfer_params is found however the engines' JSON reader would read it",
+          "[pd]") {
+  using pd::sets_kv_transfer_params;
+  CHECK(sets_kv_transfer_params(R"({"model":"m","kv_transfer_params":{"do_remote_prefill":true}})"));
+  CHECK(sets_kv_transfer_params(R"( { "kv_transfer_params" : null } )"));
+  // Spelled with escapes, as Python's json decodes them.
+  CHECK(sets_kv_transfer_params(R"({"kv_transfer_p\u0061rams":{}})"));
+  CHECK(sets_kv_transfer_params(R"({"\u006B\u0076_transfer_params":{}})"));
+  CHECK(sets_kv_transfer_params(R"({"kv_transfer\/params":1})") == false);  // "kv_transfer/params": another key
+  // A duplicate key after others, after values of every kind (Python keeps the last of duplicates).
+  CHECK(sets_kv_transfer_params(
+      R"({"a":"x\"}","b":[1,{"kv_transfer_params":2}],"c":NaN,"d":-Infinity,"kv_transfer_params":{"x":1}})"));
+  CHECK(sets_kv_transfer_params("\xEF\xBB\xBF{\"kv_transfer_params\":{}}"));  // after a UTF-8 byte order mark
+  // UTF-16 and UTF-32, which Python's json reads and the scan does not.
+  CHECK(sets_kv_transfer_params(std::string("{\0\"\0", 4)));
+  CHECK(sets_kv_transfer_params("\xFF\xFE{\0"));
+  // Not at the top level, not a key, or no JSON object: the client's own business.
+  CHECK_FALSE(sets_kv_transfer_params(R"({"messages":[{"kv_transfer_params":{}}]})"));
+  CHECK_FALSE(sets_kv_transfer_params(R"({"prompt":"kv_transfer_params","extra":{"kv_transfer_params":1}})"));
+  CHECK_FALSE(sets_kv_transfer_params(R"({"kv_transfer_params_x":1,"xkv_transfer_params":2})"));
+  CHECK_FALSE(sets_kv_transfer_params(R"({"kv_transfer_p\u0061ram":1})"));
+  CHECK_FALSE(sets_kv_transfer_params(R"([{"kv_transfer_params":{}}])"));
+  CHECK_FALSE(sets_kv_transfer_params(""));
+  CHECK_FALSE(sets_kv_transfer_params("prompt=kv_transfer_params"));
+  CHECK_FALSE(sets_kv_transfer_params(R"({"a":1 "kv_transfer_params":{}})"));  // unreadable to any JSON reader
+}

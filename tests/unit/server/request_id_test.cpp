@@ -1,4 +1,5 @@
-// A two-leg request's X-Request-Id: the client's first one kept (empty too), or a fresh version-4 UUID.
+// The X-Request-Id dplb sends the engines: the client's first one with a random suffix, or a fresh version-4 UUID for
+// a request in two legs that came without one.
 
 #include <catch2/catch.hpp>
 
@@ -45,4 +46,42 @@ TEST_CASE("request id: dplb's replaces every X-Request-Id line of the engine's h
   const auto fields_from = head.find("\r\n") + 2;
   dplb::server::replace_request_id(head, fields_from, "new-id");
   CHECK(head == "POST /v1/completions HTTP/1.1\r\nA: 1\r\nB: 2\r\nX-Request-Id: new-id\r\n");
+}
+
+TEST_CASE("request id: a client's id reaches the engines with a random suffix, never the same twice", "[server][pd]") {
+  const std::regex suffixed("^client-7-[0-9a-f]{16}$");
+  std::set<std::string> seen;
+  for (int i = 0; i < 1000; ++i) {
+    const auto id = dplb::server::engine_request_id("client-7");
+    INFO(id);
+    CHECK(std::regex_match(id, suffixed));
+    seen.insert(id);
+  }
+  CHECK(seen.size() == 1000);
+}
+
+TEST_CASE("request id: the engines get the client's made unique, one dplb makes for two legs, or none", "[server][pd]") {
+  namespace bhttp = boost::beast::http;
+  using dplb::server::assign_request_ids;
+  const std::string request_line = "POST /v1/completions HTTP/1.1\r\n";
+  dplb::server::request_ids ids;
+  dplb::http::field_list given;
+  given.add(bhttp::field::unknown, "X-Request-Id", "mine");
+  for (const bool two_legs : {false, true}) {
+    std::string head = request_line + "X-Request-Id: mine\r\n";
+    assign_request_ids(given, two_legs, head, request_line.size(), ids);
+    CHECK(ids.client == "mine");
+    CHECK(ids.engine.starts_with("mine-"));
+    CHECK(head == request_line + "X-Request-Id: " + ids.engine + "\r\n");
+  }
+  const dplb::http::field_list none;
+  std::string head = request_line + "A: 1\r\n";
+  assign_request_ids(none, false, head, request_line.size(), ids);
+  CHECK(ids.client.empty());
+  CHECK(ids.engine.empty());
+  CHECK(head == request_line + "A: 1\r\n");  // a one-leg request without an id goes as it came
+  assign_request_ids(none, true, head, request_line.size(), ids);
+  CHECK(ids.client.empty());
+  CHECK(ids.engine.size() == 36);
+  CHECK(head == request_line + "A: 1\r\nX-Request-Id: " + ids.engine + "\r\n");
 }
