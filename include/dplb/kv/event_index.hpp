@@ -3,8 +3,10 @@
 // (event_subscriber.hpp) and every worker that picks a rank: a block_index behind a lock, and per rank
 // the feed's counters, which the metrics and the status page read without taking the lock.
 //
-// Threading contract: every member may be called from any thread. apply() and clear_rank() take the lock
-// for as long as one batch takes to apply (microseconds per event); match() takes it for one lookup (about
+// Threading contract: every member may be called from any thread. apply() takes the lock for one event at a
+// time (microseconds); clearing a rank (clear_rank(), or an AllBlocksCleared event) takes it once to retire
+// the rank's blocks (O(1)), then frees them in slices of collect_slice_blocks (tens of microseconds each), letting a
+// waiting lookup in between, and frees the rank's key map without it; match() takes it for one lookup (about
 // 2 us for an 8,000-token prompt against a million blocks). Lock order: the balancer's lock, then this one
 // (a policy matches while the balancer holds its own); nothing here calls out while holding it.
 
@@ -89,6 +91,11 @@ class event_index {
 
  private:
   void publish_blocks_locked(std::size_t rank);
+  // Frees what clearing a rank retired, a slice per hold of the lock.
+  void collect_retired();
+  static constexpr std::size_t collect_slice_blocks = 256;
+  // Lookups waiting for the lock (or about to take it): a collection lets them in between two slices.
+  mutable std::atomic<int> lookups_waiting_{0};
 
   const std::size_t capacity_;
   mutable std::mutex mutex_;
