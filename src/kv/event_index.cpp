@@ -35,6 +35,7 @@ void event_index::apply(std::size_t rank, const decode_result& decoded, double a
     }
     if (retired) collect_retired();  // an AllBlocksCleared
   }
+  feed.heard.store(true, std::memory_order_relaxed);
   // Every event read counts as applied, those the index ignores by rule included (another medium, another
   // KV cache group, a stored run whose parent was dropped): they were valid and had their effect, none.
   feed.events.fetch_add(decoded.batch.events.size(), std::memory_order_relaxed);
@@ -98,6 +99,7 @@ bool event_index::is_adapter(std::string_view model) const {
 
 void event_index::set_configured(std::size_t rank, bool on) {
   if (rank >= capacity_) return;
+  if (!on) feeds_[rank].heard.store(false, std::memory_order_relaxed);  // a new source is heard anew
   if (feeds_[rank].configured.exchange(on, std::memory_order_relaxed) == on) return;
   if (on) {
     configured_count_.fetch_add(1, std::memory_order_relaxed);

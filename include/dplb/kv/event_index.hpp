@@ -46,6 +46,10 @@ constexpr std::string_view name_of(reset_reason r) {
 // read by anyone.
 struct rank_feed {
   std::atomic<bool> configured{false};      // the rank has an event source (its backend's #kv-events=)
+  // A batch of its events has been read since it was configured: until then, the events are no evidence of
+  // what it holds (a publisher that was never reached, or has not published yet), and prefix-aware keeps
+  // its approximate index for its cluster.
+  std::atomic<bool> heard{false};
   std::atomic<std::uint64_t> events{0};     // events read from its batches and applied (dplb_kv_events_total)
   std::atomic<std::uint64_t> errors{0};     // events or whole messages skipped (dplb_kv_event_errors_total)
   std::atomic<std::uint64_t> blocks{0};     // blocks indexed now (dplb_kv_blocks)
