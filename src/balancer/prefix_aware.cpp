@@ -5,11 +5,11 @@
 namespace dplb::balancer {
 
 prefix_aware::match_rule prefix_aware::match(const pick_context& request, std::span<const rank_view> ranks) {
-  // The events speak for a request whose tokens are known, where some usable rank (of its cluster) publishes
-  // them; a cluster whose ranks publish none keeps the approximate index.
+  // The events speak for a request whose tokens are known, where some usable rank (of its cluster) has been
+  // heard from; a cluster whose ranks publish none, or have not published yet, keeps the approximate index.
   const auto publishes = [&](const rank_view& h) {
     const auto* feed = options_.events->feed(static_cast<std::size_t>(&h - ranks.data()));
-    return h.usable && feed != nullptr && feed->configured.load(std::memory_order_relaxed);
+    return h.usable && feed != nullptr && feed->heard.load(std::memory_order_relaxed);
   };
   if (options_.events != nullptr && !request.kv_chain.empty() && options_.events->any_configured() &&
       std::ranges::any_of(ranks, publishes)) {

@@ -123,7 +123,8 @@ void block_index::insert(std::size_t rank, engine_block_key key, chain_hash hash
   n = node{};
   n.hash = hash;
   n.key = key;
-  n.rank = static_cast<std::uint32_t>(rank);
+  n.rank = static_cast<std::uint32_t>(rank) & ((std::uint32_t{1} << (32 - generation_bits)) - 1);
+  n.generation = r.generation;
   n.older = r.newest;
   if (r.newest != none) nodes_[r.newest].newer = id;
   r.newest = id;
@@ -144,6 +145,11 @@ void block_index::erase(std::uint32_t id) {
   (n.older != none ? nodes_[n.older].newer : r.oldest) = n.newer;
   --r.count;
   r.by_key.erase(n.key);
+  unlink_and_free(id);
+}
+
+void block_index::unlink_and_free(std::uint32_t id) {
+  node& n = nodes_[id];
   const auto holder = first_holder_.find(n.hash);
   if (holder != first_holder_.end()) {
     if (holder->second == id) {
@@ -164,7 +170,35 @@ void block_index::erase(std::uint32_t id) {
 
 void block_index::clear_rank(std::size_t rank) {
   if (rank >= ranks_.size()) return;
-  while (ranks_[rank].oldest != none) erase(ranks_[rank].oldest);
+  rank_state& r = ranks_[rank];
+  if (r.newest == none) return;
+  if (retired_.size() >= max_retired_lists) {
+    while (collect(SIZE_MAX)) {
+    }
+  }
+  retired_.push_back(r.newest);
+  retired_keys_.push_back(std::move(r.by_key));
+  r.by_key = key_map();
+  r.newest = none;
+  r.oldest = none;
+  r.count = 0;
+  r.generation = (r.generation + 1) & ((std::uint32_t{1} << generation_bits) - 1);
+}
+
+bool block_index::collect(std::size_t max_blocks) {
+  for (std::size_t done = 0; !retired_.empty() && done < max_blocks; ++done) {
+    const std::uint32_t id = retired_.back();
+    const std::uint32_t older = nodes_[id].older;
+    unlink_and_free(id);
+    if (older == none) retired_.pop_back();
+    else retired_.back() = older;
+  }
+  return !retired_.empty();
+}
+
+void block_index::take_retired_key_maps(std::vector<key_map>& out) {
+  for (auto& keys : retired_keys_) out.push_back(std::move(keys));
+  retired_keys_.clear();
 }
 
 void block_index::match(std::span<const chain_hash> chain, std::size_t ranks, std::vector<std::uint32_t>& matched) const {
@@ -176,8 +210,9 @@ void block_index::match(std::span<const chain_hash> chain, std::size_t ranks, st
     // A rank extends its match only if it held every block before this one; a rank holding the same
     // content twice (under two engine hashes) is seen twice and extends once.
     for (std::uint32_t id = it->second; id != none; id = nodes_[id].next_holder) {
-      const std::uint32_t r = nodes_[id].rank;
-      if (r < ranks && matched[r] == i) {
+      const node& n = nodes_[id];
+      const std::uint32_t r = n.rank;
+      if (r < ranks && matched[r] == i && live(n)) {
         matched[r] = static_cast<std::uint32_t>(i + 1);
         extended = true;
       }

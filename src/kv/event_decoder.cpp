@@ -78,6 +78,29 @@ struct event_fields {
 // caller skips the whole event from its start).
 using failure = const char*;
 
+constexpr failure too_large_decoded = "decoded size larger than max_decoded_bytes";
+
+// The memory a message decodes to, counted before each reservation (an event's vectors and strings, the
+// batch's events). Kept even for an event later skipped: a bound on the most the message ever holds.
+class decoded_budget {
+ public:
+  explicit decoded_budget(std::size_t limit) : left_(limit) {}
+  // Takes `count` items of `each` bytes; false (and from then on exceeded()) when they do not fit.
+  bool take(std::size_t count, std::size_t each) {
+    if (exceeded_ || count > left_ / each) {
+      exceeded_ = true;
+      return false;
+    }
+    left_ -= count * each;
+    return true;
+  }
+  bool exceeded() const { return exceeded_; }
+
+ private:
+  std::size_t left_;
+  bool exceeded_ = false;
+};
+
 failure read_engine_hash(reader& r, engine_block_key& out) {
   item it;
   if (!r.next(it)) return "truncated block hash";
@@ -93,10 +116,11 @@ failure read_engine_hash(reader& r, engine_block_key& out) {
   return "block hash neither bytes nor an integer";
 }
 
-failure read_hashes(reader& r, std::vector<engine_block_key>& out) {
+failure read_hashes(reader& r, std::vector<engine_block_key>& out, decoded_budget& budget) {
   item it;
   if (!r.next(it) || it.type != kind::array) return "block_hashes is not an array";
   if (it.count > max_hashes_per_event) return "more block hashes than max_hashes_per_event";
+  if (!budget.take(it.count, sizeof(engine_block_key))) return too_large_decoded;
   out.clear();
   out.reserve(it.count);  // no more than the bytes left, and bounded
   for (std::uint32_t i = 0; i < it.count; ++i) {
@@ -107,10 +131,11 @@ failure read_hashes(reader& r, std::vector<engine_block_key>& out) {
   return nullptr;
 }
 
-failure read_tokens(reader& r, std::vector<token_id>& out) {
+failure read_tokens(reader& r, std::vector<token_id>& out, decoded_budget& budget) {
   item it;
   if (!r.next(it) || it.type != kind::array) return "token_ids is not an array";
   if (it.count > max_tokens_per_event) return "more token ids than max_tokens_per_event";
+  if (!budget.take(it.count, sizeof(token_id))) return too_large_decoded;
   out.clear();
   out.reserve(it.count);
   item t;
@@ -134,7 +159,7 @@ failure read_optional_int(reader& r, std::optional<std::int64_t>& out, failure w
   return nullptr;
 }
 
-failure read_optional_string(reader& r, std::optional<std::string>& out, failure wrong) {
+failure read_optional_string(reader& r, std::optional<std::string>& out, failure wrong, decoded_budget& budget) {
   item it;
   if (!r.next(it)) return wrong;
   if (it.type == kind::nil) {
@@ -142,6 +167,7 @@ failure read_optional_string(reader& r, std::optional<std::string>& out, failure
     return nullptr;
   }
   if (it.type != kind::str || it.data.size() > max_string_bytes) return wrong;
+  if (!budget.take(it.data.size(), 1)) return too_large_decoded;
   out.emplace(it.text());
   return nullptr;
 }
@@ -192,13 +218,13 @@ failure read_extra_keys_entry(reader& r, std::uint64_t& out) {
   return nullptr;
 }
 
-failure read_field(reader& r, field f, event_fields& e) {
+failure read_field(reader& r, field f, event_fields& e, decoded_budget& budget) {
   item it;
   switch (f) {
     case field::ignored: return r.skip() ? nullptr : "truncated event";
     case field::block_hashes:
       e.has_hashes = true;
-      return read_hashes(r, e.hashes);
+      return read_hashes(r, e.hashes, budget);
     case field::parent_block_hash: {
       const std::size_t start = r.position();
       if (!r.next(it)) return "truncated parent_block_hash";
@@ -214,7 +240,7 @@ failure read_field(reader& r, field f, event_fields& e) {
     }
     case field::token_ids:
       e.has_tokens = true;
-      return read_tokens(r, e.tokens);
+      return read_tokens(r, e.tokens, budget);
     case field::block_size:
       if (!r.next(it) || !it.fits_int64() || it.as_int64() < 1 || it.as_int64() > std::int64_t{max_block_size})
         return "block_size is not an integer in [1, max_block_size]";
@@ -223,11 +249,11 @@ failure read_field(reader& r, field f, event_fields& e) {
     case field::lora_id: return read_optional_int(r, e.lora_id, "lora_id is neither an integer nor nil");
     case field::medium: {
       std::optional<std::string> medium;
-      if (const failure fail = read_optional_string(r, medium, "medium is neither a string nor nil")) return fail;
+      if (const failure fail = read_optional_string(r, medium, "medium is neither a string nor nil", budget)) return fail;
       e.medium = medium ? std::move(*medium) : std::string(medium_gpu);
       return nullptr;
     }
-    case field::lora_name: return read_optional_string(r, e.lora_name, "lora_name is neither a string nor nil");
+    case field::lora_name: return read_optional_string(r, e.lora_name, "lora_name is neither a string nor nil", budget);
     case field::extra_keys: {
       if (!r.next(it)) return "truncated extra_keys";
       if (it.type == kind::nil) {
@@ -236,6 +262,7 @@ failure read_field(reader& r, field f, event_fields& e) {
       }
       if (it.type != kind::array) return "extra_keys is neither an array nor nil";
       if (it.count > max_hashes_per_event) return "more extra_keys than max_hashes_per_event";
+      if (!budget.take(it.count, sizeof(std::uint64_t))) return too_large_decoded;
       std::vector<std::uint64_t> digests;
       digests.reserve(it.count);
       for (std::uint32_t i = 0; i < it.count; ++i) {
@@ -287,7 +314,7 @@ enum class event_outcome { decoded, unknown_type, malformed };
 
 // Reads one event at the reader's position. On anything but `decoded`, the caller rewinds to the event's
 // start and skips it whole.
-event_outcome read_event(reader& r, kv_event& out, failure& why) {
+event_outcome read_event(reader& r, kv_event& out, failure& why, decoded_budget& budget) {
   item head;
   if (!r.next(head)) {
     why = "truncated event";
@@ -308,7 +335,7 @@ event_outcome read_event(reader& r, kv_event& out, failure& why) {
     const auto fields = fields_of(t);
     for (std::uint32_t i = 1; i < head.count; ++i) {
       const field f = i - 1 < fields.size() ? fields[i - 1] : field::ignored;
-      if ((why = read_field(r, f, e))) return event_outcome::malformed;
+      if ((why = read_field(r, f, e, budget))) return event_outcome::malformed;
     }
     why = make_event(t, e, out);
     return why ? event_outcome::malformed : event_outcome::decoded;
@@ -352,7 +379,7 @@ event_outcome read_event(reader& r, kv_event& out, failure& why) {
         return event_outcome::malformed;
       }
       const field f = key.type == kind::str ? field_named(t, key.text()) : field::ignored;
-      if ((why = read_field(r, f, e))) return event_outcome::malformed;
+      if ((why = read_field(r, f, e, budget))) return event_outcome::malformed;
     }
     why = make_event(t, e, out);
     return why ? event_outcome::malformed : event_outcome::decoded;
@@ -361,10 +388,11 @@ event_outcome read_event(reader& r, kv_event& out, failure& why) {
   return event_outcome::malformed;
 }
 
-failure read_events(reader& r, decode_result& result) {
+failure read_events(reader& r, decode_result& result, decoded_budget& budget) {
   item it;
   if (!r.next(it) || it.type != kind::array) return "events is not an array";
   if (it.count > max_events_per_batch) return "more events than max_events_per_batch";
+  if (!budget.take(it.count, sizeof(kv_event))) return too_large_decoded;
   auto& events = result.batch.events;
   events.clear();
   events.reserve(it.count);
@@ -372,11 +400,12 @@ failure read_events(reader& r, decode_result& result) {
     const std::size_t start = r.position();
     kv_event event;
     failure why = nullptr;
-    const event_outcome outcome = read_event(r, event, why);
+    const event_outcome outcome = read_event(r, event, why, budget);
     if (outcome == event_outcome::decoded) {
       events.push_back(std::move(event));
       continue;
     }
+    if (budget.exceeded()) return too_large_decoded;  // the whole message, not one event: it is hostile
     (outcome == event_outcome::unknown_type ? result.unknown_type_events : result.malformed_events) += 1;
     if (result.first_skip_reason.empty()) result.first_skip_reason = why;
     // Skipped whole: the events after it are read as usual. If it cannot even be skipped, the payload is
@@ -396,13 +425,13 @@ failure read_ts(reader& r, double& ts) {
   return nullptr;
 }
 
-failure read_batch(reader& r, decode_result& result) {
+failure read_batch(reader& r, decode_result& result, decoded_budget& budget) {
   item head;
   if (!r.next(head)) return "not msgpack";
   if (head.type == kind::array) {
     if (head.count < 2) return "batch array shorter than [ts, events]";
     if (const failure f = read_ts(r, result.batch.ts)) return f;
-    if (const failure f = read_events(r, result)) return f;
+    if (const failure f = read_events(r, result, budget)) return f;
     if (head.count >= 3 && read_optional_int(r, result.batch.dp_rank, "data_parallel_rank is neither an integer nor nil"))
       return "data_parallel_rank is neither an integer nor nil";
     if (head.count > 3 && !r.skip(head.count - 3)) return "truncated batch";
@@ -417,7 +446,7 @@ failure read_batch(reader& r, decode_result& result) {
       failure f = nullptr;
       if (name == "ts") f = read_ts(r, result.batch.ts);
       else if (name == "events") {
-        f = read_events(r, result);
+        f = read_events(r, result, budget);
         has_events = true;
       } else if (name == "data_parallel_rank")
         f = read_optional_int(r, result.batch.dp_rank, "data_parallel_rank is neither an integer nor nil");
@@ -433,7 +462,7 @@ failure read_batch(reader& r, decode_result& result) {
 
 }  // namespace event_decoder_detail
 
-decode_result decode_event_batch(std::span<const std::byte> payload) noexcept {
+decode_result decode_event_batch(std::span<const std::byte> payload, std::size_t max_decoded) noexcept {
   decode_result result;
   if (payload.size() > max_payload_bytes) {
     result.error = "payload larger than max_payload_bytes";
@@ -441,7 +470,8 @@ decode_result decode_event_batch(std::span<const std::byte> payload) noexcept {
   }
   try {
     event_decoder_detail::reader r(payload);
-    if (const char* error = event_decoder_detail::read_batch(r, result)) result.error = error;
+    event_decoder_detail::decoded_budget budget(max_decoded);
+    if (const char* error = event_decoder_detail::read_batch(r, result, budget)) result.error = error;
     else if (!r.at_end()) result.error = "bytes after the batch";
   } catch (...) {
     // Every size is bounded before anything is reserved, so only a machine already out of memory gets here

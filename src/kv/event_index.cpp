@@ -1,6 +1,7 @@
 #include "dplb/kv/event_index.hpp"
 
 #include <algorithm>
+#include <thread>
 
 namespace dplb::kv {
 
@@ -19,16 +20,22 @@ void event_index::apply(std::size_t rank, const decode_result& decoded, double a
   // One event at a time under the lock: a pick (which waits for it holding the balancer's lock) waits for
   // one event at most, never for a whole batch.
   for (const kv_event& e : decoded.batch.events) {
-    apply_counts counts;
-    const std::lock_guard lock(mutex_);
-    index_.apply(rank, e, counts);
-    const auto* stored = std::get_if<block_stored>(&e);
-    if (stored && stored->lora_name && !stored->lora_name->empty() && adapters_.size() < max_adapters &&
-        adapters_.insert(*stored->lora_name).second) {
-      any_adapter_.store(true, std::memory_order_relaxed);
+    bool retired = false;
+    {
+      apply_counts counts;
+      const std::lock_guard lock(mutex_);
+      index_.apply(rank, e, counts);
+      const auto* stored = std::get_if<block_stored>(&e);
+      if (stored && stored->lora_name && !stored->lora_name->empty() && adapters_.size() < max_adapters &&
+          adapters_.insert(*stored->lora_name).second) {
+        any_adapter_.store(true, std::memory_order_relaxed);
+      }
+      publish_blocks_locked(rank);
+      retired = index_.has_retired();
     }
-    publish_blocks_locked(rank);
+    if (retired) collect_retired();  // an AllBlocksCleared
   }
+  feed.heard.store(true, std::memory_order_relaxed);
   // Every event read counts as applied, those the index ignores by rule included (another medium, another
   // KV cache group, a stored run whose parent was dropped): they were valid and had their effect, none.
   feed.events.fetch_add(decoded.batch.events.size(), std::memory_order_relaxed);
@@ -50,7 +57,26 @@ void event_index::clear_rank(std::size_t rank, reset_reason why) {
     index_.clear_rank(rank);
     publish_blocks_locked(rank);
   }
+  collect_retired();
   feeds_[rank].resets[static_cast<std::size_t>(why)].fetch_add(1, std::memory_order_relaxed);
+}
+
+void event_index::collect_retired() {
+  std::vector<block_index::key_map> key_maps;
+  for (;;) {
+    bool more = false;
+    {
+      const std::lock_guard lock(mutex_);
+      more = index_.collect(collect_slice_blocks);
+      index_.take_retired_key_maps(key_maps);
+    }
+    key_maps.clear();  // freed without the lock: a rank's map of 262,144 keys is a few MiB handed back
+    if (!more) return;
+    // A lookup waiting for the lock takes it between two slices rather than after the last: without the
+    // yield this thread, already running, would mostly take it again first. (Not otherwise: on a busy
+    // machine each yield can cost a time slice, and the clear is on the events' only thread.)
+    if (lookups_waiting_.load(std::memory_order_relaxed) > 0) std::this_thread::yield();
+  }
 }
 
 void event_index::count_replayed(std::size_t rank, std::size_t batches) {
@@ -58,7 +84,9 @@ void event_index::count_replayed(std::size_t rank, std::size_t batches) {
 }
 
 void event_index::match(std::span<const chain_hash> chain, std::size_t ranks, std::vector<std::uint32_t>& matched) const {
+  lookups_waiting_.fetch_add(1, std::memory_order_relaxed);
   const std::lock_guard lock(mutex_);
+  lookups_waiting_.fetch_sub(1, std::memory_order_relaxed);
   index_.match(chain, std::min(ranks, capacity_), matched);
   matched.resize(ranks, 0);
 }
@@ -71,6 +99,7 @@ bool event_index::is_adapter(std::string_view model) const {
 
 void event_index::set_configured(std::size_t rank, bool on) {
   if (rank >= capacity_) return;
+  if (!on) feeds_[rank].heard.store(false, std::memory_order_relaxed);  // a new source is heard anew
   if (feeds_[rank].configured.exchange(on, std::memory_order_relaxed) == on) return;
   if (on) {
     configured_count_.fetch_add(1, std::memory_order_relaxed);

@@ -78,11 +78,30 @@ struct event_subscriber::zmq_state {
   std::uint64_t monitors = 0;    // names the monitors' inproc endpoints
 };
 
+// A replay asked of a rank's replay socket (vLLM's ROUTER) and not answered whole yet: what the buffer sends
+// from `next` up to (not including) `to` is applied as it comes, in order, each as if it had arrived. While
+// one is pending, its rank's SUB socket is not read: the live messages after `held` wait in ZMQ's queue (and,
+// beyond it, in the publisher's), so that they are applied after the batches replayed before them, and the
+// other ranks are read as usual. It ends at the buffer's end marker, at `to`, at a hole, or at `deadline`.
+struct event_subscriber::pending_replay {
+  replay_purpose why;
+  zmq::socket_t dealer;
+  std::int64_t next;  // the first number still needed
+  std::int64_t to;    // the held message's number
+  std::chrono::steady_clock::time_point deadline;
+  zmq::message_t held;  // the live message that asked for the replay, applied once it ends
+  double held_arrival;
+  std::size_t applied = 0;
+  bool answered = false;
+  bool ended = false;  // the buffer said all it will say (or said something that ends it)
+};
+
 struct event_subscriber::connection {
   event_source source;
   zmq::socket_t socket;   // SUB, connected to the publisher
   zmq::socket_t monitor;  // PAIR, receiving the SUB socket's disconnections
   std::chrono::steady_clock::time_point replay_quiet_until{};  // replay_backoff after a replay got no answer
+  std::unique_ptr<pending_replay> replay;  // while one is pending, the SUB socket is not read
 };
 
 event_subscriber::event_subscriber(event_index& index, subscriber_options options, loop_runner run_loop)
@@ -173,7 +192,7 @@ void event_subscriber::take_up_sources(std::vector<std::unique_ptr<connection>>&
   for (const auto& source : wanted) {
     if (std::ranges::any_of(kept, [&](const auto& c) { return c->source == source; })) continue;
     auto c = std::make_unique<connection>(connection{source, zmq::socket_t(zmq_->context, zmq::socket_type::sub),
-                                                     zmq::socket_t(zmq_->context, zmq::socket_type::pair), {}});
+                                                     zmq::socket_t(zmq_->context, zmq::socket_type::pair), {}, nullptr});
     c->socket.set(zmq::sockopt::linger, 0);
     c->socket.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(max_payload_bytes));
     c->socket.set(zmq::sockopt::rcvhwm, options_.receive_queue);
@@ -201,15 +220,14 @@ void event_subscriber::take_up_sources(std::vector<std::unique_ptr<connection>>&
   open = std::move(kept);
 }
 
-// Applies the batches c's replay socket (vLLM's ROUTER) still buffers from `from` up to (not including) `to`,
-// in order, each as if it had arrived. `from_any_start`: catching up, the buffer may start after `from` (its
-// oldest batches are gone), but once it has started there may be no hole. complete: every batch up to `to`
-// was applied; nothing: none was (no answer, or nothing buffered in range); partial: some were, and then a hole
-// or the deadline came (what was applied may miss a removal: the caller drops the index).
-event_subscriber::replay_result event_subscriber::replay(connection& c, std::int64_t from, std::int64_t to,
-                                                         bool from_any_start) {
+// Asks c's replay socket for what it still buffers from `from` up to (not including) the number of `held`, the
+// live message that showed the need, which is applied once the replay ends (finish_replay). False, with
+// `held` untouched, when no replay can be asked: no replay socket, one that did not answer lately, nothing
+// in range, or a request that cannot be sent.
+bool event_subscriber::begin_replay(connection& c, replay_purpose why, std::int64_t from, std::int64_t to,
+                                    zmq::message_t& held) {
   const auto now = std::chrono::steady_clock::now();
-  if (c.source.replay.empty() || now < c.replay_quiet_until || from >= to) return replay_result::nothing;
+  if (c.source.replay.empty() || now < c.replay_quiet_until || from >= to) return false;
   zmq::socket_t dealer(zmq_->context, zmq::socket_type::dealer);
   dealer.set(zmq::sockopt::linger, 0);
   dealer.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(max_payload_bytes));
@@ -218,77 +236,96 @@ event_subscriber::replay_result event_subscriber::replay(connection& c, std::int
   try {
     dealer.connect(c.source.replay);
   } catch (const zmq::error_t&) {
-    return replay_result::nothing;
+    return false;
   }
   // As a REQ socket would send it: an empty delimiter, then the start (vLLM's ROUTER expects both).
   const auto start = big_endian(from);
   (void)dealer.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-  if (!dealer.send(zmq::buffer(start), zmq::send_flags::dontwait)) return replay_result::nothing;
-  const auto deadline = now + options_.replay_timeout;
-  const std::size_t rank = c.source.rank;
-  std::int64_t next = from;
-  std::size_t applied = 0;
-  bool answered = false;
+  if (!dealer.send(zmq::buffer(start), zmq::send_flags::dontwait)) return false;
+  c.replay = std::make_unique<pending_replay>(
+      pending_replay{why, std::move(dealer), from, to, now + options_.replay_timeout, std::move(held), now_seconds()});
+  return true;
+}
+
+// Applies what c's pending replay has received so far (drain_batch messages at most: then the others' turn),
+// without waiting; ends it when its answer is complete or cannot go on.
+void event_subscriber::read_replay(connection& c) {
+  pending_replay& p = *c.replay;
   std::array<zmq::message_t, 3> frames;
-  while (next < to && !stopping_.load()) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) break;
-    std::array<zmq::pollitem_t, 1> item{{{dealer.handle(), 0, ZMQ_POLLIN, 0}}};
-    if (kv::poll(item.data(), item.size(), left) == 0) continue;
-    std::size_t count = receive(dealer, frames);
-    if (count == 0) continue;
-    answered = true;
+  for (std::size_t n = 0; n < drain_batch && !p.ended; ++n) {
+    const std::size_t count = receive(p.dealer, frames);
+    if (count == 0) return;
+    p.answered = true;
     const bool delimited = count == 3 && frames[0].size() == 0;  // as a REQ socket gets it
     const std::size_t first = delimited ? 1 : 0;
-    if (count - first != 2) break;
-    const auto seq = decode_sequence_frame(bytes_of(frames[first]));
-    if (!seq || *seq < 0 || *seq >= to) break;  // the end (-1), or caught up with the live stream
-    if (*seq < next) continue;                   // before what is needed (a buffer answers from its start)
-    if (*seq > next && (applied > 0 || !from_any_start)) break;  // a hole the buffer no longer holds
-    index_.apply(rank, decode_event_batch(bytes_of(frames[first + 1])), now_seconds(), /*live=*/false);
-    ++applied;
-    next = *seq + 1;
+    const auto seq = count - first == 2 ? decode_sequence_frame(bytes_of(frames[first])) : std::nullopt;
+    if (!seq || *seq < 0 || *seq >= p.to) {  // the end (-1), caught up with the live stream, or garbage
+      p.ended = true;
+      break;
+    }
+    if (*seq < p.next) continue;  // before what is needed (a buffer answers from its start)
+    if (*seq > p.next && (p.applied > 0 || p.why == replay_purpose::fill_gap)) {
+      p.ended = true;  // a hole the buffer no longer holds
+      break;
+    }
+    index_.apply(c.source.rank, decode_event_batch(bytes_of(frames[first + 1])), now_seconds(), /*live=*/false);
+    ++p.applied;
+    p.next = *seq + 1;
+    if (p.next >= p.to) p.ended = true;
   }
-  if (!answered) {
+  if (p.ended) finish_replay(c);
+}
+
+// Ends c's pending replay (complete, cut short or past its deadline), then applies the message that asked for
+// it. A catch-up keeps what it applied unless a hole came after it (a removal may be missing); a gap not
+// filled whole drops the index, which live events rebuild.
+void event_subscriber::finish_replay(connection& c) {
+  const std::unique_ptr<pending_replay> p = std::move(c.replay);
+  const std::size_t rank = c.source.rank;
+  if (!p->answered) {
     c.replay_quiet_until = std::chrono::steady_clock::now() + options_.replay_backoff;
     spdlog::warn("rank {}: the KV-cache events replay socket {} did not answer; not asked again for {} s", rank,
                  c.source.replay, options_.replay_backoff.count() / 1000);
   }
-  if (applied > 0) index_.count_replayed(rank, applied);
-  if (next >= to) return replay_result::complete;
-  return applied == 0 ? replay_result::nothing : replay_result::partial;
+  if (p->applied > 0) index_.count_replayed(rank, p->applied);
+  const bool complete = p->next >= p->to;
+  if (p->why == replay_purpose::catch_up) {
+    if (!complete && p->applied > 0) index_.clear_rank(rank, reset_reason::gap);
+  } else if (!complete) {
+    spdlog::warn("rank {}: KV-cache events {}..{} lost and not replayed; its index is dropped and rebuilt from live "
+                 "events", rank, p->next, p->to - 1);
+    index_.clear_rank(rank, reset_reason::gap);
+  }
+  index_.apply(rank, decode_event_batch(bytes_of(p->held)), p->held_arrival);
 }
 
-void event_subscriber::on_message(connection& c, std::int64_t seq, std::span<const std::byte> payload) {
+void event_subscriber::on_message(connection& c, std::int64_t seq, zmq::message_t& payload) {
   const std::size_t rank = c.source.rank;
   auto& sequence = zmq_->sequences[rank];
   const std::int64_t expected = sequence.expected();
   // Catching up on what an engine buffered before `seq` (its whole history, when it started at 0): what it
   // tells is kept unless a hole leaves a removal unknown.
-  const auto catch_up = [&] {
-    if (replay(c, 0, seq, /*from_any_start=*/true) == replay_result::partial) index_.clear_rank(rank, reset_reason::gap);
-  };
+  using purpose = replay_purpose;
   switch (sequence.observe(seq)) {
     case sequence_tracker::verdict::first:
-      catch_up();
+      if (begin_replay(c, purpose::catch_up, 0, seq, payload)) return;
       break;
     case sequence_tracker::verdict::next:
       break;
     case sequence_tracker::verdict::gap:
-      if (replay(c, expected, seq, /*from_any_start=*/false) != replay_result::complete) {
-        spdlog::warn("rank {}: KV-cache events {}..{} lost{}; its index is dropped and rebuilt from live events", rank,
-                     expected, seq - 1, c.source.replay.empty() ? " (no kv-replay)" : " and not replayed");
-        index_.clear_rank(rank, reset_reason::gap);
-      }
+      if (begin_replay(c, purpose::fill_gap, expected, seq, payload)) return;
+      spdlog::warn("rank {}: KV-cache events {}..{} lost{}; its index is dropped and rebuilt from live events", rank,
+                   expected, seq - 1, c.source.replay.empty() ? " (no kv-replay)" : " and not replayed");
+      index_.clear_rank(rank, reset_reason::gap);
       break;
     case sequence_tracker::verdict::restart:
       spdlog::info("rank {}: the KV-cache event publisher restarted (sequence {} after {}); its index is dropped",
                    rank, seq, expected - 1);
       index_.clear_rank(rank, reset_reason::restart);
-      catch_up();
+      if (begin_replay(c, purpose::catch_up, 0, seq, payload)) return;
       break;
   }
-  index_.apply(rank, decode_event_batch(payload), now_seconds());
+  index_.apply(rank, decode_event_batch(bytes_of(payload)), now_seconds());
 }
 
 void event_subscriber::on_disconnect(connection& c) {
@@ -297,6 +334,7 @@ void event_subscriber::on_disconnect(connection& c) {
   spdlog::info("rank {}: the KV-cache event publisher {} disconnected; its index is dropped until it is heard again",
                rank, c.source.endpoint);
   zmq_->sequences.erase(rank);  // its next message is taken as the first, and caught up on
+  c.replay.reset();              // what it would replay, and the message that asked, were the old engine's
   index_.clear_rank(rank, reset_reason::disconnect);
 }
 
@@ -317,19 +355,32 @@ void event_subscriber::run() {
       continue;
     }
     items.clear();
+    auto wait = options_.poll_period;
+    const auto now = std::chrono::steady_clock::now();
     for (const auto& c : open) {
       items.push_back({c->monitor.handle(), 0, ZMQ_POLLIN, 0});
-      items.push_back({c->socket.handle(), 0, ZMQ_POLLIN, 0});
+      // A rank with a replay pending is read from its replay socket only, until the replay ends.
+      items.push_back({c->replay ? c->replay->dealer.handle() : c->socket.handle(), 0, ZMQ_POLLIN, 0});
+      if (c->replay) {
+        wait = std::clamp(std::chrono::ceil<std::chrono::milliseconds>(c->replay->deadline - now),
+                          std::chrono::milliseconds(0), wait);
+      }
     }
-    if (kv::poll(items.data(), items.size(), options_.poll_period) == 0) continue;
+    kv::poll(items.data(), items.size(), wait);
     for (std::size_t i = 0; i < open.size(); ++i) {
       connection& c = *open[i];
       // The monitor first: a disconnection comes before anything a new publisher sends.
       if ((items[2 * i].revents & ZMQ_POLLIN) != 0) {
         while (receive(c.monitor, event) > 0) on_disconnect(c);
       }
-      if ((items[2 * i + 1].revents & ZMQ_POLLIN) == 0) continue;
-      for (std::size_t n = 0; n < drain_batch; ++n) {
+      if (c.replay) {  // (pending since before the poll: a replay begins only below)
+        if ((items[2 * i + 1].revents & ZMQ_POLLIN) != 0) read_replay(c);
+        if (c.replay && std::chrono::steady_clock::now() >= c.replay->deadline) finish_replay(c);
+        continue;
+      }
+      // (the item is the replay's if the monitor's disconnection just ended one)
+      if ((items[2 * i + 1].revents & ZMQ_POLLIN) == 0 || items[2 * i + 1].socket != c.socket.handle()) continue;
+      for (std::size_t n = 0; n < drain_batch && !c.replay; ++n) {
         const std::size_t count = receive(c.socket, frames);
         if (count == 0) break;
         const auto seq = count == 3 ? decode_sequence_frame(bytes_of(frames[1])) : std::nullopt;
@@ -337,7 +388,7 @@ void event_subscriber::run() {
           index_.count_unreadable(c.source.rank);
           continue;
         }
-        on_message(c, *seq, bytes_of(frames[2]));
+        on_message(c, *seq, frames[2]);
       }
     }
   }

@@ -18,14 +18,17 @@ struct prefix_aware_options {
   const kv::event_index* events = nullptr;
   std::uint32_t block_size = 16;          // --block-size: tokens per block of the events
   std::size_t event_min_match_blocks = 4;  // --prefix-min-match in those blocks, rounded up
+  // How long a route placed by load stands in for the events (queueing and prefill of a long prompt).
+  std::chrono::milliseconds pending_ttl{10'000};
 };
 
 // Sends a request where its prompt's prefix is cached, so that the engine's prefix cache spares the
 // prefill of what it already holds, without building a hot spot. Where a prefix is cached comes from one
 // of two indexes:
-//  - precise: the engines' KV-cache events (options.events), when some backend publishes them and the
-//    request's token ids are known (pick_context::kv_chain): what each rank holds, whoever put it there,
-//    and nothing an engine evicted;
+//  - precise: the engines' KV-cache events (options.events), when some usable rank of the request's cluster
+//    has been heard from (its first batch arrived: a configured publisher that never sent anything is no
+//    evidence of an empty cache) and the request's token ids are known (pick_context::kv_chain): what each
+//    rank holds, whoever put it there, and nothing an engine evicted;
 //    When no usable rank holds a long enough match, the requests of its chain this policy placed by load in
 //    the last pending_ttl (pending_routes.hpp) stand in: the events show a block only once its prefill ran;
 //  - approximate otherwise: a prefix_index of what this policy routed (pick_context::prefix_chain).
@@ -63,8 +66,6 @@ class prefix_aware final : public policy {
   };
   match_rule match(const pick_context& request, std::span<const rank_view> ranks);
 
-  // How long a route placed by load stands in for the events (queueing and prefill of a long prompt).
-  static constexpr std::chrono::milliseconds pending_ttl{10'000};
   static constexpr std::size_t pending_capacity = 1 << 16;  // blocks remembered, over all ranks
 
   const prefix_aware_options options_;
@@ -72,7 +73,7 @@ class prefix_aware final : public policy {
   routing_stats* stats_;  // may be null (tests)
   rotation ties_;
   std::vector<std::uint32_t> matched_;  // reused by every pick
-  pending_routes pending_{pending_ttl, pending_capacity};
+  pending_routes pending_{options_.pending_ttl, pending_capacity};
   std::vector<std::uint32_t> pending_matched_;  // reused by every pick that consults pending_
   // How the last match() matched: from the events' evidence, from the pending routes, or neither (approximate).
   enum class evidence { events, pending, approximate } last_evidence_ = evidence::approximate;

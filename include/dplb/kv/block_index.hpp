@@ -22,6 +22,12 @@
 // above the engine's num_gpu_blocks never drops anything the engine still holds). Within one stored run the
 // last block is taken as the oldest, so a chain loses its tail before its head. About 80 bytes per block.
 //
+// Clearing a rank (AllBlocksCleared, and the caller's resets) is O(1): its blocks are retired at once (the rank
+// holds none from then on, and match() skips them), and unlinked and freed later by collect(), in slices of a
+// bounded number of blocks, with the rank's key map handed to the caller to free (take_retired_key_maps()):
+// a rank's blocks cannot be swapped out whole, as the chain hashes' holder lists are shared between ranks (that
+// is what makes a lookup one probe per block, whatever the number of ranks).
+//
 // Not thread-safe: the caller serialises every call (the events subscriber applies batches and pickers match
 // under one lock). match() allocates nothing once `matched` has grown to the number of ranks; apply() only
 // as the index grows towards its bound.
@@ -59,8 +65,15 @@ class block_index {
   void apply(std::size_t rank, const kv_event& event, apply_counts& counts);
 
   // Forgets everything a rank holds (AllBlocksCleared; the caller also calls it on a sequence gap, a
-  // publisher restart or an unhealthy rank).
+  // publisher restart or an unhealthy rank). O(1): the blocks are retired, for collect() to free.
   void clear_rank(std::size_t rank);
+
+  // Unlinks and frees up to `max_blocks` retired blocks; true while some remain.
+  bool collect(std::size_t max_blocks);
+  bool has_retired() const { return !retired_.empty() || !retired_keys_.empty(); }
+  // The retired ranks' key maps, moved into `out`: the caller frees them (without its lock).
+  using key_map = boost::unordered_flat_map<engine_block_key, std::uint32_t>;
+  void take_retired_key_maps(std::vector<key_map>& out);
 
   // matched[r] = how many leading blocks of `chain` (a prompt's prompt_chain) rank r holds, for r below
   // `ranks`; `matched` is resized to `ranks` and overwritten. O(blocks matched x ranks holding them).
@@ -72,10 +85,17 @@ class block_index {
 
  private:
   static constexpr std::uint32_t none = UINT32_MAX;
+  // A rank's blocks belong to its generation; clearing it starts the next, and the blocks of an older one
+  // are retired (20 bits: a generation comes round again only after 2^20 clears, and clear_rank() collects
+  // everything first when max_retired_lists are pending, so a retired block is never taken for a live one).
+  static constexpr std::uint32_t generation_bits = 20;
+  static constexpr std::size_t max_retired_lists = 1024;
+  static_assert(max_ranks <= (std::size_t{1} << (32 - generation_bits)));
   struct node {
     chain_hash hash = 0;
     engine_block_key key = 0;
-    std::uint32_t rank = 0;
+    std::uint32_t rank : 32 - generation_bits = 0;
+    std::uint32_t generation : generation_bits = 0;
     std::uint32_t newer = none;        // in its rank's list, towards the most recently stored
     std::uint32_t older = none;        // towards the least recently stored: dropped first
     std::uint32_t next_holder = none;  // the next node with the same chain hash (another rank, usually)
@@ -84,12 +104,16 @@ class block_index {
     std::uint32_t newest = none;
     std::uint32_t oldest = none;
     std::size_t count = 0;
-    boost::unordered_flat_map<engine_block_key, std::uint32_t> by_key;  // the engine's hash -> node
+    std::uint32_t generation = 0;  // modulo 2^generation_bits
+    key_map by_key;                // the engine's hash -> node
   };
 
   void store(std::size_t rank, const block_stored& event, apply_counts& counts);
   void insert(std::size_t rank, engine_block_key key, chain_hash hash, apply_counts& counts);
   void erase(std::uint32_t id);
+  // Takes `id` out of its chain hash's holder list and frees it (its rank's list is the caller's business).
+  void unlink_and_free(std::uint32_t id);
+  bool live(const node& n) const { return n.generation == ranks_[n.rank].generation; }
   rank_state* rank_at(std::size_t rank);
 
   std::size_t capacity_;
@@ -99,6 +123,9 @@ class block_index {
   // A chain hash's first holder; the others follow through node::next_holder.
   boost::unordered_flat_map<chain_hash, std::uint32_t> first_holder_;
   std::vector<chain_hash> scratch_;  // a stored run's chain hashes, reused
+  // Cleared ranks' lists (each by its newest node, linked through `older`), and their key maps.
+  std::vector<std::uint32_t> retired_;
+  std::vector<key_map> retired_keys_;
 };
 
 }  // namespace dplb::kv

@@ -3,8 +3,10 @@
 // (event_subscriber.hpp) and every worker that picks a rank: a block_index behind a lock, and per rank
 // the feed's counters, which the metrics and the status page read without taking the lock.
 //
-// Threading contract: every member may be called from any thread. apply() and clear_rank() take the lock
-// for as long as one batch takes to apply (microseconds per event); match() takes it for one lookup (about
+// Threading contract: every member may be called from any thread. apply() takes the lock for one event at a
+// time (microseconds); clearing a rank (clear_rank(), or an AllBlocksCleared event) takes it once to retire
+// the rank's blocks (O(1)), then frees them in slices of collect_slice_blocks (tens of microseconds each), letting a
+// waiting lookup in between, and frees the rank's key map without it; match() takes it for one lookup (about
 // 2 us for an 8,000-token prompt against a million blocks). Lock order: the balancer's lock, then this one
 // (a policy matches while the balancer holds its own); nothing here calls out while holding it.
 
@@ -44,6 +46,10 @@ constexpr std::string_view name_of(reset_reason r) {
 // read by anyone.
 struct rank_feed {
   std::atomic<bool> configured{false};      // the rank has an event source (its backend's #kv-events=)
+  // A batch of its events has been read since it was configured: until then, the events are no evidence of
+  // what it holds (a publisher that was never reached, or has not published yet), and prefix-aware keeps
+  // its approximate index for its cluster.
+  std::atomic<bool> heard{false};
   std::atomic<std::uint64_t> events{0};     // events read from its batches and applied (dplb_kv_events_total)
   std::atomic<std::uint64_t> errors{0};     // events or whole messages skipped (dplb_kv_event_errors_total)
   std::atomic<std::uint64_t> blocks{0};     // blocks indexed now (dplb_kv_blocks)
@@ -89,6 +95,11 @@ class event_index {
 
  private:
   void publish_blocks_locked(std::size_t rank);
+  // Frees what clearing a rank retired, a slice per hold of the lock.
+  void collect_retired();
+  static constexpr std::size_t collect_slice_blocks = 256;
+  // Lookups waiting for the lock (or about to take it): a collection lets them in between two slices.
+  mutable std::atomic<int> lookups_waiting_{0};
 
   const std::size_t capacity_;
   mutable std::mutex mutex_;

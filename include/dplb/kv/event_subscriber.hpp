@@ -11,6 +11,10 @@
 //  - A gap (a number skipped: ZMQ drops messages at its high-water mark) asks the replay socket for the
 //    missing batches; without one, or when the replay cannot fill the whole gap in time, the rank's index
 //    is dropped and rebuilt from the live events (dplb_kv_index_resets_total{reason="gap"}).
+//  - A replay is asked without waiting for its answer: the replay socket is polled with the others, the
+//    batches it sends are applied as they come, and it ends by its deadline (`replay_timeout`). Meanwhile its
+//    rank's live messages wait in ZMQ's queue (they come after the replayed ones), and every other rank is
+//    read as usual: a replay socket that never answers delays no other rank.
 //  - A number at or below the last one means the publisher restarted (its engine's cache is empty): the
 //    rank's index is dropped (reason "restart"), and the new engine's history caught up on as at the start.
 //  - The publisher's connection dropping (ZMQ's monitor: the engine stopped or restarted, or the network
@@ -18,11 +22,15 @@
 //    anew from any point. The next message is then taken as the first.
 //  - A message that is not three frames, a sequence frame that is not 8 bytes, or a payload that is not an
 //    EventBatch is counted (dplb_kv_event_errors_total) and skipped; the rank keeps its index.
-// Bounded: ZMQ_MAXMSGSIZE refuses a frame over the decoder's payload bound before it is read whole, a message
-// keeps 3 frames at most (more are read and dropped), each socket queues at most `receive_queue` messages
-// (ZMQ's high-water mark: beyond, a gap), and a replay waits at most `replay_timeout` for its answer; a replay
-// socket that does not answer at all is not asked again for `replay_backoff`. A publisher is trusted as its
-// backend is: within those bounds, what it sends is held until read.
+// Bounded in bytes: ZMQ_MAXMSGSIZE refuses a frame over the decoder's payload bound (32 MiB) before it is read
+// whole, and each socket queues at most `receive_queue` messages (ZMQ_RCVHWM; beyond it ZMQ stops reading the
+// connection, and the publisher queues or drops, which shows as a gap): a socket holds at most
+// (receive_queue + 1, the one being received) x 32 MiB, 160 MiB with the default of 4. A rank has its SUB
+// socket and, while a replay is pending, one DEALER. A message keeps 3 frames at most once read (more are
+// dropped), and decodes to at most max_decoded_bytes (64 MiB), one at a time. ZMQ has no bound on the frames
+// of one message, and holds a message whole before it can be read: a publisher is trusted not to send an
+// endless one, as its backend is trusted. A replay waits at most `replay_timeout` for its answer; a replay
+// socket that does not answer at all is not asked again for `replay_backoff`.
 //
 // Threading contract: the constructor, set_sources(), start() and stop() may be called from any thread;
 // everything else happens on the subscriber's thread. `index` outlives the subscriber.
@@ -43,6 +51,10 @@
 
 #include "dplb/kv/event_index.hpp"
 
+namespace zmq {
+class message_t;
+}
+
 namespace dplb::kv {
 
 // Where one rank's events come from.
@@ -58,7 +70,9 @@ struct subscriber_options {
   std::chrono::milliseconds poll_period{50};       // how soon a change of sources or a stop is seen
   std::chrono::milliseconds replay_timeout{1'000};  // the longest wait for one replay's whole answer
   std::chrono::milliseconds replay_backoff{30'000};  // no replay asked of a socket that did not answer, this long
-  int receive_queue = 10'000;                       // messages per socket (ZMQ_RCVHWM)
+  // Messages per socket (ZMQ_RCVHWM), each up to max_payload_bytes. Small: a queue is held in bytes, and ZMQ
+  // stops reading a connection whose queue is full (the publisher keeps what follows, to its own bound).
+  int receive_queue = 4;
 };
 
 // What a sequence number says about the messages before it. Pure.
@@ -104,13 +118,20 @@ class event_subscriber {
 
  private:
   struct connection;
+  struct pending_replay;
   void run();
   void take_up_sources(std::vector<std::unique_ptr<connection>>& open);
-  void on_message(connection& c, std::int64_t seq, std::span<const std::byte> payload);
+  // `payload` is taken (moved into a replay it asks for) or left as it was.
+  void on_message(connection& c, std::int64_t seq, zmq::message_t& payload);
   void on_disconnect(connection& c);
-  // Applies what c's replay socket still buffers in [from, to) (see the .cpp); false when a gap stays open.
-  enum class replay_result { complete, nothing, partial };
-  replay_result replay(connection& c, std::int64_t from, std::int64_t to, bool from_any_start);
+  // Replays are asked without waiting for the answer, read as it comes, and ended by their deadline (see the .cpp).
+  enum class replay_purpose {
+    catch_up,  // what the engine buffered before the first message heard: the buffer may start after `from`
+    fill_gap,  // the numbers skipped before the message heard: all of them, from `from`
+  };
+  bool begin_replay(connection& c, replay_purpose why, std::int64_t from, std::int64_t to, zmq::message_t& held);
+  void read_replay(connection& c);
+  void finish_replay(connection& c);
   bool pause(std::chrono::milliseconds delay);
 
   event_index& index_;

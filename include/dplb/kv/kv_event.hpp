@@ -30,8 +30,8 @@
 namespace dplb::kv {
 
 // Bounds on what one message may make dplb allocate. Each is far above what a real engine sends in one
-// batch (one engine step), and together they keep a hostile or broken publisher from costing more than a
-// few tens of MiB per message.
+// batch (one engine step), and together they keep a hostile or broken publisher from costing more than
+// max_decoded_bytes per message.
 //
 // 32 MiB of payload: a step that stores a 1M-token prompt sends about 5 MB of token ids (msgpack uint32);
 // the subscriber sets ZMQ_MAXMSGSIZE to the same bound, so a larger message never reaches memory whole.
@@ -49,6 +49,12 @@ inline constexpr std::size_t max_block_size = std::size_t{1} << 16;
 // Bytes of one string field (type, medium, lora_name) and of an engine block hash given as bytes (32 for
 // sha256): longer is malformed.
 inline constexpr std::size_t max_string_bytes = 1024;
+// 64 MiB of memory for one decoded message (its events, hashes, token ids, extra keys' digests and strings,
+// counted as they are reserved), twice the payload bound: a message beyond it is refused whole. The bounds
+// above are in items, and an item can be 1 byte on the wire and 8 once decoded (a msgpack fixint block
+// hash), so a 32 MiB payload of them would decode to 256 MiB; a real batch decodes to at most 4/3 of its
+// size (a 16-bit token id: 3 bytes on the wire, 4 decoded) plus its events' fixed part.
+inline constexpr std::size_t max_decoded_bytes = std::size_t{64} << 20;
 
 // The medium of vLLM's GPU prefix cache ("CPU" and others name offload tiers). Absent or nil means GPU.
 inline constexpr std::string_view medium_gpu = "GPU";
@@ -105,8 +111,9 @@ struct decode_result {
   std::size_t skipped_events() const { return unknown_type_events + malformed_events; }
 };
 
-// Decodes one message's payload (its third frame). Never throws.
-decode_result decode_event_batch(std::span<const std::byte> payload) noexcept;
+// Decodes one message's payload (its third frame), refusing it whole if it would decode to more than
+// `max_decoded` bytes (a smaller bound: tests). Never throws.
+decode_result decode_event_batch(std::span<const std::byte> payload, std::size_t max_decoded = max_decoded_bytes) noexcept;
 
 // The second frame: a sequence number, 8 bytes big-endian, read as signed (a replay ends with -1). None
 // when the frame is not 8 bytes long.

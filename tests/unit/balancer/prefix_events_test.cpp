@@ -126,6 +126,7 @@ TEST_CASE("prefix-aware with events: a hot prefix keeps its rank within the load
 TEST_CASE("prefix-aware with events: a prompt placed by load is followed until the events can show it", "[prefix][kv]") {
   kv::event_index index(1024, 8);
   index.set_configured(0, true);
+  index.apply(0, kv::decode_result{}, 0);  // rank 0's publisher has been heard from (an empty batch)
   prefix_aware policy(with_events(index), nullptr);
   std::vector<rank_view> ranks(4);
   const auto group = tokens(6, 3000);
@@ -171,4 +172,32 @@ TEST_CASE("pending routes: expire after their ttl, are bounded, and follow the l
   CHECK(m == std::vector<std::uint32_t>{0, 0, 0, 0});  // the oldest went first
   routes.forget(3);
   CHECK(routes.size() == 0);
+}
+
+TEST_CASE("prefix-aware with events: a rank whose publisher has sent nothing keeps the approximate index", "[prefix][kv]") {
+  kv::event_index index(1024, 8);
+  for (std::size_t r = 0; r < 4; ++r) index.set_configured(r, true);  // #kv-events= on every rank, none heard yet
+  // Routes placed by load stand in for the events for pending_ttl (10 s in dplb): 0 here, so that what is
+  // checked below is what dplb does once they have expired.
+  auto options = with_events(index);
+  options.pending_ttl = std::chrono::milliseconds(0);
+  prefix_aware policy(options, nullptr);
+  std::vector<rank_view> ranks(4);
+  const auto group = tokens(6, 3000);
+  const auto chain = request_chain(group);
+  const std::vector<std::uint64_t> approximate{31, 32, 33, 34, 35, 36};
+  pick_context request;
+  request.kv_chain = chain;
+  request.prefix_chain = approximate;
+  // Each pick alone would rotate over the idle ranks: the approximate index keeps the group together.
+  const auto first = *policy.choose(request, ranks);
+  for (int i = 0; i < 3; ++i) CHECK(policy.choose(request, ranks) == first);
+  // Once a rank is heard from, the events decide: another rank holds the group.
+  const std::size_t other = (first + 1) % 4;
+  store(index, other, group, 600);
+  CHECK(policy.choose(request, ranks) == other);
+  // A source removed and configured again is heard anew.
+  index.set_configured(other, false);
+  index.set_configured(other, true);
+  CHECK(policy.choose(request, ranks) == first);
 }

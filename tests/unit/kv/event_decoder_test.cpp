@@ -349,3 +349,26 @@ TEST_CASE("kv decoder: the sequence frame is 8 bytes big-endian, -1 ends a repla
   CHECK_FALSE(decode_sequence_frame(std::span(seven).first(7)));
   CHECK_FALSE(decode_sequence_frame({}));
 }
+
+TEST_CASE("kv decoder: a message that would decode beyond max_decoded_bytes is refused whole", "[kv]") {
+  // 1-byte block hashes (msgpack fixints) are 8 bytes each once decoded: 40 removals of 262,144 of them are
+  // 10 MiB on the wire, within every other bound, and would take 80 MiB.
+  msgpack_writer w;
+  constexpr std::uint32_t events = 40;
+  w.array(2).float64(1.0e9).array(events + 1).array(1).str("AllBlocksCleared");
+  for (std::uint32_t e = 0; e < events; ++e) {
+    w.array(2).str("BlockRemoved").array(static_cast<std::uint32_t>(max_hashes_per_event));
+    for (std::size_t i = 0; i < max_hashes_per_event; ++i) w.uint(i % 100);
+  }
+  const auto bytes = w.bytes();
+  REQUIRE(bytes.size() < max_payload_bytes);
+  REQUIRE(events * max_hashes_per_event * sizeof(engine_block_key) > max_decoded_bytes);
+  const auto refused = decode_event_batch(bytes);
+  CHECK(refused.error == "decoded size larger than max_decoded_bytes");
+  CHECK(refused.batch.events.empty());
+  // The same bound met by a smaller message: the count of every reservation is what is bounded.
+  const std::size_t one_removal = max_hashes_per_event * sizeof(engine_block_key);
+  const std::size_t fixed = (events + 1) * sizeof(kv_event);
+  CHECK(decode_event_batch(bytes, fixed + events * one_removal).ok());
+  CHECK_FALSE(decode_event_batch(bytes, fixed + events * one_removal - 1).ok());
+}

@@ -391,3 +391,67 @@ TEST_CASE("subscriber: after a restart, the new engine's buffered history is cau
   CHECK(f.matched(old_prompt) == 0);
   CHECK(f.resets(reset_reason::restart) == 1);
 }
+
+TEST_CASE("subscriber: a replay socket that never answers delays no other rank's events", "[kv][subscriber]") {
+  zmq::context_t context{1};
+  event_index index{1'000, 8};
+  // Rank 0's replay socket takes requests and never answers (a wedged engine, or another service on the port).
+  zmq::socket_t silent(context, zmq::socket_type::router);
+  silent.set(zmq::sockopt::linger, 0);
+  silent.bind("tcp://127.0.0.1:*");
+  fake_publisher wedged(context);
+  fake_publisher healthy(context);
+  // A replay deadline far beyond the waits below: a replay that held up the other rank would fail the test.
+  event_subscriber subscriber(index, subscriber_options{.poll_period = std::chrono::milliseconds(5),
+                                                        .replay_timeout = std::chrono::seconds(60),
+                                                        .replay_backoff = std::chrono::seconds(60),
+                                                        .receive_queue = 4});
+  subscriber.set_sources({{0, wedged.endpoint(), silent.get(zmq::sockopt::last_endpoint)}, {1, healthy.endpoint(), ""}});
+  subscriber.start();
+  // Rank 0's first message heard asks its replay socket for what came before it.
+  REQUIRE(eventually([&] {
+    wedged.send(removed_batch(999'999), /*seq=*/5);
+    std::array<zmq::pollitem_t, 1> item{{{silent.handle(), 0, ZMQ_POLLIN, 0}}};
+    return zmq::poll(item.data(), 1, std::chrono::milliseconds(20)) > 0;
+  }));
+  const auto prompt = tokens(2, 100);
+  REQUIRE(eventually([&] {
+    healthy.send(stored_batch(prompt, 20));
+    return eventually(
+        [&] {
+          std::vector<std::uint32_t> m;
+          index.match(chain_of(prompt), 2, m);
+          return m[1] == 2;
+        },
+        std::chrono::milliseconds(20));
+  }));
+  CHECK(index.feed(0)->events.load() == 0);  // rank 0 waits for its replay, holding what it heard
+  subscriber.stop();
+}
+
+TEST_CASE("subscriber: a message that would decode beyond max_decoded_bytes is counted, and the index is unchanged",
+          "[kv][subscriber]") {
+  fixture f;
+  f.subscribe();
+  f.join();
+  const auto prompt = tokens(2, 100);
+  f.store(prompt, 20);
+  const auto errors = f.feed().errors.load();
+  const auto events = f.feed().events.load();
+  // 40 removals of 262,144 one-byte hashes (one of them the prompt's first block): 10 MiB sent, 80 MiB decoded.
+  msgpack_writer w;
+  w.array(2).float64(1.0e9).array(40);
+  for (int e = 0; e < 40; ++e) {
+    w.array(2).str("BlockRemoved").array(static_cast<std::uint32_t>(max_hashes_per_event));
+    for (std::size_t i = 0; i < max_hashes_per_event; ++i) w.uint(i % 100 == 0 ? 20 : i % 100);
+  }
+  const auto bytes = w.bytes();
+  f.publisher.send({reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+  REQUIRE(eventually([&] { return f.feed().errors.load() == errors + 1; }, std::chrono::seconds(30)));
+  CHECK(f.feed().events.load() == events);
+  CHECK(f.matched(prompt) == 2);
+  CHECK(f.feed().blocks.load() == 2);
+  const auto more = tokens(1, 900);
+  f.store(more, 90);  // the next message is read as usual: no gap, no reset
+  CHECK(f.resets(reset_reason::gap) == 0);
+}
