@@ -442,9 +442,9 @@ constexpr std::array option_table{
                 .env = "DPLB_TENANT_HEADER",
                 .key = "tenant_header",
                 .value_name = "NAME",
-                .meaning = "A request header (e.g. x-tenant) whose value names a configured tenant: a request "
-                           "that presents no known key is that tenant's; a name no tenant has counts as the "
-                           "default tenant. Trusted as sent: meant to be set by a gateway in front of dplb (with "
+                .meaning = "A request header (e.g. x-tenant) whose value names a configured tenant without keys: "
+                           "a request that presents no known key is that tenant's; a name no tenant has, or a "
+                           "tenant that holds keys (reached by its keys only), counts as the default tenant. Trusted as sent: meant to be set by a gateway in front of dplb (with "
                            "untrusted clients, use --require-api-key). Off by default.",
                 .set_text = [](settings& s, std::string_view v) {
                   if (auto why = check_tenant_header(v); !why.empty()) return why;

@@ -513,7 +513,7 @@ class session {
     return std::uint64_t{facts.max_tokens.value_or(settings_.default_max_tokens)} * std::max<std::uint32_t>(1, facts.choices);
   }
 
-  // The request's tenant: a configured key's, else the one --tenant-header names, else default.
+  // The request's tenant: a configured key's, else the keyless one --tenant-header names, else default.
   void identify_tenant(const http::request_head& head) {
     const auto named = settings_.tenant_header.empty() ? std::string_view{} : head.fields.value(settings_.tenant_header);
     auto who = shared_.tenants.identify(head.fields.value(bhttp::field::authorization), named);

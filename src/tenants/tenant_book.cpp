@@ -179,7 +179,7 @@ std::shared_ptr<const tenant_book::roster> tenant_book::current() const { return
 tenant_book::identity tenant_book::identify(std::string_view authorization, std::string_view tenant_header) const {
   const auto r = current();
   if (const auto by_key = r->directory.tenant_of_key(authorization)) return {r->states[*by_key], true};
-  return {r->states[r->directory.tenant_named(tenant_header).value_or(tenant_directory::default_tenant)], false};
+  return {r->states[r->directory.tenant_by_header(tenant_header).value_or(tenant_directory::default_tenant)], false};
 }
 
 std::vector<std::shared_ptr<tenant_state>> tenant_book::tenants() const { return current()->states; }

@@ -135,7 +135,8 @@ tenant_directory::tenant_directory(std::span<const tenant_spec> specs) {
                       .burst = spec.burst,
                       .max_queued = spec.max_queued,
                       .tokens_per_minute = spec.tokens_per_minute,
-                      .max_queue_wait = spec.max_queue_wait};
+                      .max_queue_wait = spec.max_queue_wait,
+                      .holds_keys = !spec.api_keys.empty() || !spec.api_key_sha256.empty()};
     if (is_default) {
       tenants_[default_tenant] = kept;
       default_configured = true;
@@ -192,8 +193,13 @@ std::optional<std::size_t> tenant_directory::tenant_of_key(std::string_view auth
 
 std::size_t tenant_directory::tenant_of(std::string_view authorization, std::string_view tenant_header) const {
   if (const auto by_key = tenant_of_key(authorization)) return *by_key;
-  if (const auto by_name = tenant_named(tenant_header)) return *by_name;
-  return default_tenant;
+  return tenant_by_header(tenant_header).value_or(default_tenant);
+}
+
+std::optional<std::size_t> tenant_directory::tenant_by_header(std::string_view name) const {
+  const auto named = tenant_named(name);
+  if (!named || tenants_[*named].holds_keys) return std::nullopt;
+  return named;
 }
 
 bool tenant_directory::has_known_key(std::string_view authorization) const {

@@ -292,6 +292,42 @@ TEST_CASE("tenants: --tenant-header names a configured tenant, an unknown name c
   CHECK(engine.request_count() == 4);
 }
 
+TEST_CASE("tenants: --tenant-header never selects a tenant that holds keys: without its key a request counts as "
+          "default, and the tenant's own client keeps its limit",
+          "[tenants][keys]") {
+  // One request at a time for chat (burst 1, one a minute): a request counted as chat's spends it.
+  temp_file config(json{{"tenants", json::array({{{"name", "chat"}, {"api_keys", {"sk-chat"}},
+                                                  {"requests_per_second", 1.0 / 60}, {"burst", 1}}})}}
+                       .dump());
+  raw_engine engine([](const raw_request&) { return std::vector{write_bytes(ok_answer())}; });
+  dplb_proxy proxy({engine.url()}, {"--config", config.path(), "--health-check-interval-ms", "0", "--tenant-header", "X-Team"});
+  for (const std::string label : {"a", "b", "c"}) CHECK(send(proxy.port(), {label, std::nullopt, "", "chat"}).status == 200);
+  CHECK(send(proxy.port(), {"d", std::nullopt, "Bearer sk-wrong", "chat"}).status == 200);
+  // The tenant's own client still has its one request.
+  CHECK(send(proxy.port(), {"own", std::nullopt, "Bearer sk-chat"}).status == 200);
+  CHECK(send(proxy.port(), {"own-2", std::nullopt, "Bearer sk-chat"}).status == 429);
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"default\"", "code=\"200\""}) == 4);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"chat\"", "code=\"200\""}) == 1);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"chat\"", "code=\"429\""}) == 1);
+  CHECK(engine.request_count() == 5);
+}
+
+TEST_CASE("tenants: under require_api_key, naming a keyed tenant in --tenant-header without its key is a 401",
+          "[tenants][keys]") {
+  temp_file config(json{{"require_api_key", true},
+                        {"tenants", json::array({{{"name", "chat"}, {"api_keys", {"sk-chat"}}}})}}
+                       .dump());
+  raw_engine engine([](const raw_request&) { return std::vector{write_bytes(ok_answer())}; });
+  dplb_proxy proxy({engine.url()}, {"--config", config.path(), "--health-check-interval-ms", "0", "--tenant-header", "X-Team"});
+  CHECK(send(proxy.port(), {"a", std::nullopt, "", "chat"}).status == 401);
+  CHECK(send(proxy.port(), {"b", std::nullopt, "Bearer sk-chat", "chat"}).status == 200);
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"default\"", "code=\"401\""}) == 1);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"chat\""}) == 1);
+  CHECK(engine.request_count() == 1);
+}
+
 TEST_CASE("tenants: over max_queued a tenant gets 429 with Retry-After at once, others still queue", "[tenants][queue]") {
   temp_file config(json{{"tenants", json::array({{{"name", "batch"}, {"max_queued", 1}}, {{"name", "chat"}}})}}.dump());
   auto engine = one_slot_engine();

@@ -25,15 +25,20 @@ tenant_spec team(std::string name, std::vector<std::string> keys = {}) {
 
 }  // namespace
 
-TEST_CASE("tenant book: a known key decides, else a header naming a tenant, else default", "[tenants]") {
-  const std::vector<tenant_spec> specs{team("batch", {"key-b"}), team("chat", {"key-c"})};
+TEST_CASE("tenant book: a known key decides, else a header naming a keyless tenant, else default", "[tenants]") {
+  const std::vector<tenant_spec> specs{team("batch", {"key-b"}), team("chat", {"key-c"}), team("research")};
   const tenant_book book(specs);
   CHECK(book.identify("Bearer key-b", "").tenant->name() == "batch");
   CHECK(book.identify("Bearer key-b", "").known_key);
   CHECK(book.identify("Bearer key-c", "batch").tenant->name() == "chat");  // the key wins over the header
-  const auto by_header = book.identify("", "batch");
-  CHECK(by_header.tenant->name() == "batch");
+  const auto by_header = book.identify("", "research");
+  CHECK(by_header.tenant->name() == "research");
   CHECK_FALSE(by_header.known_key);
+  // A tenant with keys is its keys' only: its name in the header without one counts as default.
+  const auto keyless = book.identify("", "batch");
+  CHECK(keyless.tenant->name() == "default");
+  CHECK_FALSE(keyless.known_key);
+  CHECK(book.identify("Bearer unknown", "chat").tenant->name() == "default");
   CHECK(book.identify("Bearer unknown", "nobody").tenant->name() == "default");
   CHECK(book.identify("", "").tenant->id() == 0);
   CHECK_FALSE(book.identify("Bearer unknown", "").known_key);
