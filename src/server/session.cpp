@@ -321,7 +321,7 @@ class session {
       tenant_.give_back_reservation();  // no engine saw it: before the answer, so a retry finds its tokens there
       shared_.metrics.rejected(refusal_.status);
       co_return co_await replies_.send_error(refusal_.status, refusal_.message, client_keep_alive,
-                                             refusal_.retry_after, refusal_.param);
+                                             refusal_.retry_after, refusal_.param, refusal_.code);
     }
     tenant_.holding_slot();
     if (request.prefilled_elsewhere) {  // a disaggregated cluster's completion (see above)
@@ -529,6 +529,10 @@ class session {
     if (verdict.admitted()) return true;
     refusal_ = {429, tenant_refusal_text(verdict, tenant_.tenant().name())};
     refusal_.retry_after = verdict.retry_after_seconds;
+    if (verdict.why == tenants::verdict::refusal::larger_than_budget) {
+      refusal_.status = 400;  // no wait would ever let it through: not a 429 to retry
+      refusal_.code = request_too_large_code;
+    }
     return false;
   }
 
@@ -568,6 +572,7 @@ class session {
     std::string message;
     std::string_view param = {};  // the body field at fault, for the error's "param"
     std::int64_t retry_after = 0;  // seconds, for a Retry-After header; 0: none
+    std::string_view code = {};    // the error's string code, if it has one (else its status)
   } refusal_;
   std::shared_ptr<client_watch> watch_;  // of the request being proxied, made once per connection
   std::size_t idle_slot_ = idle_client_set::not_member;  // in worker_.idle_clients while waiting for a head

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "dplb/tenants/tenant_book.hpp"
@@ -109,9 +110,14 @@ inline std::string tenant_refusal_text(const tenants::verdict& verdict, const st
     case tenants::verdict::refusal::token_budget:
       return "tenant '" + tenant + "' is over its tokens_per_minute; retry after the Retry-After seconds";
     default:
-      return "the request's tokens (prompt and max_tokens) exceed tenant '" + tenant +
-             "''s whole tokens_per_minute; lower max_tokens or shorten the prompt";
+      return "the request's " + std::to_string(verdict.tokens) + " tokens (its prompt and most generated: max_tokens, " +
+             "times n) exceed tenant '" + tenant + "''s whole token budget, tokens_per_minute " +
+             std::to_string(verdict.budget) + ", so it can never be admitted; lower max_tokens or shorten the prompt";
   }
 }
+
+// The OpenAI error code of a request larger than its tenant's whole token budget: a client error no retry
+// cures, answered 400 without Retry-After (a 429 would be retried by SDKs, forever).
+inline constexpr std::string_view request_too_large_code = "request_too_large";
 
 }  // namespace dplb::server

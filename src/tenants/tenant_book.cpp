@@ -65,7 +65,7 @@ verdict tenant_state::admit(clock::time_point now, std::uint64_t tokens) {
   }
   if (token_budget_ && tokens > 0) {
     const auto wait = token_budget_->retry_after(now, tokens);
-    if (!wait) return {verdict::refusal::larger_than_budget, 60};
+    if (!wait) return {.why = verdict::refusal::larger_than_budget, .tokens = tokens, .budget = token_budget_->burst()};
     if (wait->count() > 0) return {verdict::refusal::token_budget, retry_after_seconds(*wait)};
   }
   if (request_rate_) request_rate_->try_take(now, 1);

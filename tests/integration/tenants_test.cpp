@@ -456,9 +456,9 @@ TEST_CASE("tenants: a token budget reserves prompt and max_tokens, is corrected 
   dplb_proxy proxy({engine.url()}, {"--config", config.path(), "--health-check-interval-ms", "0", "--tenant-header", "X-Team"});
   // 501 reserved of 600; the usage (4) gives 497 back, so the same request fits again, and again.
   for (int i = 0; i < 3; ++i) CHECK(send(proxy.port(), {"x", std::nullopt, "", "batch", 500}).status == 200);
-  // Larger than the whole minute's budget: refused for good, saying so.
+  // Larger than the whole minute's budget: refused for good, saying so (see the request_too_large test).
   const auto too_large = send(proxy.port(), {"x", std::nullopt, "", "batch", 700});
-  CHECK(too_large.status == 429);
+  CHECK(too_large.status == 400);
   CHECK_THAT(too_large.body, Catch::Contains("tokens_per_minute"));
   // 550 used against 2 reserved: the budget is charged, and the next large request waits for the refill.
   CHECK(send(proxy.port(), {"long", std::nullopt, "", "batch", 1}).status == 200);
@@ -472,7 +472,33 @@ TEST_CASE("tenants: a token budget reserves prompt and max_tokens, is corrected 
   CHECK(send(proxy.port(), {"x", std::nullopt, "", "", 700}).status == 200);
   const auto m = scrape_metrics(proxy.port());
   CHECK(metric_sum(m, "dplb_tenant_tokens_total{", {"tenant=\"batch\"", "kind=\"completion\""}) == 503);
-  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"batch\"", "code=\"429\""}) == 2);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"batch\"", "code=\"429\""}) == 1);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"batch\"", "code=\"400\""}) == 1);
+}
+
+TEST_CASE("tenants: a request larger than its tenant's whole token budget gets 400 request_too_large, no "
+          "Retry-After, and no engine sees it",
+          "[tenants][limits]") {
+  temp_file config(json{{"tenants", json::array({{{"name", "batch"}, {"tokens_per_minute", 600}}})}}.dump());
+  raw_engine engine([](const raw_request&) { return std::vector{write_bytes(ok_answer())}; });
+  dplb_proxy proxy({engine.url()}, {"--config", config.path(), "--health-check-interval-ms", "0", "--tenant-header", "X-Team"});
+  // The prompt "x" is one token: 1 + 700 against a budget 600 deep.
+  const auto refused = send(proxy.port(), {"x", std::nullopt, "", "batch", 700});
+  CHECK(refused.status == 400);
+  CHECK(refused.headers.count("retry-after") == 0);
+  const auto error = json::parse(refused.body)["error"];
+  CHECK(error["code"] == "request_too_large");
+  CHECK(error["type"] == "BadRequestError");
+  const auto message = error["message"].get<std::string>();
+  CHECK_THAT(message, Catch::Contains("701") && Catch::Contains("tokens_per_minute 600") && Catch::Contains("batch"));
+  CHECK(engine.request_count() == 0);
+  // Nothing was taken from the budget: a request that fits goes through at once.
+  CHECK(send(proxy.port(), {"x", std::nullopt, "", "batch", 599}).status == 200);
+  CHECK(engine.request_count() == 1);
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_rejected_requests_total{", {"code=\"400\""}) == 1);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"batch\"", "code=\"400\""}) == 1);
+}
 }
 
 TEST_CASE("tenants: fair by tokens, a tenant of long requests gets fewer of the freed slots", "[tenants][queue]") {

@@ -29,9 +29,13 @@ namespace dplb::tenants {
 
 // Why a tenant's request is refused before it is queued or sent, and when to come back.
 struct verdict {
+  // larger_than_budget: the request's tokens exceed the whole token budget, so that no wait would ever let it
+  // through; it has no Retry-After (0), and names its cost against the budget's depth.
   enum class refusal { none, request_rate, token_budget, larger_than_budget };
   refusal why = refusal::none;
-  std::int64_t retry_after_seconds = 0;  // for a refusal: the Retry-After header, at least 1
+  std::int64_t retry_after_seconds = 0;  // for a refusal that waiting cures: the Retry-After header, at least 1
+  std::uint64_t tokens = 0;              // larger_than_budget: the request's tokens
+  std::uint64_t budget = 0;              // larger_than_budget: the most the budget holds (a minute's worth)
 
   bool admitted() const noexcept { return why == refusal::none; }
 };

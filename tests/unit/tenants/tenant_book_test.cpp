@@ -75,7 +75,11 @@ TEST_CASE("tenant book: a token budget reserves, refuses what it cannot hold, an
   batch->settle(t0, 500, 100);
   CHECK(batch->admit(t0, 200).admitted());
   // A request larger than the whole budget never fits: it is told so, not to wait.
-  CHECK(batch->admit(t0, 601).why == verdict::refusal::larger_than_budget);
+  const auto never = batch->admit(t0, 601);
+  CHECK(never.why == verdict::refusal::larger_than_budget);
+  CHECK(never.retry_after_seconds == 0);  // no wait helps: no Retry-After
+  CHECK(never.tokens == 601);
+  CHECK(never.budget == 600);
   // Usage beyond the reservation is charged.
   batch->settle(t0, 10, 400);  // 300 were left: 90 in debt now
   CHECK(batch->admit(t0, 1).why == verdict::refusal::token_budget);
