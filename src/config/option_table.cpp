@@ -321,8 +321,8 @@ constexpr std::array option_table{
                            "\"clusters\" or \"backends\", not both; --backend and DPLB_BACKENDS replace its "
                            "clusters. Only the file defines tenants too, \"tenants\": [{\"name\", \"api_keys\", "
                            "\"api_key_sha256\", \"weight\", \"requests_per_second\", \"burst\", \"max_queued\", "
-                           "\"tokens_per_minute\", \"max_queue_wait_ms\"}, ...]: a request is the tenant of its "
-                           "Bearer key, else the one --tenant-header names, else \"default\". "
+                           "\"tokens_per_minute\", \"max_queue_wait_ms\", \"min_priority\"}, ...]: a request is the "
+                           "tenant of its Bearer key, else the keyless one --tenant-header names, else \"default\". "
                            "See docs/configuration.md.",
                 .set_text = [](settings& s, std::string_view v) {
                   if (v.empty()) return std::string("expected a file path");

@@ -289,11 +289,11 @@ class session {
   // connection may carry another request.
   io::task<bool> proxy(bhttp::verb method, bool client_keep_alive, std::optional<std::int64_t> pinned, bool two_legs) {
     request_started_ = clock_type::now();
-    set_upstream_framing(upstream_head_, method, request_body_.size());
     balancer::pick_context request;
     balancer::request_cost cost;
     balancer::rank_lease lease;
     if (describe_request(pinned, request, cost) && admit_by_tenant()) {  // else refusal_ says why
+      set_upstream_framing(upstream_head_, method, request_body_.size());  // the body is final (min_priority)
       if (kv_.awaits_tokens()) co_await kv_.tokenize(request_body_, shared_, request);
       request.prefilled_elsewhere = two_legs && settings_.clusters[request.cluster].disaggregated();
       // (Not a conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among
@@ -459,12 +459,15 @@ class session {
     if (request.pinned_rank) request.cluster = shared_.topology.ranks()[*request.pinned_rank].cluster;
     priority_ = 0;
     tenant_tokens_ = 0;
-    // The queue orders by the body's priority and, fair by tokens, by its tokens; a token budget reserves them.
-    const bool tenant_reads = shared_.balancer.queueing() || (tenant_ && tenant_.tenant().has_token_budget());
+    // The queue orders by the body's priority and, fair by tokens, by its tokens; a token budget reserves them;
+    // a min_priority raises the priority.
+    const bool tenant_reads = shared_.balancer.queueing() ||
+                              (tenant_ && (tenant_.tenant().has_token_budget() || tenant_.tenant().has_min_priority()));
     if (models.by_model() || reads_.body_for_any() || tenant_reads) {
       auto facts = inspect_request_body(request_body_, reads_.prefix_chain());
       priority_ = facts.priority.value_or(0);
       if (tenant_reads) tenant_tokens_ = std::uint64_t{facts.prompt_tokens} + most_generated(facts);
+      if (tenant_ && tenant_.tenant().has_min_priority() && !apply_min_priority(facts)) return false;
       if (access_.is_open()) access_.entry().model = facts.model;
       if (models.by_model() && !facts.model.empty()) {
         const auto served = models.cluster_of(facts.model);
@@ -511,6 +514,24 @@ class session {
   // The most tokens a request may generate: max_tokens (else --default-max-tokens) in each of its n choices.
   std::uint64_t most_generated(const request_facts& facts) const {
     return std::uint64_t{facts.max_tokens.value_or(settings_.default_max_tokens)} * std::max<std::uint32_t>(1, facts.choices);
+  }
+
+  // A tenant's min_priority raises the request's priority, in dplb's queue and in the body the engine gets
+  // (body_with_priority); false, with the refusal in refusal_, for a body whose priority cannot be rewritten.
+  bool apply_min_priority(const request_facts& facts) {
+    priority_ = tenant_.tenant().allowed_priority(priority_);
+    auto next = body_with_priority(request_body_, facts, priority_);
+    if (next.result == priority_body::outcome::unusable) {
+      refusal_ = {400, "the body's \"priority\" cannot be set to its tenant's min_priority: the body nests too deep "
+                       "or holds numbers dplb cannot write back",
+                  "priority"};
+      return false;
+    }
+    if (next.result == priority_body::outcome::rewritten) {
+      request_body_ = std::move(next.body);
+      body_bytes_.set(request_body_.capacity());
+    }
+    return true;
   }
 
   // The request's tenant: a configured key's, else the keyless one --tenant-header names, else default.

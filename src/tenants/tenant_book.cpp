@@ -1,6 +1,7 @@
 #include "dplb/tenants/tenant_book.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 namespace dplb::tenants {
@@ -143,6 +144,7 @@ void tenant_state::apply(const limits& next, clock::time_point now) {
   replace_bucket(token_budget_, token_bucket_of(next), now);
   limits_ = next;
   has_token_budget_.store(token_budget_.has_value(), std::memory_order_relaxed);
+  min_priority_.store(next.min_priority.value_or(std::numeric_limits<std::int64_t>::min()), std::memory_order_relaxed);
   limited_.store(request_rate_.has_value() || token_budget_.has_value(), std::memory_order_relaxed);
 }
 

@@ -136,6 +136,7 @@ tenant_directory::tenant_directory(std::span<const tenant_spec> specs) {
                       .max_queued = spec.max_queued,
                       .tokens_per_minute = spec.tokens_per_minute,
                       .max_queue_wait = spec.max_queue_wait,
+                      .min_priority = spec.min_priority,
                       .holds_keys = !spec.api_keys.empty() || !spec.api_key_sha256.empty()};
     if (is_default) {
       tenants_[default_tenant] = kept;

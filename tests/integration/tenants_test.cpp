@@ -168,6 +168,41 @@ TEST_CASE("tenants: a freed slot goes to the lowest priority value first, FIFO a
   CHECK(metric_sum(m, "dplb_queue_wait_by_priority_seconds_count{", {"band=\"low\""}) == 3);
 }
 
+TEST_CASE("tenants: a tenant's min_priority raises its requests' priority in dplb's queue and in the body the "
+          "engine gets",
+          "[tenants][queue]") {
+  temp_file config(json{{"tenants", json::array({{{"name", "batch"}, {"min_priority", 5}}, {{"name", "chat"}}})}}.dump());
+  auto engine = one_slot_engine();
+  dplb_proxy proxy({engine.url()}, base_args(config));
+  // batch asks to go first (-100) and to go at the default (none): both are served at 5, after the others.
+  const std::vector<ask> asks{{"batch-m100", -100, "", "batch"}, {"batch-none", std::nullopt, "", "batch"},
+                              {"chat-3", 3, "", "chat"}, {"default-0", 0}, {"batch-7", 7, "", "batch"}};
+  const auto run = run_through_queue(engine, proxy.port(), asks);
+  CHECK(run.served == std::vector<std::string>{"default-0", "chat-3", "batch-m100", "batch-none", "batch-7"});
+  for (const auto& [label, status] : run.status) CHECK(status == 200);
+  std::map<std::string, std::string> bodies;
+  for (const auto& r : engine.requests()) bodies[json::parse(r.body).value("prompt", "")] = r.body;
+  // Raised: set in place; none: added at the end; others: the client's bytes.
+  CHECK(bodies["batch-m100"] == R"({"max_tokens":1,"model":"mock-model","priority":5,"prompt":"batch-m100"})");
+  CHECK(bodies["batch-none"] == R"({"max_tokens":1,"model":"mock-model","prompt":"batch-none","priority":5})");
+  CHECK(bodies["batch-7"] == R"({"max_tokens":1,"model":"mock-model","priority":7,"prompt":"batch-7"})");
+  CHECK(bodies["chat-3"] == R"({"max_tokens":1,"model":"mock-model","priority":3,"prompt":"chat-3"})");
+  CHECK(bodies["default-0"] == R"({"max_tokens":1,"model":"mock-model","priority":0,"prompt":"default-0"})");
+}
+
+TEST_CASE("tenants: without queueing, a min_priority still reaches the engine's body", "[tenants][limits]") {
+  temp_file config(json{{"tenants", json::array({{{"name", "batch"}, {"min_priority", -1}}})}}.dump());
+  raw_engine engine([](const raw_request&) { return std::vector{write_bytes(ok_answer())}; });
+  dplb_proxy proxy({engine.url()}, {"--config", config.path(), "--health-check-interval-ms", "0", "--tenant-header", "X-Team"});
+  CHECK(send(proxy.port(), {"low", -100, "", "batch"}).status == 200);
+  CHECK(send(proxy.port(), {"none", std::nullopt, "", "batch"}).status == 200);
+  CHECK(send(proxy.port(), {"other", -100}).status == 200);  // default has no min_priority
+  REQUIRE(engine.request_count() == 3);
+  CHECK(engine.requests()[0].body == R"({"max_tokens":1,"model":"mock-model","priority":-1,"prompt":"low"})");
+  CHECK(engine.requests()[1].body == R"({"max_tokens":1,"model":"mock-model","prompt":"none"})");  // 0 is above -1
+  CHECK(engine.requests()[2].body == R"({"max_tokens":1,"model":"mock-model","priority":-100,"prompt":"other"})");
+}
+
 TEST_CASE("tenants: among equal priorities tenants share freed slots by weight, FIFO within each", "[tenants][queue]") {
   temp_file config(json{{"tenants", json::array({{{"name", "interactive"}, {"weight", 3}},
                                                  {{"name", "batch"}, {"weight", 1}}})}}
@@ -421,14 +456,16 @@ TEST_CASE("tenants: the admin API shows each tenant, and a reload changes them w
   CHECK(batch["queued"] == 1);
   CHECK(batch["limits"]["requests_per_second"] == 50);
   CHECK(batch["limits"]["burst"] == 50);
+  CHECK(batch["limits"]["min_priority"] == nullptr);
 
-  config.write(json{{"tenants", json::array({{{"name", "batch"}, {"weight", 4}}, {{"name", "research"}}})}}.dump());
+  config.write(json{{"tenants", json::array({{{"name", "batch"}, {"weight", 4}, {"min_priority", 2}}, {{"name", "research"}}})}}.dump());
   const auto reloaded = admin_call(proxy.admin_port(), bhttp::verb::post, "/tenants/reload");
   REQUIRE(reloaded.status == 200);
   const auto after = json::parse(reloaded.body);
   REQUIRE(after["tenants"].size() == 3);
   CHECK(after["tenants"][1]["weight"] == 4);
   CHECK(after["tenants"][1]["queued"] == 1);  // kept across the reload
+  CHECK(after["tenants"][1]["limits"]["min_priority"] == 2);
   CHECK(after["tenants"][2]["name"] == "research");
 
   config.write("{ not json");

@@ -41,6 +41,7 @@ class tenant_directory {
     std::optional<std::size_t> max_queued = std::nullopt;
     std::optional<double> tokens_per_minute = std::nullopt;
     std::optional<std::chrono::milliseconds> max_queue_wait = std::nullopt;
+    std::optional<std::int64_t> min_priority = std::nullopt;
     bool holds_keys = false;  // api_keys or api_key_sha256 configured: no header selects it
   };
 

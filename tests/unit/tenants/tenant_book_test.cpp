@@ -181,3 +181,31 @@ TEST_CASE("tenant book: a raised limit starts as full as the old one stood", "[t
   CHECK(batch->admit(t0, 0).admitted());
   CHECK_FALSE(batch->admit(t0, 0).admitted());
 }
+
+TEST_CASE("tenant book: min_priority raises a request's priority to it, and a reload changes it", "[tenants]") {
+  auto batch_spec = team("batch");
+  batch_spec.min_priority = 5;
+  auto chat_spec = team("chat");
+  chat_spec.min_priority = -2;
+  const std::vector<tenant_spec> first{batch_spec, chat_spec, team("research")};
+  tenant_book book(first);
+  auto batch = book.identify("", "batch").tenant;
+  auto chat = book.identify("", "chat").tenant;
+  auto research = book.identify("", "research").tenant;
+  CHECK(batch->has_min_priority());
+  CHECK(batch->min_priority() == 5);
+  CHECK(batch->allowed_priority(-100) == 5);
+  CHECK(batch->allowed_priority(0) == 5);  // none asked is 0, raised too
+  CHECK(batch->allowed_priority(9) == 9);
+  CHECK(chat->allowed_priority(-100) == -2);
+  CHECK(chat->allowed_priority(0) == 0);
+  CHECK_FALSE(research->has_min_priority());
+  CHECK(research->allowed_priority(-100) == -100);
+  CHECK(batch->current_limits().min_priority == 5);
+
+  batch_spec.min_priority.reset();
+  const std::vector<tenant_spec> second{batch_spec};
+  book.reload(second);
+  CHECK_FALSE(batch->has_min_priority());
+  CHECK(batch->allowed_priority(-100) == -100);
+}
