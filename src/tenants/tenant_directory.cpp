@@ -12,7 +12,7 @@ namespace dplb::tenants {
 
 namespace {
 
-using digest = admin::token_digest::bytes;
+using digest = support::sha256_digest;
 
 bool valid_name(std::string_view name) {
   if (name.empty() || name.size() > 64) return false;
@@ -166,7 +166,7 @@ tenant_directory::tenant_directory(std::span<const tenant_spec> specs) {
             "could carry it",
             spec.name, i + 1));
       }
-      add_key(admin::token_digest::sha256(key), fmt::format("api_keys #{}", i + 1));
+      add_key(support::sha256(key), fmt::format("api_keys #{}", i + 1));
     }
     for (std::size_t i = 0; i < spec.api_key_sha256.size(); ++i) {
       // Not quoted in the message: what was meant as a digest may be a key pasted in the wrong field.
@@ -187,7 +187,7 @@ std::optional<std::size_t> tenant_directory::tenant_of_key(std::string_view auth
   if (by_key_.empty()) return std::nullopt;  // no keys configured: no digest to compute
   const auto key = bearer_key(authorization);
   if (!key) return std::nullopt;
-  const auto found = by_key_.find(admin::token_digest::sha256(*key));
+  const auto found = by_key_.find(support::sha256(*key));
   if (found == by_key_.end()) return std::nullopt;
   return found->second;
 }

@@ -22,7 +22,7 @@
 #include <string_view>
 #include <vector>
 
-#include "dplb/admin/token_digest.hpp"
+#include "dplb/support/sha256.hpp"
 #include "dplb/tenants/tenant_spec.hpp"
 
 namespace dplb::tenants {
@@ -69,7 +69,7 @@ class tenant_directory {
   std::span<const tenant> tenants() const { return tenants_; }
 
  private:
-  using digest = admin::token_digest::bytes;
+  using digest = support::sha256_digest;
   // A SHA-256 digest is uniformly spread already: its first bytes make a good hash.
   struct digest_hash {
     std::size_t operator()(const digest& d) const noexcept;

@@ -1,7 +1,8 @@
 // Arrows point down: the layers include only what is below them (docs/architecture.md). A policy (the
 // balancer) includes no metrics header, its shared building blocks live in support/; the configuration
 // includes no policy: it needs only the list of their names (balancer/policy_names.hpp), which includes
-// nothing of dplb. The KV-cache events layer (kv/) is a leaf: it includes nothing of dplb but itself.
+// nothing of dplb. The KV-cache events layer (kv/) is a leaf: it includes nothing of dplb but itself. The
+// tenants include nothing of the admin API or the server (the SHA-256 of their keys is support's).
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -76,5 +77,16 @@ TEST_CASE("the KV-cache events layer includes nothing of dplb but itself", "[lay
   for (const auto& i : includes) {
     INFO(i);
     CHECK(i.find("-> dplb/kv/") != std::string::npos);
+  }
+}
+
+TEST_CASE("the tenants include nothing of the admin API or the server", "[layering][tenants]") {
+  // The admin API and the server read the tenants; the tenants' key digests come from support/sha256.hpp.
+  const auto includes = dplb_includes({"src/tenants", "include/dplb/tenants"});
+  REQUIRE_FALSE(includes.empty());
+  for (const auto& i : includes) {
+    INFO(i);
+    CHECK(i.find("-> dplb/admin/") == std::string::npos);
+    CHECK(i.find("-> dplb/server/") == std::string::npos);
   }
 }
