@@ -23,6 +23,7 @@
 #include "dplb/server/admission.hpp"
 #include "dplb/server/request_facts.hpp"
 #include "dplb/support/io_buffers.hpp"
+#include "dplb/upstream/model_context.hpp"
 #include "kv_request.hpp"
 #include "own_replies.hpp"
 #include "request_accounting.hpp"
@@ -466,7 +467,6 @@ class session {
     if (models.by_model() || reads_.body_for_any() || tenant_reads) {
       auto facts = inspect_request_body(request_body_, reads_.prefix_chain());
       priority_ = facts.priority.value_or(0);
-      if (tenant_reads) tenant_tokens_ = std::uint64_t{facts.prompt_tokens} + most_generated(facts);
       if (tenant_ && tenant_.tenant().has_min_priority() && !apply_min_priority(facts)) return false;
       if (access_.is_open()) access_.entry().model = facts.model;
       if (models.by_model() && !facts.model.empty()) {
@@ -486,6 +486,7 @@ class session {
         }
         if (!request.pinned_rank) request.cluster = *served;
       }
+      if (tenant_reads) tenant_tokens_ = tenant_reservation(facts, request.cluster);
       if (reads_.body_for(request.cluster)) {
         cost = cost_of(facts, request);
       } else if (tenant_reads) {
@@ -532,6 +533,23 @@ class session {
       body_bytes_.set(request_body_.capacity());
     }
     return true;
+  }
+
+  // What the request reserves from its tenant's token budget (and weighs with "fair_by": "tokens"): its prompt
+  // and the most it may generate. Without max_tokens, under a budget, that is the rest of its model's context
+  // (max_model_len from the engines' /v1/models, less the prompt, in each of its n choices; while that is
+  // unknown, --default-max-tokens), at most the whole budget: it is charged what it streams.
+  std::uint64_t tenant_reservation(const request_facts& facts, std::size_t cluster) {
+    const std::uint64_t prompt = facts.prompt_tokens;
+    tenant_.note_prompt(prompt);
+    if (facts.max_tokens || !tenant_ || !tenant_.tenant().has_token_budget()) return prompt + most_generated(facts);
+    std::uint64_t each = settings_.default_max_tokens;
+    if (shared_.model_context) {
+      if (const auto context = shared_.model_context->max_model_len(cluster, facts.model)) {
+        each = std::min<std::uint64_t>(*context > prompt ? *context - prompt : 0, UINT32_MAX);  // an engine's figure
+      }
+    }
+    return tenant_.tenant().unbounded_reservation(prompt, each * std::max<std::uint32_t>(1, facts.choices));
   }
 
   // The request's tenant: a configured key's, else the keyless one --tenant-header names, else default.

@@ -52,6 +52,13 @@ tenant_state::queue_terms tenant_state::terms() const {
   return out;
 }
 
+std::uint64_t tenant_state::unbounded_reservation(std::uint64_t prompt, std::uint64_t most_generated) const {
+  const std::uint64_t total = prompt + std::min(most_generated, std::numeric_limits<std::uint64_t>::max() - prompt);
+  std::lock_guard lock(mutex_);
+  if (!token_budget_) return total;
+  return std::max(prompt, std::min(total, token_budget_->burst()));
+}
+
 verdict tenant_state::admit(clock::time_point now, std::uint64_t tokens) {
   if (!limited_.load(std::memory_order_relaxed)) {
     note_admitted(now);

@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -19,6 +20,7 @@
 #include <regex>
 #include <signal.h>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "await.hpp"
@@ -536,6 +538,95 @@ TEST_CASE("tenants: a request larger than its tenant's whole token budget gets 4
   CHECK(metric_sum(m, "dplb_rejected_requests_total{", {"code=\"400\""}) == 1);
   CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"batch\"", "code=\"400\""}) == 1);
 }
+
+namespace {
+
+// A stream of the batch tenant's without max_tokens (the engine's own default applies) and without
+// stream_options.include_usage: no usage comes back. `prompt`: its text.
+struct stream_result {
+  unsigned status = 0;
+  std::uint64_t events = 0;  // data events but [DONE]: one per generated token (the mock's, as vLLM's)
+  std::int64_t retry_after = 0;
+};
+stream_result stream_without_limit(std::uint16_t port, const std::string& prompt, std::optional<int> max_tokens = {}) {
+  bhttp::request<bhttp::string_body> r{bhttp::verb::post, "/v1/completions", 11};
+  r.set(bhttp::field::host, "dplb");
+  r.set(bhttp::field::content_type, "application/json");
+  r.set("X-Team", "batch");
+  json body{{"model", "mock-model"}, {"prompt", prompt}, {"stream", true}};
+  if (max_tokens) body["max_tokens"] = *max_tokens;
+  r.body() = body.dump();
+  r.prepare_payload();
+  http_connection c(port);
+  const auto answer = c.send(r, scaled(30s));
+  stream_result out{answer.status};
+  if (answer.status == 429) out.retry_after = std::stoll(std::string(answer.headers["retry-after"]));
+  if (answer.status != 200) return out;
+  for (std::size_t at = 0; (at = answer.body.find("data: ", at)) != std::string::npos; at += 6) {
+    if (answer.body.compare(at, 12, "data: [DONE]") != 0) ++out.events;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("tenants: tokens_per_minute holds within 10% for streams with neither max_tokens nor usage",
+          "[tenants][limits]") {
+  // 6000 a minute: 100 a second, 6000 deep. The mock streams 2000 tokens for a request without max_tokens,
+  // at once (--itl-ms 0), one event each, and lists mock-model with max_model_len 8192.
+  constexpr double per_minute = 6000;
+  temp_file config(json{{"tenants", json::array({{{"name", "batch"}, {"tokens_per_minute", per_minute}}})}}.dump());
+  mock_engine engine(1, {"--default-max-tokens", "2000", "--itl-ms", "0", "--ttft-ms", "0"});
+  dplb_proxy proxy(engine.urls(), {"--config", config.path(), "--tenant-header", "X-Team"});
+
+  // The first request without max_tokens has dplb read the engines' /v1/models (on its side channel). This one's
+  // prompt alone (7000 tokens, estimated) is over the budget: refused, and nothing is taken.
+  CHECK(stream_without_limit(proxy.port(), std::string(28000, 'x')).status == 400);
+  REQUIRE(proxy.process().wait_for_line(std::regex("max_model_len.*mock-model \\(cluster 0\\) 8192"), scaled(10s)));
+
+  const auto started = steady::now();
+  std::atomic<std::uint64_t> served{0};  // prompt and completion tokens streamed to the tenant's clients
+  // A stream without max_tokens reserves the rest of the context, 8191, at most the whole budget: all 6000. It
+  // is charged what it streamed (2001), so that a request of 3001 fits at once after it.
+  const auto first = stream_without_limit(proxy.port(), "x");
+  REQUIRE(first.status == 200);
+  CHECK(first.events == 2000);
+  served += 1 + first.events;
+  const auto bounded = stream_without_limit(proxy.port(), "x", 3000);
+  REQUIRE(bounded.status == 200);
+  served += 1 + bounded.events;
+
+  // Four clients stream without max_tokens for 3 s, each waiting as Retry-After says when refused.
+  std::atomic<int> refused{0};
+  std::atomic<int> unexpected{0};  // counted here, checked once the clients are done (Catch is not thread-safe)
+  const auto until = steady::now() + 3s;
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 4; ++i) {
+    clients.emplace_back([&] {
+      while (steady::now() < until) {
+        const auto r = stream_without_limit(proxy.port(), "x");
+        if (r.status == 200) {
+          served += 1 + r.events;
+        } else if (r.status == 429) {
+          ++refused;
+          std::this_thread::sleep_until(std::min(until, steady::now() + std::chrono::seconds(r.retry_after)));
+        } else {
+          ++unexpected;
+          return;
+        }
+      }
+    });
+  }
+  for (auto& c : clients) c.join();
+  CHECK(unexpected.load() == 0);
+  const double elapsed = std::chrono::duration<double>(steady::now() - started).count();
+  // What the budget allows over the run: its depth, full at the start, and its refill since.
+  const double allowed = per_minute + per_minute / 60 * elapsed;
+  INFO("served " << served.load() << " tokens in " << elapsed << " s; the budget allows " << allowed);
+  CHECK(static_cast<double>(served.load()) <= 1.1 * allowed);
+  CHECK(refused.load() > 0);
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"batch\"", "code=\"429\""}) == refused.load());
 }
 
 TEST_CASE("tenants: fair by tokens, a tenant of long requests gets fewer of the freed slots", "[tenants][queue]") {

@@ -69,6 +69,12 @@ class tenant_state {
   // A request's priority as its tenant lets it be: `asked` (the body's, 0 when absent) raised to min_priority.
   std::int64_t allowed_priority(std::int64_t asked) const noexcept { return std::max(asked, min_priority()); }
 
+  // What a request that sets no max_tokens reserves from the token budget: its prompt and the most it may
+  // generate (the model's remaining context), but no more than the whole budget, nor less than its prompt.
+  // Bounded by its own choice, such a request would be refused as larger than the budget for a length it never
+  // asked for; it is charged what it generated when it ends. Without a token budget: the sum.
+  std::uint64_t unbounded_reservation(std::uint64_t prompt, std::uint64_t most_generated) const;
+
   // The request rate first, then the token budget, which reserves `tokens` (the prompt plus what may be
   // generated) until settle(). A refused request takes nothing from either. A tenant without either limit
   // takes no lock: the usual request only counts itself.

@@ -209,3 +209,24 @@ TEST_CASE("tenant book: min_priority raises a request's priority to it, and a re
   CHECK_FALSE(batch->has_min_priority());
   CHECK(batch->allowed_priority(-100) == -100);
 }
+
+TEST_CASE("tenant book: a request without max_tokens reserves the rest of the context, at most the whole budget",
+          "[tenants]") {
+  auto spec = team("batch");
+  spec.tokens_per_minute = 6000;  // 6000 deep
+  const std::vector<tenant_spec> specs{spec, team("chat")};
+  tenant_book book(specs);
+  auto batch = book.identify("", "batch").tenant;
+  auto chat = book.identify("", "chat").tenant;
+  CHECK(batch->unbounded_reservation(100, 2000) == 2100);  // fits: all of it
+  CHECK(batch->unbounded_reservation(100, 8092) == 6000);  // more than the budget holds: the budget
+  CHECK(batch->unbounded_reservation(7000, 1192) == 7000);  // the prompt alone is over: too large, by its prompt
+  CHECK(batch->admit(t0, batch->unbounded_reservation(7000, 1192)).why == verdict::refusal::larger_than_budget);
+  const auto whole = batch->unbounded_reservation(2, 8190);
+  CHECK(batch->admit(t0, whole).admitted());
+  CHECK(batch->admit(t0, 1).why == verdict::refusal::token_budget);
+  // It streamed 300 tokens: the rest comes back.
+  batch->settle(t0, whole, 302);
+  CHECK(batch->admit(t0, 5698).admitted());
+  CHECK(chat->unbounded_reservation(100, 8092) == 8192);  // no budget: nothing to bound it by
+}
