@@ -23,6 +23,7 @@
 #include "dplb/config/admin_token.hpp"
 #include "dplb/upstream/backend_registry.hpp"
 #include "dplb/upstream/engine_stats_poller.hpp"
+#include "dplb/upstream/model_context.hpp"
 #include "dplb/upstream/kv_event_feed.hpp"
 #include "configured_parts.hpp"
 #include "dplb/server/listener.hpp"
@@ -182,6 +183,7 @@ struct application::impl {
         stats_interval(config::engine_stats_interval(settings, uses_engine_stats(settings))),
         stats(topology, balancer, stats_interval,
               std::min(settings.health_check_timeout, std::max(stats_interval, std::chrono::milliseconds(50)))),
+        model_context(topology, settings.health_check_timeout, model_context_refresh),
         registry(topology, balancer, metrics, health, cluster_names(settings), upstream::resolve_backend,
                  cluster_roles(settings)),
         models(settings),
@@ -201,6 +203,7 @@ struct application::impl {
       shared.access_log = access_log.get();
       metrics.observe_access_log(*access_log);
     }
+    shared.model_context = &model_context;
     if (kv_index) {
       kv_subscriber = std::make_unique<kv::event_subscriber>(
           *kv_index, kv::subscriber_options{},
@@ -295,7 +298,10 @@ struct application::impl {
   upstream::health_monitor health;
   std::chrono::milliseconds stats_interval;  // 0: the engines' /metrics are never read
   upstream::engine_stats_poller stats;
-  side_channel_thread side_channels;  // runs health and stats: stopped before them
+  // The engines' models' max_model_len, read on first need (a token budget's request without max_tokens).
+  static constexpr std::chrono::milliseconds model_context_refresh{60'000};
+  upstream::model_context model_context;
+  side_channel_thread side_channels;  // runs health, stats and the models' contexts: stopped before them
   upstream::backend_registry registry;  // the main thread's: admin API, SIGHUP, retirements
   server::model_routes models;
   std::unique_ptr<tenants::tenant_book> tenants;  // SIGHUP and the admin API reload it
@@ -477,6 +483,8 @@ int application::run() {
                    c == s.settings.default_cluster ? " (default)" : "", cluster.policy, ranks, models);
     }
   }
+  // Before the workers, which ask it (its executor is set here; its loop runs once the side channels do).
+  s.model_context.start(s.side_channels.io.get_executor(), s.supervisor);
   if (s.admin) {
     spdlog::info("admin API listening on {}", format_endpoint(s.admin_bound));
     warn_if_token_file_exposed(s.settings);
@@ -532,6 +540,7 @@ int application::run() {
   if (s.kv_subscriber) s.kv_subscriber->stop();
   s.health.stop();
   s.stats.stop();
+  s.model_context.stop();
   s.side_channels.stop();
   for (auto& w : s.workers) {
     asio::post(w->io, [&w = *w] {

@@ -285,9 +285,9 @@ cluster_spec read_cluster(const cluster_source& source, const settings& s, std::
 
 // --- tenants: the file's "tenants" (whose a request is, that tenant's share and its limits) ---
 
-constexpr std::array<std::string_view, 9> tenant_keys{
-    "name",       "api_keys",          "api_key_sha256", "weight", "requests_per_second", "burst",
-    "max_queued", "tokens_per_minute", "max_queue_wait_ms"};
+constexpr std::array<std::string_view, 10> tenant_keys{
+    "name",       "api_keys",          "api_key_sha256",    "weight",      "requests_per_second", "burst",
+    "max_queued", "tokens_per_minute", "max_queue_wait_ms", "min_priority"};
 
 // A weight is a share: a million to one is already more than any deployment means, and it keeps a sum of
 // weights far from overflowing.
@@ -335,6 +335,18 @@ class tenant_source {
       }
     }
     throw refused(key, "must be an integer >= " + std::to_string(min) + ", not " + shown(*value));
+  }
+
+  // An integer of either sign (a 64-bit one), if given.
+  std::optional<std::int64_t> signed_whole(std::string_view key) const {
+    const json* value = find(key);
+    if (value == nullptr) return std::nullopt;
+    if (value->is_number_integer() &&
+        (!value->is_number_unsigned() ||
+         value->get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))) {
+      return value->get<std::int64_t>();
+    }
+    throw refused(key, "must be an integer (a 64-bit one), not " + shown(*value));
   }
 
   // A number above 0, a fraction allowed, if given. (JSON holds no infinity or NaN; a literal too large for a
@@ -388,6 +400,7 @@ tenants::tenant_spec read_tenant(const tenant_source& t) {
   if (const auto wait = t.whole("max_queue_wait_ms", 1, max_timeout_ms)) {
     spec.max_queue_wait = std::chrono::milliseconds(*wait);
   }
+  spec.min_priority = t.signed_whole("min_priority");
   return spec;
 }
 

@@ -321,8 +321,8 @@ constexpr std::array option_table{
                            "\"clusters\" or \"backends\", not both; --backend and DPLB_BACKENDS replace its "
                            "clusters. Only the file defines tenants too, \"tenants\": [{\"name\", \"api_keys\", "
                            "\"api_key_sha256\", \"weight\", \"requests_per_second\", \"burst\", \"max_queued\", "
-                           "\"tokens_per_minute\", \"max_queue_wait_ms\"}, ...]: a request is the tenant of its "
-                           "Bearer key, else the one --tenant-header names, else \"default\". "
+                           "\"tokens_per_minute\", \"max_queue_wait_ms\", \"min_priority\"}, ...]: a request is the "
+                           "tenant of its Bearer key, else the keyless one --tenant-header names, else \"default\". "
                            "See docs/configuration.md.",
                 .set_text = [](settings& s, std::string_view v) {
                   if (v.empty()) return std::string("expected a file path");
@@ -442,9 +442,9 @@ constexpr std::array option_table{
                 .env = "DPLB_TENANT_HEADER",
                 .key = "tenant_header",
                 .value_name = "NAME",
-                .meaning = "A request header (e.g. x-tenant) whose value names a configured tenant: a request "
-                           "that presents no known key is that tenant's; a name no tenant has counts as the "
-                           "default tenant. Trusted as sent: meant to be set by a gateway in front of dplb (with "
+                .meaning = "A request header (e.g. x-tenant) whose value names a configured tenant without keys: "
+                           "a request that presents no known key is that tenant's; a name no tenant has, or a "
+                           "tenant that holds keys (reached by its keys only), counts as the default tenant. Trusted as sent: meant to be set by a gateway in front of dplb (with "
                            "untrusted clients, use --require-api-key). Off by default.",
                 .set_text = [](settings& s, std::string_view v) {
                   if (auto why = check_tenant_header(v); !why.empty()) return why;

@@ -22,7 +22,7 @@ std::string_view error_type_for(unsigned status) noexcept {
   }
 }
 
-std::string error_body(unsigned status, std::string_view message, std::string_view param) {
+std::string error_body(unsigned status, std::string_view message, std::string_view param, std::string_view code) {
   nlohmann::ordered_json body;
   body["error"]["message"] = message;
   body["error"]["type"] = error_type_for(status);
@@ -31,7 +31,11 @@ std::string error_body(unsigned status, std::string_view message, std::string_vi
   } else {
     body["error"]["param"] = param;
   }
-  body["error"]["code"] = status;
+  if (code.empty()) {
+    body["error"]["code"] = status;
+  } else {
+    body["error"]["code"] = code;
+  }
   return body.dump();
 }
 

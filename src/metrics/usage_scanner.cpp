@@ -15,6 +15,7 @@ bool is_space(char c) noexcept { return c == ' ' || c == '\t' || c == '\r' || c 
 }  // namespace
 
 void usage_scanner::feed(std::string_view bytes) noexcept {
+  if (counting_events_) count_events(bytes);
   const char* p = bytes.data();
   const char* const end = p + bytes.size();
   // `"completion_tokens"`, the longer key with its quotes: a key that starts this far from the end of the
@@ -126,6 +127,50 @@ void usage_scanner::step(char c) noexcept {
       (key_ == which::prompt ? prompt_ : completion_) = value_;
       return restart_with(c);
   }
+}
+
+// Byte by byte only at a line's start; the rest of a line is skipped to its newline at once.
+void usage_scanner::count_events(std::string_view bytes) noexcept {
+  constexpr std::string_view prefix = "data:";
+  const char* p = bytes.data();
+  const char* const end = p + bytes.size();
+  while (p < end) {
+    if (line_ == line::rest) {
+      const void* newline = std::memchr(p, '\n', static_cast<std::size_t>(end - p));
+      if (!newline) return;
+      p = static_cast<const char*>(newline) + 1;
+      line_ = line::start;
+      continue;
+    }
+    const char c = *p++;
+    switch (line_) {
+      case line::start:
+      case line::prefix:
+        if (line_ == line::start) prefix_matched_ = 0;
+        if (c == prefix[prefix_matched_]) {
+          line_ = ++prefix_matched_ == prefix.size() ? line::after_prefix : line::prefix;
+        } else {
+          line_ = c == '\n' ? line::start : line::rest;
+        }
+        break;
+      case line::after_prefix:
+        if (c == ' ') {
+          line_ = line::after_space;
+          break;
+        }
+        first_value_byte(c);
+        break;
+      case line::after_space: first_value_byte(c); break;
+      case line::rest: break;
+    }
+  }
+}
+
+// The first byte of an event's data: `[DONE]` ends the stream and an empty line carries nothing; anything
+// else is an event of the stream.
+void usage_scanner::first_value_byte(char c) noexcept {
+  if (c != '[' && c != '\n' && c != '\r') ++events_;
+  line_ = c == '\n' ? line::start : line::rest;
 }
 
 }  // namespace dplb::metrics

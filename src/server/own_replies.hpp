@@ -40,16 +40,17 @@ class own_replies {
   }
 
   // An OpenAI-style error (as vLLM writes them); `retry_after` (seconds, when above 0) adds a Retry-After,
-  // `param` names the field at fault. Counting is the caller's (a rank's failure is counted by its
-  // accounting), but for the request's tenant, which send() counts (tenant_pass counts a request once).
+  // `param` names the field at fault, `code` is a string code in place of the status (http::error_body).
+  // Counting is the caller's (a rank's failure is counted by its accounting), but for the request's tenant,
+  // which send() counts (tenant_pass counts a request once).
   io::task<bool> send_error(unsigned status, std::string_view message, bool keep_alive, std::int64_t retry_after = 0,
-                            std::string_view param = {}) {
+                            std::string_view param = {}, std::string_view code = {}) {
     string_response response{static_cast<boost::beast::http::status>(status), 11};
     response.set(boost::beast::http::field::content_type, "application/json");
     if (retry_after > 0) response.set(boost::beast::http::field::retry_after, std::to_string(retry_after));
     // A 401 names the scheme that would be accepted (RFC 9110 11.6.1).
     if (status == 401) response.set(boost::beast::http::field::www_authenticate, "Bearer");
-    response.body() = http::error_body(status, message, param);
+    response.body() = http::error_body(status, message, param, code);
     co_return co_await send(response, keep_alive, false);
   }
 

@@ -153,6 +153,14 @@ class request_accounting {
   // head: a streaming vLLM sends its head before the prefill starts.) Only the first call does anything.
   void body_arrived() noexcept { lease_.prompt_done(); }
 
+  // Whether the request's tenant reckons its tokens: then the relay counts a stream's events for it.
+  bool reckons_tokens() const noexcept { return tenant_ && tenant_->reckons_tokens(); }
+  // The stream's events counted so far (usage_scanner::stream_events): the tenant's charge should the
+  // stream end without a usage report, or be cut short.
+  void streamed(const metrics::usage_scanner& usage) noexcept {
+    if (tenant_) tenant_->streamed(usage.stream_events());
+  }
+
   // The engine has sent its whole response. The slot is given back at once (from now on the request costs
   // the engine nothing) and the request is counted, with the tokens its usage reported, before the client
   // has the last bytes: a client that has seen the end of its response also sees the metrics with it.
@@ -166,6 +174,9 @@ class request_accounting {
         access_->prompt_tokens = usage.prompt_tokens();
         access_->completion_tokens = usage.completion_tokens();
       }
+    } else if (tenant_) {
+      tenant_->streamed(usage.stream_events());
+      tenant_->settle_streamed();  // a stream without usage: charged what it streamed
     }
     finish(status_);
   }

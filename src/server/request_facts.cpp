@@ -5,7 +5,10 @@
 #include <limits>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "dplb/balancer/prefix_index.hpp"
+#include "dplb/support/json_text.hpp"
 #include "json_reader.hpp"
 
 namespace dplb::server {
@@ -256,7 +259,10 @@ bool facts_handler::key(std::string_view k) {
         case place::max_completion_tokens: max_completion_tokens_.reset(); break;
         case place::choices: facts_.choices = 1; break;
         case place::data_parallel_rank: facts_.data_parallel_rank.reset(); break;
-        case place::priority: facts_.priority.reset(); break;
+        case place::priority:
+          facts_.priority.reset();
+          facts_.has_priority_key = true;
+          break;
         case place::cache_salt: facts_.cache_salt.clear(); break;
         default: break;
       }
@@ -356,6 +362,35 @@ request_facts facts_handler::result() && {
 }
 
 }  // namespace
+
+priority_body body_with_priority(std::string_view body, const request_facts& facts, std::int64_t priority) {
+  priority_body out;
+  if (!facts.json_object) return out;
+  if (facts.has_priority_key ? facts.priority == priority : priority == 0) return out;
+  if (!facts.has_priority_key) {
+    // Added before the closing brace: every byte before it stays the client's. (A JSON object: the reader
+    // checked it, so its last non-blank byte is its '}'.)
+    const auto close = body.find_last_of('}');
+    const auto last_inside = body.find_last_not_of(" \t\r\n", close - 1);
+    const bool empty = body[last_inside] == '{';
+    out.body.reserve(body.size() + 32);
+    out.body.append(body.substr(0, close));
+    out.body += empty ? "\"priority\":" : ",\"priority\":";
+    out.body += std::to_string(priority);
+    out.body.append(body.substr(close));
+    out.result = priority_body::outcome::rewritten;
+    return out;
+  }
+  // nlohmann's parse and dump recurse once per level: a body is bounded before it gets there.
+  out.result = priority_body::outcome::unusable;
+  if (support::json_nesting_depth(body, max_rewritten_depth) > max_rewritten_depth) return out;
+  auto tree = nlohmann::ordered_json::parse(body, nullptr, false);
+  if (!tree.is_object()) return out;
+  tree["priority"] = priority;
+  out.body = tree.dump();
+  out.result = priority_body::outcome::rewritten;
+  return out;
+}
 
 request_facts inspect_request_body(std::string_view body, bool prefix_chain) noexcept {
   try {

@@ -149,6 +149,9 @@ class response_relay {
 
     metrics::usage_scanner usage;
     const bool count_usage = accounting.status() == 200;
+    // A token budget's request: its stream's tokens are counted as they pass (a stream may report no usage).
+    const bool count_events = count_usage && accounting.reckons_tokens();
+    if (count_events) usage.count_stream_events();
     if (!has_body_ || parser.is_done()) {
       // No body to relay (HEAD, 204, 304, Content-Length: 0): accounted for now, then the head alone.
       accounting.engine_finished(usage);
@@ -200,6 +203,7 @@ class response_relay {
       const std::size_t got = sink_.held() ? sink.size() - parser.sink_left() : 0;
       const char* data = sink_.held() ? sink.data() : nullptr;
       if (count_usage) usage.feed({data, got});
+      if (count_events) accounting.streamed(usage);
       if (got > 0) accounting.body_arrived();
       if (parser.is_done()) accounting.engine_finished(usage);
       if (got == 0 && !parser.is_done()) continue;  // a chunk header without data yet

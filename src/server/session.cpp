@@ -24,6 +24,7 @@
 #include "dplb/server/admission.hpp"
 #include "dplb/server/request_facts.hpp"
 #include "dplb/support/io_buffers.hpp"
+#include "dplb/upstream/model_context.hpp"
 #include "kv_request.hpp"
 #include "own_replies.hpp"
 #include "request_accounting.hpp"
@@ -298,12 +299,12 @@ class session {
   // connection may carry another request.
   io::task<bool> proxy(bhttp::verb method, bool client_keep_alive, std::optional<std::int64_t> pinned, bool two_legs) {
     request_started_ = clock_type::now();
-    set_upstream_framing(upstream_head_, method, request_body_.size());
     balancer::pick_context request;
     balancer::request_cost cost;
     balancer::rank_lease lease;
     if (describe_request(pinned, request, cost) && leaves_kv_params_to_dplb(request) &&
         admit_by_tenant()) {  // else refusal_ says why
+      set_upstream_framing(upstream_head_, method, request_body_.size());  // the body is final (min_priority)
       if (kv_.awaits_tokens()) co_await kv_.tokenize(request_body_, shared_, request);
       request.prefilled_elsewhere = two_legs && settings_.clusters[request.cluster].disaggregated();
       // A disaggregated cluster's completion takes its decode rank once its prefill has answered.
@@ -333,7 +334,7 @@ class session {
       tenant_.give_back_reservation();  // no engine saw it: before the answer, so a retry finds its tokens there
       shared_.metrics.rejected(refusal_.status);
       co_return co_await replies_.send_error(refusal_.status, refusal_.message, client_keep_alive,
-                                             refusal_.retry_after, refusal_.param);
+                                             refusal_.retry_after, refusal_.param, refusal_.code);
     }
     tenant_.holding_slot();
     co_return co_await exchange_and_relay(std::move(lease), request, cost, method == bhttp::verb::head,
@@ -471,12 +472,14 @@ class session {
     if (request.pinned_rank) request.cluster = shared_.topology.ranks()[*request.pinned_rank].cluster;
     priority_ = 0;
     tenant_tokens_ = 0;
-    // The queue orders by the body's priority and, fair by tokens, by its tokens; a token budget reserves them.
-    const bool tenant_reads = shared_.balancer.queueing() || (tenant_ && tenant_.tenant().has_token_budget());
+    // The queue orders by the body's priority and, fair by tokens, by its tokens; a token budget reserves them;
+    // a min_priority raises the priority.
+    const bool tenant_reads = shared_.balancer.queueing() ||
+                              (tenant_ && (tenant_.tenant().has_token_budget() || tenant_.tenant().has_min_priority()));
     if (models.by_model() || reads_.body_for_any() || tenant_reads) {
       auto facts = inspect_request_body(request_body_, reads_.prefix_chain());
       priority_ = facts.priority.value_or(0);
-      if (tenant_reads) tenant_tokens_ = std::uint64_t{facts.prompt_tokens} + most_generated(facts);
+      if (tenant_ && tenant_.tenant().has_min_priority() && !apply_min_priority(facts)) return false;
       if (access_.is_open()) access_.entry().model = facts.model;
       if (models.by_model() && !facts.model.empty()) {
         const auto served = models.cluster_of(facts.model);
@@ -495,6 +498,7 @@ class session {
         }
         if (!request.pinned_rank) request.cluster = *served;
       }
+      if (tenant_reads) tenant_tokens_ = tenant_reservation(facts, request.cluster);
       if (reads_.body_for(request.cluster)) {
         cost = cost_of(facts, request);
       } else if (tenant_reads) {
@@ -539,7 +543,42 @@ class session {
     return std::uint64_t{facts.max_tokens.value_or(settings_.default_max_tokens)} * std::max<std::uint32_t>(1, facts.choices);
   }
 
-  // The request's tenant: a configured key's, else the one --tenant-header names, else default.
+  // A tenant's min_priority raises the request's priority, in dplb's queue and in the body the engine gets
+  // (body_with_priority); false, with the refusal in refusal_, for a body whose priority cannot be rewritten.
+  bool apply_min_priority(const request_facts& facts) {
+    priority_ = tenant_.tenant().allowed_priority(priority_);
+    auto next = body_with_priority(request_body_, facts, priority_);
+    if (next.result == priority_body::outcome::unusable) {
+      refusal_ = {400, "the body's \"priority\" cannot be set to its tenant's min_priority: the body nests too deep "
+                       "or holds numbers dplb cannot write back",
+                  "priority"};
+      return false;
+    }
+    if (next.result == priority_body::outcome::rewritten) {
+      request_body_ = std::move(next.body);
+      body_bytes_.set(request_body_.capacity());
+    }
+    return true;
+  }
+
+  // What the request reserves from its tenant's token budget (and weighs with "fair_by": "tokens"): its prompt
+  // and the most it may generate. Without max_tokens, under a budget, that is the rest of its model's context
+  // (max_model_len from the engines' /v1/models, less the prompt, in each of its n choices; while that is
+  // unknown, --default-max-tokens), at most the whole budget: it is charged what it streams.
+  std::uint64_t tenant_reservation(const request_facts& facts, std::size_t cluster) {
+    const std::uint64_t prompt = facts.prompt_tokens;
+    tenant_.note_prompt(prompt);
+    if (facts.max_tokens || !tenant_ || !tenant_.tenant().has_token_budget()) return prompt + most_generated(facts);
+    std::uint64_t each = settings_.default_max_tokens;
+    if (shared_.model_context) {
+      if (const auto context = shared_.model_context->max_model_len(cluster, facts.model)) {
+        each = std::min<std::uint64_t>(*context > prompt ? *context - prompt : 0, UINT32_MAX);  // an engine's figure
+      }
+    }
+    return tenant_.tenant().unbounded_reservation(prompt, each * std::max<std::uint32_t>(1, facts.choices));
+  }
+
+  // The request's tenant: a configured key's, else the keyless one --tenant-header names, else default.
   void identify_tenant(const http::request_head& head) {
     const auto named = settings_.tenant_header.empty() ? std::string_view{} : head.fields.value(settings_.tenant_header);
     auto who = shared_.tenants.identify(head.fields.value(bhttp::field::authorization), named);
@@ -555,6 +594,10 @@ class session {
     if (verdict.admitted()) return true;
     refusal_ = {429, tenant_refusal_text(verdict, tenant_.tenant().name())};
     refusal_.retry_after = verdict.retry_after_seconds;
+    if (verdict.why == tenants::verdict::refusal::larger_than_budget) {
+      refusal_.status = 400;  // no wait would ever let it through: not a 429 to retry
+      refusal_.code = request_too_large_code;
+    }
     return false;
   }
 
@@ -594,6 +637,7 @@ class session {
     std::string message;
     std::string_view param = {};  // the body field at fault, for the error's "param"
     std::int64_t retry_after = 0;  // seconds, for a Retry-After header; 0: none
+    std::string_view code = {};    // the error's string code, if it has one (else its status)
   } refusal_;
   std::shared_ptr<client_watch> watch_;  // of the request being proxied, made once per connection
   std::size_t idle_slot_ = idle_client_set::not_member;  // in worker_.idle_clients while waiting for a head

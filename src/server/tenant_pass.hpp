@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "dplb/tenants/tenant_book.hpp"
@@ -40,6 +41,11 @@ class tenant_pass {
     if (verdict.admitted()) reserved_ = tokens;
     return verdict;
   }
+  // The prompt's tokens (estimated from the body): what a stream that reports no usage is charged besides
+  // its events.
+  void note_prompt(std::uint64_t prompt) noexcept { prompt_ = prompt; }
+  // Whether its tokens are reckoned (a token budget reserved some): then a stream's events are counted.
+  bool reckons_tokens() const noexcept { return tenant_ && reserved_ > 0; }
 
   // In dplb's queue, or out of it again.
   void set_queued(bool on) noexcept {
@@ -74,16 +80,29 @@ class tenant_pass {
     tenant_->count_tokens(prompt, completion);
     if (!std::exchange(settled_, true)) tenant_->settle(clock_type::now(), reserved_, prompt + completion);
   }
+  // Completion tokens streamed so far (the stream's events, counted as they pass): what a stream that
+  // reports no usage is charged, with its prompt, when it ends or is cut short.
+  void streamed(std::uint64_t completion) noexcept { streamed_ = completion; }
+  // The engine finished without a usage report: a stream that sent tokens settles with them now, so that
+  // what it did not use is back before the client reads its last bytes.
+  void settle_streamed() {
+    if (!tenant_ || reserved_ == 0 || streamed_ == 0 || std::exchange(settled_, true)) return;
+    tenant_->settle(clock_type::now(), reserved_, prompt_ + streamed_);
+  }
 
   // The request is over: whatever it still holds is given back. A reservation the engine never reported on
-  // is kept when an engine took the request (it did the work), and comes back when none did.
+  // is charged what it streamed when it streamed, kept whole when an engine took the request otherwise (it
+  // did the work), and comes back when none did.
   void end() {
     if (!tenant_) return;
     set_queued(false);
     leave_slot();
-    if (reserved_ > 0 && !settled_) tenant_->settle(clock_type::now(), reserved_, reached_engine_ ? reserved_ : 0);
+    if (reserved_ > 0 && !settled_) {
+      const auto used = !reached_engine_ ? 0 : streamed_ > 0 ? prompt_ + streamed_ : reserved_;
+      tenant_->settle(clock_type::now(), reserved_, used);
+    }
     tenant_.reset();
-    reserved_ = 0;
+    reserved_ = prompt_ = streamed_ = 0;
     counted_ = settled_ = reached_engine_ = false;
   }
 
@@ -94,6 +113,8 @@ class tenant_pass {
 
   std::shared_ptr<tenants::tenant_state> tenant_;
   std::uint64_t reserved_ = 0;
+  std::uint64_t prompt_ = 0;    // of the reservation
+  std::uint64_t streamed_ = 0;  // completion tokens streamed (events), when no usage came
   bool queued_ = false;
   bool in_flight_ = false;
   bool counted_ = false;
@@ -109,9 +130,14 @@ inline std::string tenant_refusal_text(const tenants::verdict& verdict, const st
     case tenants::verdict::refusal::token_budget:
       return "tenant '" + tenant + "' is over its tokens_per_minute; retry after the Retry-After seconds";
     default:
-      return "the request's tokens (prompt and max_tokens) exceed tenant '" + tenant +
-             "''s whole tokens_per_minute; lower max_tokens or shorten the prompt";
+      return "the request's " + std::to_string(verdict.tokens) + " tokens (its prompt and most generated: max_tokens, " +
+             "times n) exceed tenant '" + tenant + "''s whole token budget, tokens_per_minute " +
+             std::to_string(verdict.budget) + ", so it can never be admitted; lower max_tokens or shorten the prompt";
   }
 }
+
+// The OpenAI error code of a request larger than its tenant's whole token budget: a client error no retry
+// cures, answered 400 without Retry-After (a 429 would be retried by SDKs, forever).
+inline constexpr std::string_view request_too_large_code = "request_too_large";
 
 }  // namespace dplb::server

@@ -1,6 +1,7 @@
 #include "dplb/tenants/tenant_book.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 namespace dplb::tenants {
@@ -51,6 +52,13 @@ tenant_state::queue_terms tenant_state::terms() const {
   return out;
 }
 
+std::uint64_t tenant_state::unbounded_reservation(std::uint64_t prompt, std::uint64_t most_generated) const {
+  const std::uint64_t total = prompt + std::min(most_generated, std::numeric_limits<std::uint64_t>::max() - prompt);
+  std::lock_guard lock(mutex_);
+  if (!token_budget_) return total;
+  return std::max(prompt, std::min(total, token_budget_->burst()));
+}
+
 verdict tenant_state::admit(clock::time_point now, std::uint64_t tokens) {
   if (!limited_.load(std::memory_order_relaxed)) {
     note_admitted(now);
@@ -65,7 +73,7 @@ verdict tenant_state::admit(clock::time_point now, std::uint64_t tokens) {
   }
   if (token_budget_ && tokens > 0) {
     const auto wait = token_budget_->retry_after(now, tokens);
-    if (!wait) return {verdict::refusal::larger_than_budget, 60};
+    if (!wait) return {.why = verdict::refusal::larger_than_budget, .tokens = tokens, .budget = token_budget_->burst()};
     if (wait->count() > 0) return {verdict::refusal::token_budget, retry_after_seconds(*wait)};
   }
   if (request_rate_) request_rate_->try_take(now, 1);
@@ -143,6 +151,7 @@ void tenant_state::apply(const limits& next, clock::time_point now) {
   replace_bucket(token_budget_, token_bucket_of(next), now);
   limits_ = next;
   has_token_budget_.store(token_budget_.has_value(), std::memory_order_relaxed);
+  min_priority_.store(next.min_priority.value_or(std::numeric_limits<std::int64_t>::min()), std::memory_order_relaxed);
   limited_.store(request_rate_.has_value() || token_budget_.has_value(), std::memory_order_relaxed);
 }
 
@@ -179,7 +188,7 @@ std::shared_ptr<const tenant_book::roster> tenant_book::current() const { return
 tenant_book::identity tenant_book::identify(std::string_view authorization, std::string_view tenant_header) const {
   const auto r = current();
   if (const auto by_key = r->directory.tenant_of_key(authorization)) return {r->states[*by_key], true};
-  return {r->states[r->directory.tenant_named(tenant_header).value_or(tenant_directory::default_tenant)], false};
+  return {r->states[r->directory.tenant_by_header(tenant_header).value_or(tenant_directory::default_tenant)], false};
 }
 
 std::vector<std::shared_ptr<tenant_state>> tenant_book::tenants() const { return current()->states; }

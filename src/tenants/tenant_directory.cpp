@@ -12,7 +12,7 @@ namespace dplb::tenants {
 
 namespace {
 
-using digest = admin::token_digest::bytes;
+using digest = support::sha256_digest;
 
 bool valid_name(std::string_view name) {
   if (name.empty() || name.size() > 64) return false;
@@ -135,7 +135,9 @@ tenant_directory::tenant_directory(std::span<const tenant_spec> specs) {
                       .burst = spec.burst,
                       .max_queued = spec.max_queued,
                       .tokens_per_minute = spec.tokens_per_minute,
-                      .max_queue_wait = spec.max_queue_wait};
+                      .max_queue_wait = spec.max_queue_wait,
+                      .min_priority = spec.min_priority,
+                      .holds_keys = !spec.api_keys.empty() || !spec.api_key_sha256.empty()};
     if (is_default) {
       tenants_[default_tenant] = kept;
       default_configured = true;
@@ -164,7 +166,7 @@ tenant_directory::tenant_directory(std::span<const tenant_spec> specs) {
             "could carry it",
             spec.name, i + 1));
       }
-      add_key(admin::token_digest::sha256(key), fmt::format("api_keys #{}", i + 1));
+      add_key(support::sha256(key), fmt::format("api_keys #{}", i + 1));
     }
     for (std::size_t i = 0; i < spec.api_key_sha256.size(); ++i) {
       // Not quoted in the message: what was meant as a digest may be a key pasted in the wrong field.
@@ -185,15 +187,20 @@ std::optional<std::size_t> tenant_directory::tenant_of_key(std::string_view auth
   if (by_key_.empty()) return std::nullopt;  // no keys configured: no digest to compute
   const auto key = bearer_key(authorization);
   if (!key) return std::nullopt;
-  const auto found = by_key_.find(admin::token_digest::sha256(*key));
+  const auto found = by_key_.find(support::sha256(*key));
   if (found == by_key_.end()) return std::nullopt;
   return found->second;
 }
 
 std::size_t tenant_directory::tenant_of(std::string_view authorization, std::string_view tenant_header) const {
   if (const auto by_key = tenant_of_key(authorization)) return *by_key;
-  if (const auto by_name = tenant_named(tenant_header)) return *by_name;
-  return default_tenant;
+  return tenant_by_header(tenant_header).value_or(default_tenant);
+}
+
+std::optional<std::size_t> tenant_directory::tenant_by_header(std::string_view name) const {
+  const auto named = tenant_named(name);
+  if (!named || tenants_[*named].holds_keys) return std::nullopt;
+  return named;
 }
 
 bool tenant_directory::has_known_key(std::string_view authorization) const {

@@ -165,15 +165,21 @@ request_facts reference(const json& j) {
       f.choices = static_cast<std::uint32_t>(std::min<std::uint64_t>(*n, dplb::server::max_choices));
     }
   }
-  if (const auto it = j.find("data_parallel_rank"); it != j.end()) {
+  const auto signed_integer = [&](const char* key) -> std::optional<std::int64_t> {
+    const auto it = j.find(key);
+    if (it == j.end()) return std::nullopt;
     if (it->is_number_unsigned()) {
       if (it->get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-        f.data_parallel_rank = it->get<std::int64_t>();
+        return it->get<std::int64_t>();
       }
     } else if (it->is_number_integer()) {
-      f.data_parallel_rank = it->get<std::int64_t>();
+      return it->get<std::int64_t>();
     }
-  }
+    return std::nullopt;
+  };
+  f.data_parallel_rank = signed_integer("data_parallel_rank");
+  f.priority = signed_integer("priority");
+  f.has_priority_key = j.contains("priority");
   return f;
 }
 

@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -19,6 +20,7 @@
 #include <regex>
 #include <signal.h>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "await.hpp"
@@ -168,6 +170,41 @@ TEST_CASE("tenants: a freed slot goes to the lowest priority value first, FIFO a
   CHECK(metric_sum(m, "dplb_queue_wait_by_priority_seconds_count{", {"band=\"low\""}) == 3);
 }
 
+TEST_CASE("tenants: a tenant's min_priority raises its requests' priority in dplb's queue and in the body the "
+          "engine gets",
+          "[tenants][queue]") {
+  temp_file config(json{{"tenants", json::array({{{"name", "batch"}, {"min_priority", 5}}, {{"name", "chat"}}})}}.dump());
+  auto engine = one_slot_engine();
+  dplb_proxy proxy({engine.url()}, base_args(config));
+  // batch asks to go first (-100) and to go at the default (none): both are served at 5, after the others.
+  const std::vector<ask> asks{{"batch-m100", -100, "", "batch"}, {"batch-none", std::nullopt, "", "batch"},
+                              {"chat-3", 3, "", "chat"}, {"default-0", 0}, {"batch-7", 7, "", "batch"}};
+  const auto run = run_through_queue(engine, proxy.port(), asks);
+  CHECK(run.served == std::vector<std::string>{"default-0", "chat-3", "batch-m100", "batch-none", "batch-7"});
+  for (const auto& [label, status] : run.status) CHECK(status == 200);
+  std::map<std::string, std::string> bodies;
+  for (const auto& r : engine.requests()) bodies[json::parse(r.body).value("prompt", "")] = r.body;
+  // Raised: set in place; none: added at the end; others: the client's bytes.
+  CHECK(bodies["batch-m100"] == R"({"max_tokens":1,"model":"mock-model","priority":5,"prompt":"batch-m100"})");
+  CHECK(bodies["batch-none"] == R"({"max_tokens":1,"model":"mock-model","prompt":"batch-none","priority":5})");
+  CHECK(bodies["batch-7"] == R"({"max_tokens":1,"model":"mock-model","priority":7,"prompt":"batch-7"})");
+  CHECK(bodies["chat-3"] == R"({"max_tokens":1,"model":"mock-model","priority":3,"prompt":"chat-3"})");
+  CHECK(bodies["default-0"] == R"({"max_tokens":1,"model":"mock-model","priority":0,"prompt":"default-0"})");
+}
+
+TEST_CASE("tenants: without queueing, a min_priority still reaches the engine's body", "[tenants][limits]") {
+  temp_file config(json{{"tenants", json::array({{{"name", "batch"}, {"min_priority", -1}}})}}.dump());
+  raw_engine engine([](const raw_request&) { return std::vector{write_bytes(ok_answer())}; });
+  dplb_proxy proxy({engine.url()}, {"--config", config.path(), "--health-check-interval-ms", "0", "--tenant-header", "X-Team"});
+  CHECK(send(proxy.port(), {"low", -100, "", "batch"}).status == 200);
+  CHECK(send(proxy.port(), {"none", std::nullopt, "", "batch"}).status == 200);
+  CHECK(send(proxy.port(), {"other", -100}).status == 200);  // default has no min_priority
+  REQUIRE(engine.request_count() == 3);
+  CHECK(engine.requests()[0].body == R"({"max_tokens":1,"model":"mock-model","priority":-1,"prompt":"low"})");
+  CHECK(engine.requests()[1].body == R"({"max_tokens":1,"model":"mock-model","prompt":"none"})");  // 0 is above -1
+  CHECK(engine.requests()[2].body == R"({"max_tokens":1,"model":"mock-model","priority":-100,"prompt":"other"})");
+}
+
 TEST_CASE("tenants: among equal priorities tenants share freed slots by weight, FIFO within each", "[tenants][queue]") {
   temp_file config(json{{"tenants", json::array({{{"name", "interactive"}, {"weight", 3}},
                                                  {{"name", "batch"}, {"weight", 1}}})}}
@@ -292,6 +329,42 @@ TEST_CASE("tenants: --tenant-header names a configured tenant, an unknown name c
   CHECK(engine.request_count() == 4);
 }
 
+TEST_CASE("tenants: --tenant-header never selects a tenant that holds keys: without its key a request counts as "
+          "default, and the tenant's own client keeps its limit",
+          "[tenants][keys]") {
+  // One request at a time for chat (burst 1, one a minute): a request counted as chat's spends it.
+  temp_file config(json{{"tenants", json::array({{{"name", "chat"}, {"api_keys", {"sk-chat"}},
+                                                  {"requests_per_second", 1.0 / 60}, {"burst", 1}}})}}
+                       .dump());
+  raw_engine engine([](const raw_request&) { return std::vector{write_bytes(ok_answer())}; });
+  dplb_proxy proxy({engine.url()}, {"--config", config.path(), "--health-check-interval-ms", "0", "--tenant-header", "X-Team"});
+  for (const std::string label : {"a", "b", "c"}) CHECK(send(proxy.port(), {label, std::nullopt, "", "chat"}).status == 200);
+  CHECK(send(proxy.port(), {"d", std::nullopt, "Bearer sk-wrong", "chat"}).status == 200);
+  // The tenant's own client still has its one request.
+  CHECK(send(proxy.port(), {"own", std::nullopt, "Bearer sk-chat"}).status == 200);
+  CHECK(send(proxy.port(), {"own-2", std::nullopt, "Bearer sk-chat"}).status == 429);
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"default\"", "code=\"200\""}) == 4);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"chat\"", "code=\"200\""}) == 1);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"chat\"", "code=\"429\""}) == 1);
+  CHECK(engine.request_count() == 5);
+}
+
+TEST_CASE("tenants: under require_api_key, naming a keyed tenant in --tenant-header without its key is a 401",
+          "[tenants][keys]") {
+  temp_file config(json{{"require_api_key", true},
+                        {"tenants", json::array({{{"name", "chat"}, {"api_keys", {"sk-chat"}}}})}}
+                       .dump());
+  raw_engine engine([](const raw_request&) { return std::vector{write_bytes(ok_answer())}; });
+  dplb_proxy proxy({engine.url()}, {"--config", config.path(), "--health-check-interval-ms", "0", "--tenant-header", "X-Team"});
+  CHECK(send(proxy.port(), {"a", std::nullopt, "", "chat"}).status == 401);
+  CHECK(send(proxy.port(), {"b", std::nullopt, "Bearer sk-chat", "chat"}).status == 200);
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"default\"", "code=\"401\""}) == 1);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"chat\""}) == 1);
+  CHECK(engine.request_count() == 1);
+}
+
 TEST_CASE("tenants: over max_queued a tenant gets 429 with Retry-After at once, others still queue", "[tenants][queue]") {
   temp_file config(json{{"tenants", json::array({{{"name", "batch"}, {"max_queued", 1}}, {{"name", "chat"}}})}}.dump());
   auto engine = one_slot_engine();
@@ -385,14 +458,16 @@ TEST_CASE("tenants: the admin API shows each tenant, and a reload changes them w
   CHECK(batch["queued"] == 1);
   CHECK(batch["limits"]["requests_per_second"] == 50);
   CHECK(batch["limits"]["burst"] == 50);
+  CHECK(batch["limits"]["min_priority"] == nullptr);
 
-  config.write(json{{"tenants", json::array({{{"name", "batch"}, {"weight", 4}}, {{"name", "research"}}})}}.dump());
+  config.write(json{{"tenants", json::array({{{"name", "batch"}, {"weight", 4}, {"min_priority", 2}}, {{"name", "research"}}})}}.dump());
   const auto reloaded = admin_call(proxy.admin_port(), bhttp::verb::post, "/tenants/reload");
   REQUIRE(reloaded.status == 200);
   const auto after = json::parse(reloaded.body);
   REQUIRE(after["tenants"].size() == 3);
   CHECK(after["tenants"][1]["weight"] == 4);
   CHECK(after["tenants"][1]["queued"] == 1);  // kept across the reload
+  CHECK(after["tenants"][1]["limits"]["min_priority"] == 2);
   CHECK(after["tenants"][2]["name"] == "research");
 
   config.write("{ not json");
@@ -420,9 +495,9 @@ TEST_CASE("tenants: a token budget reserves prompt and max_tokens, is corrected 
   dplb_proxy proxy({engine.url()}, {"--config", config.path(), "--health-check-interval-ms", "0", "--tenant-header", "X-Team"});
   // 501 reserved of 600; the usage (4) gives 497 back, so the same request fits again, and again.
   for (int i = 0; i < 3; ++i) CHECK(send(proxy.port(), {"x", std::nullopt, "", "batch", 500}).status == 200);
-  // Larger than the whole minute's budget: refused for good, saying so.
+  // Larger than the whole minute's budget: refused for good, saying so (see the request_too_large test).
   const auto too_large = send(proxy.port(), {"x", std::nullopt, "", "batch", 700});
-  CHECK(too_large.status == 429);
+  CHECK(too_large.status == 400);
   CHECK_THAT(too_large.body, Catch::Contains("tokens_per_minute"));
   // 550 used against 2 reserved: the budget is charged, and the next large request waits for the refill.
   CHECK(send(proxy.port(), {"long", std::nullopt, "", "batch", 1}).status == 200);
@@ -436,7 +511,122 @@ TEST_CASE("tenants: a token budget reserves prompt and max_tokens, is corrected 
   CHECK(send(proxy.port(), {"x", std::nullopt, "", "", 700}).status == 200);
   const auto m = scrape_metrics(proxy.port());
   CHECK(metric_sum(m, "dplb_tenant_tokens_total{", {"tenant=\"batch\"", "kind=\"completion\""}) == 503);
-  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"batch\"", "code=\"429\""}) == 2);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"batch\"", "code=\"429\""}) == 1);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"batch\"", "code=\"400\""}) == 1);
+}
+
+TEST_CASE("tenants: a request larger than its tenant's whole token budget gets 400 request_too_large, no "
+          "Retry-After, and no engine sees it",
+          "[tenants][limits]") {
+  temp_file config(json{{"tenants", json::array({{{"name", "batch"}, {"tokens_per_minute", 600}}})}}.dump());
+  raw_engine engine([](const raw_request&) { return std::vector{write_bytes(ok_answer())}; });
+  dplb_proxy proxy({engine.url()}, {"--config", config.path(), "--health-check-interval-ms", "0", "--tenant-header", "X-Team"});
+  // The prompt "x" is one token: 1 + 700 against a budget 600 deep.
+  const auto refused = send(proxy.port(), {"x", std::nullopt, "", "batch", 700});
+  CHECK(refused.status == 400);
+  CHECK(refused.headers.count("retry-after") == 0);
+  const auto error = json::parse(refused.body)["error"];
+  CHECK(error["code"] == "request_too_large");
+  CHECK(error["type"] == "BadRequestError");
+  const auto message = error["message"].get<std::string>();
+  CHECK_THAT(message, Catch::Contains("701") && Catch::Contains("tokens_per_minute 600") && Catch::Contains("batch"));
+  CHECK(engine.request_count() == 0);
+  // Nothing was taken from the budget: a request that fits goes through at once.
+  CHECK(send(proxy.port(), {"x", std::nullopt, "", "batch", 599}).status == 200);
+  CHECK(engine.request_count() == 1);
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_rejected_requests_total{", {"code=\"400\""}) == 1);
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"batch\"", "code=\"400\""}) == 1);
+}
+
+namespace {
+
+// A stream of the batch tenant's without max_tokens (the engine's own default applies) and without
+// stream_options.include_usage: no usage comes back. `prompt`: its text.
+struct stream_result {
+  unsigned status = 0;
+  std::uint64_t events = 0;  // data events but [DONE]: one per generated token (the mock's, as vLLM's)
+  std::int64_t retry_after = 0;
+};
+stream_result stream_without_limit(std::uint16_t port, const std::string& prompt, std::optional<int> max_tokens = {}) {
+  bhttp::request<bhttp::string_body> r{bhttp::verb::post, "/v1/completions", 11};
+  r.set(bhttp::field::host, "dplb");
+  r.set(bhttp::field::content_type, "application/json");
+  r.set("X-Team", "batch");
+  json body{{"model", "mock-model"}, {"prompt", prompt}, {"stream", true}};
+  if (max_tokens) body["max_tokens"] = *max_tokens;
+  r.body() = body.dump();
+  r.prepare_payload();
+  http_connection c(port);
+  const auto answer = c.send(r, scaled(30s));
+  stream_result out{answer.status};
+  if (answer.status == 429) out.retry_after = std::stoll(std::string(answer.headers["retry-after"]));
+  if (answer.status != 200) return out;
+  for (std::size_t at = 0; (at = answer.body.find("data: ", at)) != std::string::npos; at += 6) {
+    if (answer.body.compare(at, 12, "data: [DONE]") != 0) ++out.events;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("tenants: tokens_per_minute holds within 10% for streams with neither max_tokens nor usage",
+          "[tenants][limits]") {
+  // 6000 a minute: 100 a second, 6000 deep. The mock streams 2000 tokens for a request without max_tokens,
+  // at once (--itl-ms 0), one event each, and lists mock-model with max_model_len 8192.
+  constexpr double per_minute = 6000;
+  temp_file config(json{{"tenants", json::array({{{"name", "batch"}, {"tokens_per_minute", per_minute}}})}}.dump());
+  mock_engine engine(1, {"--default-max-tokens", "2000", "--itl-ms", "0", "--ttft-ms", "0"});
+  dplb_proxy proxy(engine.urls(), {"--config", config.path(), "--tenant-header", "X-Team"});
+
+  // The first request without max_tokens has dplb read the engines' /v1/models (on its side channel). This one's
+  // prompt alone (7000 tokens, estimated) is over the budget: refused, and nothing is taken.
+  CHECK(stream_without_limit(proxy.port(), std::string(28000, 'x')).status == 400);
+  REQUIRE(proxy.process().wait_for_line(std::regex("max_model_len.*mock-model \\(cluster 0\\) 8192"), scaled(10s)));
+
+  const auto started = steady::now();
+  std::atomic<std::uint64_t> served{0};  // prompt and completion tokens streamed to the tenant's clients
+  // A stream without max_tokens reserves the rest of the context, 8191, at most the whole budget: all 6000. It
+  // is charged what it streamed (2001), so that a request of 3001 fits at once after it.
+  const auto first = stream_without_limit(proxy.port(), "x");
+  REQUIRE(first.status == 200);
+  CHECK(first.events == 2000);
+  served += 1 + first.events;
+  const auto bounded = stream_without_limit(proxy.port(), "x", 3000);
+  REQUIRE(bounded.status == 200);
+  served += 1 + bounded.events;
+
+  // Four clients stream without max_tokens for 3 s, each waiting as Retry-After says when refused.
+  std::atomic<int> refused{0};
+  std::atomic<int> unexpected{0};  // counted here, checked once the clients are done (Catch is not thread-safe)
+  const auto until = steady::now() + 3s;
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 4; ++i) {
+    clients.emplace_back([&] {
+      while (steady::now() < until) {
+        const auto r = stream_without_limit(proxy.port(), "x");
+        if (r.status == 200) {
+          served += 1 + r.events;
+        } else if (r.status == 429) {
+          ++refused;
+          std::this_thread::sleep_until(std::min(until, steady::now() + std::chrono::seconds(r.retry_after)));
+        } else {
+          ++unexpected;
+          return;
+        }
+      }
+    });
+  }
+  for (auto& c : clients) c.join();
+  CHECK(unexpected.load() == 0);
+  const double elapsed = std::chrono::duration<double>(steady::now() - started).count();
+  // What the budget allows over the run: its depth, full at the start, and its refill since.
+  const double allowed = per_minute + per_minute / 60 * elapsed;
+  INFO("served " << served.load() << " tokens in " << elapsed << " s; the budget allows " << allowed);
+  CHECK(static_cast<double>(served.load()) <= 1.1 * allowed);
+  CHECK(refused.load() > 0);
+  const auto m = scrape_metrics(proxy.port());
+  CHECK(metric_sum(m, "dplb_tenant_requests_total{", {"tenant=\"batch\"", "code=\"429\""}) == refused.load());
 }
 
 TEST_CASE("tenants: fair by tokens, a tenant of long requests gets fewer of the freed slots", "[tenants][queue]") {

@@ -1,19 +1,20 @@
 #pragma once
 // The admin token as dplb keeps it: its SHA-256 digest, never the token itself. A presented token is
-// digested too and the two digests are compared in constant time (OpenSSL's CRYPTO_memcmp), so the time a
-// check takes depends neither on where a guess first differs from the token nor on the token's length (the
-// digests always have 32 bytes).
+// digested too and the two digests are compared in constant time (support/sha256.hpp), so the time a check
+// takes depends neither on where a guess first differs from the token nor on the token's length (the digests
+// always have 32 bytes).
 
-#include <array>
 #include <cstddef>
 #include <string_view>
+
+#include "dplb/support/sha256.hpp"
 
 namespace dplb::admin {
 
 class token_digest {
  public:
-  static constexpr std::size_t size = 32;  // SHA-256
-  using bytes = std::array<unsigned char, size>;
+  static constexpr std::size_t size = support::sha256_size;
+  using bytes = support::sha256_digest;
 
   // An empty token matches nothing (settings refuse an admin listener without a token).
   explicit token_digest(std::string_view token);
@@ -21,9 +22,9 @@ class token_digest {
   // Whether `given` is the token: SHA-256(given) against the kept digest, in constant time.
   bool matches(std::string_view given) const noexcept;
 
-  // SHA-256 of `text`. OpenSSL's digest of memory fails only with a broken library: then this throws
-  // std::runtime_error (and matches() answers false).
-  static bytes sha256(std::string_view text);
+  // SHA-256 of `text` (support::sha256): throws std::runtime_error with a broken library (and matches()
+  // answers false).
+  static bytes sha256(std::string_view text) { return support::sha256(text); }
 
  private:
   bytes digest_{};

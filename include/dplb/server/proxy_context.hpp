@@ -20,6 +20,10 @@
 #include "dplb/upstream/health_monitor.hpp"
 #include "dplb/support/io_types.hpp"
 
+namespace dplb::upstream {
+class model_context;
+}
+
 namespace dplb::server {
 
 // Shared by every thread; outlives every worker.
@@ -34,6 +38,9 @@ struct shared_state {
   metrics::access_log* access_log = nullptr;       // --access-log, else null
   // What the engines' KV-cache events say the ranks hold (prefix-aware): null when no policy reads them.
   const kv::event_index* kv_events = nullptr;
+  // Each model's max_model_len, from the engines' /v1/models: what a request without max_tokens reserves
+  // from its tenant's token budget. Null: unknown (tests of parts without it).
+  const upstream::model_context* model_context = nullptr;
   const pick_inputs reads{settings, balancer};  // what the picks read of a request's body
   std::atomic<std::size_t> client_connections{0};  // open now, all workers
   std::atomic<bool> draining{false};               // SIGTERM received: finish what is in flight, take nothing new

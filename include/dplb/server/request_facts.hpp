@@ -51,8 +51,9 @@ struct request_facts {
   // rewritten to its own index, and dplb never rewrites a body (docs/configuration.md, Pinning).
   std::optional<std::int64_t> data_parallel_rank;
   // vLLM's "priority", when an integer (lower is served sooner; absent: 0): the order of dplb's queue among
-  // tenants' requests. Forwarded unchanged, as every field is.
+  // tenants' requests. Forwarded unchanged, unless its tenant's min_priority raises it (body_with_priority).
   std::optional<std::int64_t> priority;
+  bool has_priority_key = false;  // a top-level "priority", whatever its value (an integer or not)
   // Only when asked (prefix-aware): the prompt's blocks, chained by hash and seeded by the model
   // (balancer/prefix_index.hpp). Fed, in order: a text prompt's bytes after unescaping (each prompt of a
   // batch followed by a separator), a token id as its 4 bytes (so a block is 64 ids), and every message's
@@ -80,5 +81,24 @@ inline constexpr std::size_t max_prompt_token_ids = std::size_t{1} << 20;
 // nothing (~1 us for a 4 KiB prompt) and nests on the heap, one bit per level: deep nesting cannot
 // overflow the stack.
 request_facts inspect_request_body(std::string_view body, bool prefix_chain = false) noexcept;
+
+// The body the engine gets for a request whose priority is `priority` (its tenant's min_priority raised the
+// body's), given the body's `facts`, so that the engine's order (vLLM's --scheduling-policy priority) is dplb's:
+//  - `unchanged`: the body says that priority already (or says none and `priority` is 0, what vLLM takes
+//    for none), or is no JSON object (the engine refuses it anyway);
+//  - `rewritten`, in `body`: without a "priority", the client's bytes with `"priority":N` added before the
+//    closing brace; with one (an integer or anything else, repeated or spelled with escapes), the body
+//    written anew with that one member set (through nlohmann, which keeps the members' order and the last
+//    of repeated keys);
+//  - `unusable`: the body has a "priority" but cannot be written anew (nested deeper than
+//    max_rewritten_depth, or numbers nlohmann refuses, such as 1e400): the caller refuses the request, since
+//    forwarding it would let its own priority through.
+struct priority_body {
+  enum class outcome { unchanged, rewritten, unusable };
+  outcome result = outcome::unchanged;
+  std::string body;
+};
+inline constexpr std::size_t max_rewritten_depth = 128;
+priority_body body_with_priority(std::string_view body, const request_facts& facts, std::int64_t priority);
 
 }  // namespace dplb::server

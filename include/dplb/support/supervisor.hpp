@@ -38,9 +38,11 @@ enum class task : std::uint8_t {
   pool_sweep,    // a worker's upstream connection pool sweep (one per worker)
   access_log,    // the access log's writing thread
   kv_events,     // the KV-cache events subscriber's thread
+  model_context,  // the read loop of the engines' /v1/models (each model's max_model_len)
 };
-inline constexpr std::array<std::string_view, 7> task_names{"accept",     "admin_accept", "health",     "engine_stats",
-                                                            "pool_sweep", "access_log",   "kv_events"};
+inline constexpr std::array<std::string_view, 8> task_names{"accept",     "admin_accept", "health",
+                                                            "engine_stats", "pool_sweep", "access_log",
+                                                            "kv_events",  "model_context"};
 constexpr std::string_view name_of(task t) { return task_names[static_cast<std::size_t>(t)]; }
 
 // When a failed task runs again. Pure: the caller measures how long the failed run lasted.

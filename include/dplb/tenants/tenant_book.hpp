@@ -9,10 +9,12 @@
 // Threading contract: identify(), tenants() and every tenant_state member may be called from any thread;
 // reload() from one thread at a time.
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,9 +31,13 @@ namespace dplb::tenants {
 
 // Why a tenant's request is refused before it is queued or sent, and when to come back.
 struct verdict {
+  // larger_than_budget: the request's tokens exceed the whole token budget, so that no wait would ever let it
+  // through; it has no Retry-After (0), and names its cost against the budget's depth.
   enum class refusal { none, request_rate, token_budget, larger_than_budget };
   refusal why = refusal::none;
-  std::int64_t retry_after_seconds = 0;  // for a refusal: the Retry-After header, at least 1
+  std::int64_t retry_after_seconds = 0;  // for a refusal that waiting cures: the Retry-After header, at least 1
+  std::uint64_t tokens = 0;              // larger_than_budget: the request's tokens
+  std::uint64_t budget = 0;              // larger_than_budget: the most the budget holds (a minute's worth)
 
   bool admitted() const noexcept { return why == refusal::none; }
 };
@@ -56,6 +62,18 @@ class tenant_state {
   queue_terms terms() const;
   // Whether the tenant has a token budget (tokens_per_minute): then a request's tokens are reckoned.
   bool has_token_budget() const noexcept { return has_token_budget_.load(std::memory_order_relaxed); }
+  // The lowest priority its requests may have (min_priority): the priority a request is served with is its
+  // body's (0 when absent) raised to this. Without a min_priority, the lowest integer: nothing is raised.
+  std::int64_t min_priority() const noexcept { return min_priority_.load(std::memory_order_relaxed); }
+  bool has_min_priority() const noexcept { return min_priority() != std::numeric_limits<std::int64_t>::min(); }
+  // A request's priority as its tenant lets it be: `asked` (the body's, 0 when absent) raised to min_priority.
+  std::int64_t allowed_priority(std::int64_t asked) const noexcept { return std::max(asked, min_priority()); }
+
+  // What a request that sets no max_tokens reserves from the token budget: its prompt and the most it may
+  // generate (the model's remaining context), but no more than the whole budget, nor less than its prompt.
+  // Bounded by its own choice, such a request would be refused as larger than the budget for a length it never
+  // asked for; it is charged what it generated when it ends. Without a token budget: the sum.
+  std::uint64_t unbounded_reservation(std::uint64_t prompt, std::uint64_t most_generated) const;
 
   // The request rate first, then the token budget, which reserves `tokens` (the prompt plus what may be
   // generated) until settle(). A refused request takes nothing from either. A tenant without either limit
@@ -104,6 +122,7 @@ class tenant_state {
   std::optional<token_bucket> token_budget_;
   std::atomic<bool> limited_{false};  // a request rate or a token budget is set
   std::atomic<bool> has_token_budget_{false};
+  std::atomic<std::int64_t> min_priority_{std::numeric_limits<std::int64_t>::min()};
   // Admitted requests per second over the last rate_window_seconds, a ring indexed by the second, lock-free:
   // each slot holds the second it counts (high bits) and its count (low count_bits, saturating).
   static constexpr unsigned count_bits = 24;

@@ -1,6 +1,8 @@
 #pragma once
 // Which tenant a request belongs to. A known API key decides (`Authorization: Bearer KEY`); without one, a
-// header naming a configured tenant; otherwise the tenant "default", which always exists, at index 0.
+// header naming a configured tenant that holds no key; otherwise the tenant "default", which always exists,
+// at index 0. A tenant with keys is reached by its keys only: a header is trusted as sent, and naming a keyed
+// tenant would let anyone spend that tenant's limits (and be served as it).
 //
 // Keys are kept as their SHA-256 digests only: a plain key is digested at construction and not kept, and a
 // presented key is digested before the lookup. So the directory never holds a key a dump of its memory or a
@@ -20,7 +22,7 @@
 #include <string_view>
 #include <vector>
 
-#include "dplb/admin/token_digest.hpp"
+#include "dplb/support/sha256.hpp"
 #include "dplb/tenants/tenant_spec.hpp"
 
 namespace dplb::tenants {
@@ -39,6 +41,8 @@ class tenant_directory {
     std::optional<std::size_t> max_queued = std::nullopt;
     std::optional<double> tokens_per_minute = std::nullopt;
     std::optional<std::chrono::milliseconds> max_queue_wait = std::nullopt;
+    std::optional<std::int64_t> min_priority = std::nullopt;
+    bool holds_keys = false;  // api_keys or api_key_sha256 configured: no header selects it
   };
 
   // The default tenant, then `specs` in their order (one named "default" configures index 0 instead).
@@ -50,7 +54,8 @@ class tenant_directory {
   // The messages name keys by their place in the spec, never by their text.
   explicit tenant_directory(std::span<const tenant_spec> specs);
 
-  // The tenant of a request whose Authorization and tenant header have these values (empty: absent).
+  // The tenant of a request whose Authorization and tenant header have these values (empty: absent). The
+  // header selects only a tenant without keys.
   std::size_t tenant_of(std::string_view authorization, std::string_view tenant_header) const;
   // Whether `authorization` carries a configured key.
   bool has_known_key(std::string_view authorization) const;
@@ -58,11 +63,13 @@ class tenant_directory {
   std::optional<std::size_t> tenant_of_key(std::string_view authorization) const;
   // The tenant of that name, if configured (names are case-sensitive).
   std::optional<std::size_t> tenant_named(std::string_view name) const;
+  // The tenant a tenant header naming `name` selects: a configured tenant that holds no key.
+  std::optional<std::size_t> tenant_by_header(std::string_view name) const;
 
   std::span<const tenant> tenants() const { return tenants_; }
 
  private:
-  using digest = admin::token_digest::bytes;
+  using digest = support::sha256_digest;
   // A SHA-256 digest is uniformly spread already: its first bytes make a good hash.
   struct digest_hash {
     std::size_t operator()(const digest& d) const noexcept;

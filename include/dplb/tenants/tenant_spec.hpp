@@ -29,6 +29,9 @@ struct tenant_spec {
   std::optional<double> tokens_per_minute = std::nullopt;
   // The longest one of its requests may wait in the queue; overrides settings' max_queue_wait.
   std::optional<std::chrono::milliseconds> max_queue_wait = std::nullopt;
+  // The lowest body `priority` its requests may have (vLLM's: lower is served sooner; absent, 0): one below
+  // is raised to it, in dplb's queue and in the body the engine gets. Unset: any priority.
+  std::optional<std::int64_t> min_priority = std::nullopt;
 };
 
 }  // namespace dplb::tenants

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -63,7 +64,7 @@ TEST_CASE("tenants: a full list is read with every field of every tenant", "[con
       {{"name", "interactive"}, {"api_keys", {a_key, "sk-second"}}, {"api_key_sha256", {digest_of_abc}}, {"weight", 3},
        {"max_queued", 0}, {"max_queue_wait_ms", 2000}},
       {{"name", "batch"}, {"weight", 1}, {"requests_per_second", 2.5}, {"burst", 5}, {"max_queued", 100},
-       {"tokens_per_minute", 120000}},
+       {"tokens_per_minute", 120000}, {"min_priority", 10}},
       {{"name", "default"}, {"requests_per_second", 1}},
   }));
   const auto s = file.run();
@@ -87,6 +88,8 @@ TEST_CASE("tenants: a full list is read with every field of every tenant", "[con
   CHECK(batch.max_queued == 100u);
   CHECK(batch.tokens_per_minute == 120000.0);
   CHECK_FALSE(batch.max_queue_wait);
+  CHECK(batch.min_priority == 10);
+  CHECK_FALSE(interactive.min_priority);
 
   CHECK(s.tenants[2].name == "default");
   CHECK(s.tenants[2].requests_per_second == 1.0);
@@ -111,6 +114,7 @@ TEST_CASE("tenants: without any, and for what a tenant leaves out, the defaults 
   CHECK_FALSE(t.max_queued);
   CHECK_FALSE(t.tokens_per_minute);
   CHECK_FALSE(t.max_queue_wait);
+  CHECK_FALSE(t.min_priority);
 
   CHECK(tenants_file(json::array()).run().tenants.empty());
 }
@@ -136,6 +140,11 @@ TEST_CASE("tenants: each wrong value is refused, naming its place", "[config][te
       {json{{"max_queue_wait_ms", "2s"}}, "tenants[1].max_queue_wait_ms: must be an integer >= 1, not string"},
       {json{{"max_queue_wait_ms", 86'400'001}},
        "tenants[1].max_queue_wait_ms: must be an integer >= 1 and at most 86400000, not 86400001"},
+      {json{{"min_priority", 1.5}}, "tenants[1].min_priority: must be an integer (a 64-bit one), not 1.5"},
+      {json{{"min_priority", "-1"}}, "tenants[1].min_priority: must be an integer (a 64-bit one), not string"},
+      {json{{"min_priority", nullptr}}, "tenants[1].min_priority: must be an integer (a 64-bit one), not null"},
+      {json{{"min_priority", 9'223'372'036'854'775'808ULL}},
+       "tenants[1].min_priority: must be an integer (a 64-bit one), not 9223372036854775808"},
       {json{{"api_keys", a_key}}, "tenants[1].api_keys: must be an array of strings, not string"},
       {json{{"api_keys", {a_key, 7}}}, "tenants[1].api_keys[1]: must be a string, not number"},
       {json{{"api_key_sha256", {{{"hex", digest_of_abc}}}}}, "tenants[1].api_key_sha256[0]: must be a string, not object"},
@@ -150,6 +159,17 @@ TEST_CASE("tenants: each wrong value is refused, naming its place", "[config][te
     CHECK_THAT(error, Catch::Contains(message));
     CHECK_THAT(error, !Catch::Contains(a_key));
   }
+}
+
+TEST_CASE("tenants: min_priority is any 64-bit integer, negative ones included", "[config][tenants]") {
+  const auto s = tenants_file(json::array({{{"name", "a"}, {"min_priority", -5}},
+                                           {{"name", "b"}, {"min_priority", 0}},
+                                           {{"name", "c"}, {"min_priority", std::numeric_limits<std::int64_t>::min()}}}))
+                     .run();
+  REQUIRE(s.tenants.size() == 3);
+  CHECK(s.tenants[0].min_priority == -5);
+  CHECK(s.tenants[1].min_priority == 0);
+  CHECK(s.tenants[2].min_priority == std::numeric_limits<std::int64_t>::min());
 }
 
 TEST_CASE("tenants: a number too large for a double is an invalid config file, not a crash", "[config][tenants]") {

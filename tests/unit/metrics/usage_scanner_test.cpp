@@ -1,6 +1,8 @@
 #include <catch2/catch.hpp>
 
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "dplb/metrics/usage_scanner.hpp"
 
@@ -111,4 +113,56 @@ TEST_CASE("the closing quote of a key read is never the opening quote of the nex
     REQUIRE(s.completion_tokens() == 4u);
     REQUIRE(s.prompt_tokens() == 7u);
   }
+}
+
+namespace {
+
+// A stream of `tokens` events as vLLM writes them (one per step), without usage, then [DONE].
+std::string stream_of(int tokens, std::string_view newline = "\n") {
+  std::string out;
+  for (int i = 0; i < tokens; ++i) {
+    out += "data: {\"id\":\"cmpl-2\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\" tok\\n"
+           "data: x\",\"finish_reason\":null}]}";
+    out += newline;
+    out += newline;
+  }
+  out += "data: [DONE]";
+  out += newline;
+  out += newline;
+  return out;
+}
+
+std::uint64_t events_in(std::string_view bytes, std::size_t piece) {
+  usage_scanner s;
+  s.count_stream_events();
+  for (std::size_t at = 0; at < bytes.size(); at += piece) s.feed(bytes.substr(at, piece));
+  return s.stream_events();
+}
+
+}  // namespace
+
+TEST_CASE("stream events: each data event but [DONE] counts, whatever the split points", "[usage][tenants]") {
+  const auto stream = stream_of(37);
+  for (std::size_t piece : {std::size_t{1}, std::size_t{2}, std::size_t{5}, std::size_t{64}, stream.size()}) {
+    INFO("pieces of " << piece << " bytes");
+    CHECK(events_in(stream, piece) == 37);
+  }
+  // CRLF line ends, "data:" without its space, and an empty data line (nothing in it).
+  CHECK(events_in(stream_of(5, "\r\n"), 3) == 5);
+  CHECK(events_in("data:{\"a\":1}\n\ndata:\n\ndata: [DONE]\n\n", 1) == 1);
+  // Other SSE fields and comments are no tokens; a JSON body is no stream.
+  CHECK(events_in(": keep-alive\n\nevent: x\nid: 3\n\n", 4) == 0);
+  CHECK(events_in(R"({"choices":[{"text":"data: no"}],"usage":{"completion_tokens":3}})", 7) == 0);
+}
+
+TEST_CASE("stream events: not counted unless asked, and the usage is found as before", "[usage][tenants]") {
+  usage_scanner plain;
+  plain.feed(sse_stream);
+  CHECK(plain.stream_events() == 0);
+  usage_scanner counting;
+  counting.count_stream_events();
+  counting.feed(sse_stream);
+  CHECK(counting.stream_events() == 2);  // the token's event and the usage's
+  CHECK(counting.prompt_tokens() == 1024u);
+  CHECK(counting.completion_tokens() == 128u);
 }

@@ -356,4 +356,47 @@ TEST_CASE("priority: vLLM's integer field at the top level, negative values kept
   CHECK_FALSE(inspect_request_body(R"({"priority": 1, "priority": "high"})").priority);
   CHECK_FALSE(inspect_request_body(R"({"priority": 1.5})").priority);
   CHECK_FALSE(inspect_request_body(R"({"messages": [{"content": "x", "priority": 4}]})").priority);
+  // Whether the key is there at all, whatever its value.
+  CHECK_FALSE(inspect_request_body(R"({"prompt": "a"})").has_priority_key);
+  CHECK(inspect_request_body(R"({"priority": "high"})").has_priority_key);
+  CHECK(inspect_request_body(R"({"priorit\u0079": -4})").has_priority_key);
+  CHECK(inspect_request_body(R"({"priorit\u0079": -4})").priority == -4);
+  CHECK_FALSE(inspect_request_body(R"({"messages": [{"content": "x", "priority": 4}]})").has_priority_key);
+}
+
+namespace {
+
+// What the engine gets for `body` at `priority`: the body itself when unchanged, "unusable" when refused.
+std::string engine_body(const std::string& body, std::int64_t priority) {
+  using dplb::server::priority_body;
+  const auto out = dplb::server::body_with_priority(body, inspect_request_body(body), priority);
+  if (out.result == priority_body::outcome::unusable) return "unusable";
+  return out.result == priority_body::outcome::rewritten ? out.body : body;
+}
+
+}  // namespace
+
+TEST_CASE("min_priority: the engine's body carries the priority dplb serves the request with", "[request-facts][tenants]") {
+  // Already so, or none at 0 (vLLM's default): the client's bytes.
+  CHECK(engine_body(R"({"prompt": "a", "priority": 5})", 5) == R"({"prompt": "a", "priority": 5})");
+  CHECK(engine_body(R"({"prompt": "a"})", 0) == R"({"prompt": "a"})");
+  // None, raised above 0: added before the closing brace, every other byte the client's.
+  CHECK(engine_body(R"({"prompt": "a",  "max_tokens": 3 } )", 2) == R"({"prompt": "a",  "max_tokens": 3 ,"priority":2} )");
+  CHECK(engine_body(R"( { } )", 7) == R"( { "priority":7} )");
+  CHECK(engine_body(R"({"messages": [{"role": "user", "content": "x", "priority": 1}]})", 3) ==
+        R"({"messages": [{"role": "user", "content": "x", "priority": 1}],"priority":3})");
+  // Below the floor: set, in place, the members' order kept.
+  CHECK(engine_body(R"({"model": "m", "priority": -100, "prompt": "a"})", 0) == R"({"model":"m","priority":0,"prompt":"a"})");
+  // Repeated (the last one is what vLLM reads), escaped, or not an integer (pydantic would coerce "-100"):
+  // one member, at the floor.
+  CHECK(engine_body(R"({"priority": 9, "prompt": "a", "priority": -100})", 1) == R"({"priority":1,"prompt":"a"})");
+  CHECK(engine_body(R"({"priorit\u0079": -100, "prompt": "a"})", 1) == R"({"priority":1,"prompt":"a"})");
+  CHECK(engine_body(R"({"priority": "-100"})", 0) == R"({"priority":0})");
+  CHECK(engine_body(R"({"priority": -1.0})", 0) == R"({"priority":0})");
+  // Not a JSON object: nothing to set (the engine refuses it); too deep, or a number nlohmann cannot read back
+  // while a priority of the client's is there: refused rather than forwarded with it.
+  CHECK(engine_body("not json", 3) == "not json");
+  CHECK(engine_body(R"({"priority": -1, "x": 1e400})", 0) == "unusable");
+  const std::string deep = R"({"priority": -1, "x": )" + std::string(200, '[') + std::string(200, ']') + "}";
+  CHECK(engine_body(deep, 0) == "unusable");
 }

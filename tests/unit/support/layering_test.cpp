@@ -1,7 +1,9 @@
 // Arrows point down: the layers include only what is below them (docs/architecture.md). A policy (the
 // balancer) includes no metrics header, its shared building blocks live in support/; the configuration
 // includes nothing of the balancer: it needs only the list of the policies' names, which lives in support/
-// (support/policy_names.hpp) and includes nothing of dplb. The KV-cache events layer (kv/) is a leaf: it includes nothing of dplb but itself.
+// (support/policy_names.hpp) and includes nothing of dplb. The KV-cache events layer (kv/) is a leaf: it
+// includes nothing of dplb but itself. The tenants include nothing of the admin API or the server (the SHA-256
+// of their keys is support's).
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -84,5 +86,16 @@ TEST_CASE("the KV-cache events layer includes nothing of dplb but itself", "[lay
   for (const auto& i : includes) {
     INFO(i);
     CHECK(i.find("-> dplb/kv/") != std::string::npos);
+  }
+}
+
+TEST_CASE("the tenants include nothing of the admin API or the server", "[layering][tenants]") {
+  // The admin API and the server read the tenants; the tenants' key digests come from support/sha256.hpp.
+  const auto includes = dplb_includes({"src/tenants", "include/dplb/tenants"});
+  REQUIRE_FALSE(includes.empty());
+  for (const auto& i : includes) {
+    INFO(i);
+    CHECK(i.find("-> dplb/admin/") == std::string::npos);
+    CHECK(i.find("-> dplb/server/") == std::string::npos);
   }
 }

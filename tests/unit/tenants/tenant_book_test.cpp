@@ -25,15 +25,20 @@ tenant_spec team(std::string name, std::vector<std::string> keys = {}) {
 
 }  // namespace
 
-TEST_CASE("tenant book: a known key decides, else a header naming a tenant, else default", "[tenants]") {
-  const std::vector<tenant_spec> specs{team("batch", {"key-b"}), team("chat", {"key-c"})};
+TEST_CASE("tenant book: a known key decides, else a header naming a keyless tenant, else default", "[tenants]") {
+  const std::vector<tenant_spec> specs{team("batch", {"key-b"}), team("chat", {"key-c"}), team("research")};
   const tenant_book book(specs);
   CHECK(book.identify("Bearer key-b", "").tenant->name() == "batch");
   CHECK(book.identify("Bearer key-b", "").known_key);
   CHECK(book.identify("Bearer key-c", "batch").tenant->name() == "chat");  // the key wins over the header
-  const auto by_header = book.identify("", "batch");
-  CHECK(by_header.tenant->name() == "batch");
+  const auto by_header = book.identify("", "research");
+  CHECK(by_header.tenant->name() == "research");
   CHECK_FALSE(by_header.known_key);
+  // A tenant with keys is its keys' only: its name in the header without one counts as default.
+  const auto keyless = book.identify("", "batch");
+  CHECK(keyless.tenant->name() == "default");
+  CHECK_FALSE(keyless.known_key);
+  CHECK(book.identify("Bearer unknown", "chat").tenant->name() == "default");
   CHECK(book.identify("Bearer unknown", "nobody").tenant->name() == "default");
   CHECK(book.identify("", "").tenant->id() == 0);
   CHECK_FALSE(book.identify("Bearer unknown", "").known_key);
@@ -70,7 +75,11 @@ TEST_CASE("tenant book: a token budget reserves, refuses what it cannot hold, an
   batch->settle(t0, 500, 100);
   CHECK(batch->admit(t0, 200).admitted());
   // A request larger than the whole budget never fits: it is told so, not to wait.
-  CHECK(batch->admit(t0, 601).why == verdict::refusal::larger_than_budget);
+  const auto never = batch->admit(t0, 601);
+  CHECK(never.why == verdict::refusal::larger_than_budget);
+  CHECK(never.retry_after_seconds == 0);  // no wait helps: no Retry-After
+  CHECK(never.tokens == 601);
+  CHECK(never.budget == 600);
   // Usage beyond the reservation is charged.
   batch->settle(t0, 10, 400);  // 300 were left: 90 in debt now
   CHECK(batch->admit(t0, 1).why == verdict::refusal::token_budget);
@@ -171,4 +180,53 @@ TEST_CASE("tenant book: a raised limit starts as full as the old one stood", "[t
   CHECK(batch->admit(t0, 0).admitted());
   CHECK(batch->admit(t0, 0).admitted());
   CHECK_FALSE(batch->admit(t0, 0).admitted());
+}
+
+TEST_CASE("tenant book: min_priority raises a request's priority to it, and a reload changes it", "[tenants]") {
+  auto batch_spec = team("batch");
+  batch_spec.min_priority = 5;
+  auto chat_spec = team("chat");
+  chat_spec.min_priority = -2;
+  const std::vector<tenant_spec> first{batch_spec, chat_spec, team("research")};
+  tenant_book book(first);
+  auto batch = book.identify("", "batch").tenant;
+  auto chat = book.identify("", "chat").tenant;
+  auto research = book.identify("", "research").tenant;
+  CHECK(batch->has_min_priority());
+  CHECK(batch->min_priority() == 5);
+  CHECK(batch->allowed_priority(-100) == 5);
+  CHECK(batch->allowed_priority(0) == 5);  // none asked is 0, raised too
+  CHECK(batch->allowed_priority(9) == 9);
+  CHECK(chat->allowed_priority(-100) == -2);
+  CHECK(chat->allowed_priority(0) == 0);
+  CHECK_FALSE(research->has_min_priority());
+  CHECK(research->allowed_priority(-100) == -100);
+  CHECK(batch->current_limits().min_priority == 5);
+
+  batch_spec.min_priority.reset();
+  const std::vector<tenant_spec> second{batch_spec};
+  book.reload(second);
+  CHECK_FALSE(batch->has_min_priority());
+  CHECK(batch->allowed_priority(-100) == -100);
+}
+
+TEST_CASE("tenant book: a request without max_tokens reserves the rest of the context, at most the whole budget",
+          "[tenants]") {
+  auto spec = team("batch");
+  spec.tokens_per_minute = 6000;  // 6000 deep
+  const std::vector<tenant_spec> specs{spec, team("chat")};
+  tenant_book book(specs);
+  auto batch = book.identify("", "batch").tenant;
+  auto chat = book.identify("", "chat").tenant;
+  CHECK(batch->unbounded_reservation(100, 2000) == 2100);  // fits: all of it
+  CHECK(batch->unbounded_reservation(100, 8092) == 6000);  // more than the budget holds: the budget
+  CHECK(batch->unbounded_reservation(7000, 1192) == 7000);  // the prompt alone is over: too large, by its prompt
+  CHECK(batch->admit(t0, batch->unbounded_reservation(7000, 1192)).why == verdict::refusal::larger_than_budget);
+  const auto whole = batch->unbounded_reservation(2, 8190);
+  CHECK(batch->admit(t0, whole).admitted());
+  CHECK(batch->admit(t0, 1).why == verdict::refusal::token_budget);
+  // It streamed 300 tokens: the rest comes back.
+  batch->settle(t0, whole, 302);
+  CHECK(batch->admit(t0, 5698).admitted());
+  CHECK(chat->unbounded_reservation(100, 8092) == 8192);  // no budget: nothing to bound it by
 }

@@ -104,13 +104,33 @@ TEST_CASE("tenant directory: without a known key, the header's tenant if configu
           "[tenants]") {
   const auto dir = three_tenants();
   CHECK(dir.tenant_of("", "initech") == 3u);
-  CHECK(dir.tenant_of("", "acme") == 1u);
   CHECK(dir.tenant_of("Bearer unknown-key", "initech") == 3u);
   CHECK_FALSE(dir.has_known_key("Bearer unknown-key"));
   CHECK(dir.tenant_of("", "umbrella") == 0u);  // names no configured tenant
   CHECK(dir.tenant_of("", "INITECH") == 0u);
   CHECK(dir.tenant_of("", "") == 0u);
   CHECK(dir.tenant_of("Bearer unknown-key", "") == 0u);
+}
+
+TEST_CASE("tenant directory: a header never selects a tenant that holds keys: without its key, default",
+          "[tenants]") {
+  const auto dir = three_tenants();
+  CHECK(dir.tenant_of("", "acme") == 0u);        // plain keys
+  CHECK(dir.tenant_of("", "globex") == 0u);      // a key by digest
+  CHECK(dir.tenant_of("Bearer wrong", "acme") == 0u);
+  CHECK(dir.tenant_of("Basic acme-key-1", "acme") == 0u);
+  CHECK_FALSE(dir.tenant_by_header("acme"));
+  CHECK_FALSE(dir.tenant_by_header("globex"));
+  CHECK(dir.tenant_by_header("initech") == 3u);
+  CHECK(dir.tenants()[1].holds_keys);
+  CHECK(dir.tenants()[2].holds_keys);
+  CHECK_FALSE(dir.tenants()[3].holds_keys);
+  // The key itself still selects it, whatever the header says.
+  CHECK(dir.tenant_of("Bearer acme-key-1", "acme") == 1u);
+  // A default tenant with a key is default without it too.
+  const auto keyed_default = directory({{.name = "default", .api_keys = {"d-key"}}, {.name = "acme"}});
+  CHECK(keyed_default.tenant_of("", "default") == 0u);
+  CHECK(keyed_default.tenant_of("", "acme") == 1u);
 }
 
 TEST_CASE("tenant directory: an Authorization that is not Bearer carries no key", "[tenants]") {
