@@ -52,6 +52,7 @@ balancer::balancer(std::span<const std::size_t> rank_clusters, std::vector<std::
       limits_(limits),
       timing_(timing),
       queues_(policies_.size()),
+      orders_(policies_.size()),
       capacity_(std::max(capacity, rank_clusters.size())),
       ranks_(std::make_unique<rank_state[]>(capacity_)),
       rank_count_(rank_clusters.size()),

@@ -53,7 +53,7 @@ wait_state balancer::refusal_locked(const pick_context& request, const queue_sha
   if (!(pinned ? usable(*pinned) : any_usable(request.cluster))) return wait_state::no_usable_rank;
   if (!queueing() || closed_) return wait_state::queue_full;
   if (share.retry) return untried_usable_locked(request) ? wait_state::queued : wait_state::no_usable_rank;
-  if (order_.waiting_of(share.tenant) >= share.max_queued) return wait_state::tenant_queue_full;
+  if (waiting_of_locked(share.tenant) >= share.max_queued) return wait_state::tenant_queue_full;
   if (waiting_.load(std::memory_order_relaxed) >= limits_.max_waiting) return wait_state::queue_full;
   return wait_state::queued;
 }
@@ -93,7 +93,7 @@ wait_outcome balancer::acquire_or_wait(const pick_context& request, request_cost
     if (out.state == wait_state::queued) {
       out.waiter_id = next_waiter_id_++;
       waiter w{out.waiter_id, request, cost, now, std::move(deliver),
-               order_.enqueue(share.retry ? retry_band : std::max(share.priority, retry_band + 1), share.tenant,
+               orders_[pinned ? ranks_[*pinned].cluster : request.cluster].enqueue(share.retry ? retry_band : std::max(share.priority, retry_band + 1), share.tenant,
                               share.weight, share.cost)};
       if (!share.retry) w.request.avoid = nullptr;
       insert_by_key(*line, std::move(w));
@@ -123,7 +123,7 @@ bool balancer::cancel_wait(std::uint64_t waiter_id) {
   const auto erase_from = [&](std::deque<waiter>& line) {
     auto it = std::find_if(line.begin(), line.end(), [&](const waiter& w) { return w.id == waiter_id; });
     if (it == line.end()) return false;
-    order_.abandoned(it->tag);
+    order_of(*it).abandoned(it->tag);
     line.erase(it);
     return true;
   };
@@ -164,18 +164,26 @@ void balancer::close() {
       line->clear();
     }
   }
-  order_.clear();
+  for (auto& order : orders_) order.clear();
   waiting_.store(0, std::memory_order_relaxed);
 }
 
 std::size_t balancer::waiting_of(std::uint64_t tenant) const {
   std::lock_guard lock(pick_mutex_);
-  return order_.waiting_of(tenant);
+  return waiting_of_locked(tenant);
+}
+
+std::size_t balancer::waiting_of_locked(std::uint64_t tenant) const {
+  std::size_t n = 0;
+  for (const auto& order : orders_) n += order.waiting_of(tenant);
+  return n;
 }
 
 std::size_t balancer::queue_bands() const {
   std::lock_guard lock(pick_mutex_);
-  return order_.bands();
+  std::size_t n = 0;
+  for (const auto& order : orders_) n += order.bands();
+  return n;
 }
 
 // Every line is kept soonest first; a new waiter may go ahead of older ones (a lower priority value, or a
@@ -261,10 +269,10 @@ void balancer::serve_waiters_locked(std::vector<delivery>& ready) {
     if (const auto chosen = shared_line ? pick_from_shared_line_locked(head.request, head.cost, head.since, now)
                                         : pick_locked(head.request, head.cost)) {
       ready.push_back(delivery{std::move(head.deliver), rank_lease(this, *chosen, head.cost)});
-      order_.served(head.tag);
+      order_of(head).served(head.tag);
       line->pop_front();
     } else if (shared_line && head.request.avoid && !untried_usable_locked(head.request)) {
-      order_.abandoned(head.tag);  // a retry with no rank left to try: refused now, not at its queue timeout
+      order_of(head).abandoned(head.tag);  // a retry with no rank left to try: refused now, not at its queue timeout
       ready.push_back(delivery{std::move(head.deliver), rank_lease{}});
       line->pop_front();
     } else if (shared_line && (spreads(head.request) || head.request.avoid)) {
@@ -336,7 +344,7 @@ void balancer::deliver(std::vector<delivery>& ready) noexcept {
 void balancer::turn_away_stranded_locked(std::size_t rank, std::vector<delivery>& ready) {
   const auto turn_away = [&](std::deque<waiter>& line) {
     for (auto& w : line) {
-      order_.abandoned(w.tag);
+      order_of(w).abandoned(w.tag);
       ready.push_back(delivery{std::move(w.deliver), rank_lease{}});
     }
     line.clear();

@@ -265,7 +265,7 @@ class balancer {
   std::chrono::milliseconds placement_wait() const noexcept { return limits_.placement_wait; }
   std::size_t waiting() const noexcept { return waiting_.load(std::memory_order_relaxed); }
   std::size_t waiting_of(std::uint64_t tenant) const;  // one tenant's waiters, over every line
-  std::size_t queue_bands() const;  // priority bands with waiters (the fair order's state; for tests)
+  std::size_t queue_bands() const;  // priority bands with waiters, summed over the clusters' queues (for tests)
   // For shutdown, once the threads that serve the waiters have stopped: drops every waiter without
   // delivering to it (destroying its `deliver`) and queues none from then on, so that no release after
   // this calls a `deliver`, whose executor may be destroyed by then.
@@ -305,6 +305,7 @@ class balancer {
   void turn_away_stranded_locked(std::size_t rank, std::vector<delivery>& ready);
   static void deliver(std::vector<delivery>& ready) noexcept;
   std::size_t queued_locked() const noexcept;
+  std::size_t waiting_of_locked(std::uint64_t tenant) const;
   void count_waiting_locked() noexcept;
 
   using clock = std::chrono::steady_clock;
@@ -341,7 +342,11 @@ class balancer {
   queue_limits limits_;
   rank_timing timing_;
   std::vector<std::deque<waiter>> queues_;  // per cluster: waiters for any of its ranks; guarded by pick_mutex_
-  fair_order order_;                        // every waiter's tags and its tenant's count; guarded by pick_mutex_
+  // Per cluster: its waiters' tags (its own virtual clock per band) and its tenants' counts; guarded by pick_mutex_.
+  std::vector<fair_order> orders_;
+  fair_order& order_of(const waiter& w) noexcept {
+    return orders_[w.request.pinned_rank ? ranks_[*w.request.pinned_rank].cluster : w.request.cluster];
+  }
   std::vector<char> blocked_;       // scratch for serve_waiters_locked(), a flag per line; guarded by pick_mutex_
   std::vector<char> cluster_full_;  // scratch for serve_waiters_locked(); guarded by pick_mutex_
   std::deque<waiter> set_aside_;    // scratch for serve_waiters_locked(); guarded by pick_mutex_
