@@ -51,7 +51,7 @@ balancer::balancer(std::span<const std::size_t> rank_clusters, std::vector<std::
     : policies_(std::move(policies)),
       limits_(limits),
       timing_(timing),
-      queues_(policies_.size()),
+      clusters_(policies_.size()),
       capacity_(std::max(capacity, rank_clusters.size())),
       ranks_(std::make_unique<rank_state[]>(capacity_)),
       rank_count_(rank_clusters.size()),
@@ -65,6 +65,7 @@ balancer::balancer(std::span<const std::size_t> rank_clusters, std::vector<std::
   for (std::size_t r = 0; r < rank_clusters.size(); ++r) {
     if (rank_clusters[r] >= policies_.size()) throw std::out_of_range("balancer: rank of an unknown cluster");
     ranks_[r].cluster = rank_clusters[r];
+    clusters_[rank_clusters[r]].ranks.push_back(r);
   }
   hears_releases_ = std::ranges::any_of(policies_, [](const auto& p) { return p->hears_releases(); });
 }
@@ -79,13 +80,16 @@ void balancer::enable_affinity(double load_bound, routing_stats* stats) {
 
 void balancer::add_ranks(std::span<const std::uint32_t> weights, std::size_t cluster) {
   if (cluster >= policies_.size()) throw std::out_of_range("balancer: no cluster " + std::to_string(cluster));
-  std::vector<delivery> ready;  // declared first: any lease left in it is released after the unlock
+  handoffs ready;  // declared first: handed over after the unlock
   {
     std::lock_guard lock(pick_mutex_);
     const std::size_t first = rank_count_.load(std::memory_order_relaxed);
     if (weights.size() > capacity_ - first) {
       throw std::length_error("balancer: no room for " + std::to_string(weights.size()) + " more ranks");
     }
+    auto& members = clusters_[cluster].ranks;
+    members.reserve(members.size() + weights.size());  // before anything changes: the appends below cannot throw
+    detail_.reserve(first + weights.size());
     const auto now = clock::now();
     for (std::size_t i = 0; i < weights.size(); ++i) {
       ranks_[first + i].weight.store(std::max<std::uint32_t>(1, weights[i]), std::memory_order_relaxed);
@@ -99,13 +103,13 @@ void balancer::add_ranks(std::span<const std::uint32_t> weights, std::size_t clu
     }
     view_.resize(first + weights.size());
     loads_.resize(first + weights.size());
+    for (std::size_t i = 0; i < weights.size(); ++i) members.push_back(first + i);
     // Published last: a reader that sees the new count sees the new ranks' weights.
     rank_count_.store(first + weights.size(), std::memory_order_release);
     for (std::size_t i = 0; i < weights.size(); ++i) policies_[cluster]->on_state_change(first + i, 0);
     if (affinity_) affinity_->add_ranks(first, weights.size());
-    if (queueing()) serve_waiters_locked(ready);  // waiters may fit on the new ranks
+    if (queueing()) serve_locked(cluster, std::nullopt, ready);  // waiters may fit on the new ranks
   }
-  deliver(ready);
 }
 
 bool balancer::has_room_locked(std::size_t rank) const noexcept {
@@ -113,13 +117,12 @@ bool balancer::has_room_locked(std::size_t rank) const noexcept {
   return cap == 0 || ranks_[rank].inflight.load(std::memory_order_relaxed) < cap;
 }
 
+bool balancer::usable_with_room_locked(std::size_t rank) const noexcept {
+  return ranks_[rank].flags.load(std::memory_order_relaxed) == 0 && has_room_locked(rank);
+}
+
 bool balancer::cluster_has_room_locked(std::size_t cluster) const noexcept {
-  for (std::size_t r = 0; r < detail_.size(); ++r) {
-    if (ranks_[r].cluster == cluster && ranks_[r].flags.load(std::memory_order_relaxed) == 0 && has_room_locked(r)) {
-      return true;
-    }
-  }
-  return false;
+  return std::ranges::any_of(clusters_[cluster].ranks, [this](std::size_t r) { return usable_with_room_locked(r); });
 }
 
 // The policy's view of every rank just before a pick. Slow start scales the weight of a rank that came
@@ -203,7 +206,7 @@ rank_lease balancer::acquire(const pick_context& request, request_cost cost) {
   // No jumping the queue, except for a retry: it already had its turn (its first rank failed).
   if (!request.avoid) {
     if (request.pinned_rank ? *request.pinned_rank < detail_.size() && !detail_[*request.pinned_rank].pinned.empty()
-                            : request.cluster < queues_.size() && !queues_[request.cluster].empty()) {
+                            : request.cluster < clusters_.size() && !clusters_[request.cluster].shared.empty()) {
       return {};
     }
   }
@@ -247,27 +250,19 @@ void balancer::release_cost(std::size_t rank, request_cost cost) noexcept {
 void balancer::prompt_done(std::size_t rank, request_cost prefilled) noexcept {
   release_cost(rank, prefilled);
   if (!queueing() || !prefilled.long_prompt) return;
-  std::vector<delivery> ready;  // declared first: any lease left in it is released after the unlock
-  {
-    std::lock_guard lock(pick_mutex_);
-    serve_waiters_locked(ready);
-  }
-  deliver(ready);
+  handoffs ready;  // declared first: handed over after the unlock
+  std::lock_guard lock(pick_mutex_);
+  serve_locked(ranks_[rank].cluster, rank, ready);
 }
 
-// No freed slot may leave a waiter behind. A waiter is enqueued under pick_mutex_ after its pick, in
-// the same critical section, found no rank with room that suits it; so with queueing on, every step that
-// can give a waiter room (a release, a rank becoming usable or unusable, ranks added, a request arriving)
-// changes the state and serves the queue in one critical section under that same mutex. The mutex
-// orders the two: if the enqueue comes first, the freeing step finds the waiter and serves it; if the
-// freeing step comes first, the enqueuer's pick sees the room and takes it instead of queueing. Hence
-// the invariant, at every unlock: a cluster's shared line is empty, or none of its ranks has room, or the
-// room is only on ranks that its every waiter passes over (long prompts: ranks still prefilling one); each
-// rank's pinned line is empty or that rank has no room; each rank's line of waiters whose place it is
-// is empty, or that rank has no room and its head still holds out for it (within the load bound and its
-// placement_wait, as judged at that step; see serve_waiters_locked). (Checking a waiter count outside
-// the lock after a relaxed decrement, as a cheaper release would, misses the enqueuer that has picked but
-// not yet published itself.)
+// No freed slot may leave a waiter behind. A waiter is enqueued under pick_mutex_ after its pick, in the same
+// critical section, found no rank with room that suits it; every step that can give a waiter room (a release, a
+// rank's state, ranks added, an arrival, a hold ending) changes the state and serves that cluster's queue in one
+// critical section under the same mutex, so the two are ordered. Hence, at every unlock: a rank with room has
+// no one in its pinned or preferring line, and a cluster's shared line is empty, or none of its ranks has room,
+// or its every waiter passes that room over (a long prompt, a retry). So a release need look only at the freed
+// rank's lines and its cluster's shared line. (A waiter count checked outside the lock after a relaxed
+// decrement, as a cheaper release would, misses the enqueuer that has picked but not yet published itself.)
 // Without queueing nothing ever waits, and unless the policy hears releases a release stays lock-free.
 void balancer::release(std::size_t rank, request_cost cost) noexcept {
   auto& r = ranks_[rank];
@@ -276,18 +271,16 @@ void balancer::release(std::size_t rank, request_cost cost) noexcept {
     r.inflight.fetch_sub(1, std::memory_order_relaxed);
     return;
   }
-  std::vector<delivery> ready;  // declared first: any lease left in it is released after the unlock
-  {
-    std::lock_guard lock(pick_mutex_);
-    r.inflight.fetch_sub(1, std::memory_order_relaxed);
-    if (hears_releases_) policy_for_rank(rank).on_release(rank);
-    if (queueing()) serve_waiters_locked(ready);
-  }
-  deliver(ready);
+  handoffs ready;  // declared first: handed over after the unlock
+  std::lock_guard lock(pick_mutex_);
+  r.inflight.fetch_sub(1, std::memory_order_relaxed);
+  if (hears_releases_) policy_for_rank(rank).on_release(rank);
+  // The freed slot is on this rank: only its lines and its cluster's shared line can take it.
+  if (queueing()) serve_locked(r.cluster, rank, ready);
 }
 
 void balancer::set_flag(std::size_t rank, rank_flag flag, bool on) {
-  std::vector<delivery> ready;
+  handoffs ready;  // declared first: handed over after the unlock
   {
     std::lock_guard lock(pick_mutex_);
     if (rank >= detail_.size()) throw std::out_of_range("balancer: no rank " + std::to_string(rank));
@@ -306,11 +299,18 @@ void balancer::set_flag(std::size_t rank, rank_flag flag, bool on) {
       if (d.ramp_until == clock::time_point{}) ++ramping_;
       d.ramp_until = clock::now() + timing_.slow_start;
     }
-    // Back: waiters may fit on it. Out: those whose place it was now take any slot of their cluster.
-    if (queueing()) serve_waiters_locked(ready);
+    // Back: waiters may fit on it. Out: those whose place it was now take any slot of their cluster, and a
+    // retry left with no untried usable rank is answered now.
+    if (queueing()) {
+      auto& queue = clusters_[r.cluster];
+      if (before == 0) {
+        give_up_places_on_locked(rank);
+        turn_away_hopeless_retries_locked(queue, ready);
+      }
+      serve_locked(r.cluster, rank, ready);
+    }
     if (flag == rank_flag::removed && on) turn_away_stranded_locked(rank, ready);
   }
-  deliver(ready);
 }
 
 std::uint8_t balancer::flags(std::size_t rank) const noexcept {

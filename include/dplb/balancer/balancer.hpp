@@ -13,119 +13,43 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "dplb/balancer/affinity_ring.hpp"
 #include "dplb/balancer/fair_order.hpp"
+#include "dplb/balancer/queue_lines.hpp"
+#include "dplb/balancer/rank_lease.hpp"
+#include "dplb/balancer/waiter.hpp"
 #include "dplb/balancer/policy.hpp"
 #include "dplb/balancer/routing_stats.hpp"
 
 namespace dplb::balancer {
 
-class balancer;
-
-// What a request costs the rank it runs on, in tokens (least-tokens): the prompt until the response's
-// first byte (the prefill is done then), the generation until the end.
-struct request_cost {
-  std::uint32_t prompt = 0;
-  std::uint32_t decode = 0;
-  // Set by the pick, from pick_context::prompt_tokens: a long prompt (queue_limits::long_prompt_tokens), counted
-  // on its rank as prefilling until rank_lease::prompt_done() or the release.
-  bool long_prompt = false;
-};
-
-// One request's claim on a rank: counted in-flight from acquire() until the lease is destroyed or
-// released. Move-only RAII so that every exit path (normal end, client close, upstream error,
-// exception) gives the slot back exactly once.
-class rank_lease {
- public:
-  rank_lease() = default;
-  rank_lease(rank_lease&& other) noexcept;
-  rank_lease& operator=(rank_lease&& other) noexcept;
-  rank_lease(const rank_lease&) = delete;
-  rank_lease& operator=(const rank_lease&) = delete;
-  ~rank_lease() { release(); }
-
-  explicit operator bool() const noexcept { return owner_ != nullptr; }
-  std::size_t rank() const noexcept { return rank_; }
-  // The prefill is over (the engine's first byte arrived): the prompt's tokens no longer weigh on the rank.
-  void prompt_done() noexcept;
-  void release() noexcept;
-
- private:
-  friend class balancer;
-  rank_lease(balancer* owner, std::size_t rank, request_cost cost) noexcept
-      : owner_(owner), rank_(rank), cost_(cost) {}
-  balancer* owner_ = nullptr;
-  std::size_t rank_ = 0;
-  request_cost cost_;  // what is still counted on the rank
-};
-
-// Who a queued request is, for the queue's order and the tenant's queue limit.
-struct queue_share {
-  std::int64_t priority = 0;    // vLLM's `priority`: lower is served sooner
-  std::uint64_t tenant = 0;     // a stable id of the tenant (0: the default tenant)
-  std::uint32_t weight = 1;     // the tenant's share among equal priorities (0 is taken as 1)
-  std::uint64_t cost = 1;       // what the request counts against that share: 1, or its tokens (0 is taken as 1)
-  std::size_t max_queued = std::numeric_limits<std::size_t>::max();  // the tenant's waiters at most, this one included
-  // A request whose rank failed before taking it, waiting for a slot on a rank it has not tried
-  // (pick_context::avoid): it goes before every other waiter (it had its turn), and no queue limit refuses it.
-  bool retry = false;
-};
-
-// Optional queueing in dplb (--max-inflight-per-rank): a rank at its limit takes no new request; when
-// no rank with room suits a request, it waits in dplb's queue, so imbalance never hides in an engine's
-// own queue. The queue's order (fair_order.hpp) is by priority, lowest value first; among equal priorities
-// tenants share the freed slots in proportion to their weights, a request counting its queue_share::cost
-// against its tenant's share (start-time fair queueing); one tenant's requests go in their order of arrival.
-// Each waiter gets its key (priority, start tag, arrival) once, as it queues; "soonest" below is by that key.
-// With every request of one tenant, one weight, one cost and one priority, the queue is plain FIFO.
-// The queue discipline (balancer::serve_waiters_locked):
-//  - A waiter is a whole request: it keeps its routing context (prefix chain, session key, pin, tokens,
-//    cluster), and a freed slot re-runs the whole pick for it (affinity ring, then its cluster's policy).
-//  - A request pinned to a rank waits in that rank's own line.
-//  - A request with a place (its session's rank on the affinity ring, or the rank holding its prefix:
-//    policy::preferred, judged as if no rank were full and within the load bound) whose rank is full
-//    waits in that rank's line for its next slot, while a later request that fits a slot freed elsewhere
-//    takes it (HAProxy's pendconns queue per server for this reason).
-//  - Every other request waits in its cluster's line, and takes a slot freed anywhere in the cluster in
-//    its turn.
-//  - A freed slot goes to the soonest waiter that it suits, over all lines; so where placement does not
-//    matter (least-inflight, round-robin, a prompt matching nothing) the queue is in the fair order alone.
-//  - A long prompt (queue_limits::long_prompt_tokens) from a shared line passes over the ranks still
-//    prefilling another long prompt while some other usable rank of its cluster is not, for at most
-//    queue_limits::long_prompt_hold: a freed slot there goes to the next waiter it suits. On a rank already
-//    prefilling one, a long prompt's first token comes a whole prefill later (both in one step, or one
-//    after the other); under load a slot frees elsewhere within a step or two, which costs it far less.
-//    The rank it passed over is judged again when that prefill ends (the stream's first byte).
-//  - A retry (queue_share::retry) waits in its cluster's shared line, first, for a slot on a rank it has not
-//    tried; a slot freed on one it tried goes to the next waiter. It is turned away (an empty lease) once no
-//    untried rank of its cluster is usable.
-//  - Nobody starves for a place: a place over the load bound, on a rank that became unusable, or waited
-//    for longer than `placement_wait` (seen at the next release, arrival or state change, or when the
-//    waiting request calls reconsider() at the end of its placement_wait), no longer counts: the waiter
-//    then takes any slot of its cluster. Nobody starves within a priority: a tenant's next request starts
-//    no sooner than its last one finishes, so only so many of others' requests can go ahead of a waiter.
-//    A lower priority does wait as long as higher ones keep every suitable slot busy (as in vLLM's priority
-//    scheduling); its queue timeout bounds that.
-//  - A tenant has at most queue_share::max_queued waiters; beyond, it is refused (tenant_queue_full) while
-//    other tenants still queue.
+// Optional queueing in dplb (--max-inflight-per-rank): a rank at its limit takes no new request; when no rank
+// with room suits a request, it waits in its cluster's queue (queue_lines.hpp: its lines and their rules), so
+// imbalance never hides in an engine's own queue. The order (fair_order.hpp) is by priority, lowest value first;
+// among equal priorities tenants share the freed slots by weight, a request counting its queue_share::cost
+// (start-time fair queueing); one tenant's requests in their order of arrival: with one tenant, one weight,
+// one cost and one priority, the queue is plain FIFO. A waiter is a whole request: a freed slot re-runs its
+// whole pick (affinity ring, then its cluster's policy). A lower priority waits as long as higher ones keep
+// every suitable slot busy (as in vLLM's priority scheduling); its queue timeout bounds that.
 struct queue_limits {
   std::uint32_t max_inflight_per_rank = 0;  // 0: no limit, no queueing
-  std::size_t max_waiting = 1024;           // beyond: refused at once (every line together)
+  std::size_t max_waiting = 1024;           // beyond: refused at once (every cluster's queue together)
   // How long a waiter holds out for its own rank while others have room (the application: half of
   // --queue-timeout-ms). 0: never, the first slot of its cluster is as good.
   std::chrono::milliseconds placement_wait{15'000};
   // A prompt of at least this many tokens (estimated, as request_cost::prompt) is long: a queued one is
-  // not given a slot on a rank still prefilling another, while another rank is not (see above), for at
-  // most long_prompt_hold. 0: off.
+  // not given a slot on a rank still prefilling another, while another rank is not, for at most
+  // long_prompt_hold: under load a slot frees elsewhere within a step or two, which costs it far less than
+  // a whole prefill's wait. 0: off.
   std::uint32_t long_prompt_tokens = 0;
   std::chrono::milliseconds long_prompt_hold{500};
 };
@@ -152,39 +76,6 @@ struct engine_status {
   bool ever = false;  // a good read arrived once
   engine_load load{};
   std::chrono::steady_clock::duration age{};
-};
-
-// A request waiting for a slot. `deliver` is called with the lease from whichever thread freed the slot
-// (or with an empty lease when the waiter can never be served: its rank, or every rank of its cluster, was
-// removed), after the balancer's lock is released (so it may drop the lease, or call into the balancer); it
-// should only hand the lease over (e.g. post it to the waiter's executor), since it delays that thread.
-// `request` is kept with its views (chain, session key): their owner keeps them alive until the lease is
-// delivered or cancel_wait() returned (a waiting session is suspended, so its storage stays put).
-struct waiter {
-  std::uint64_t id = 0;  // rising: a smaller id waited longer
-  pick_context request;  // `avoid`: set for a retry only (queue_share::retry), the ranks it tried
-  request_cost cost;
-  std::chrono::steady_clock::time_point since{};
-  std::function<void(rank_lease)> deliver;
-  fair_tag tag;  // its place in the fair order, with `id`; see goes_before()
-
-  bool goes_before(const waiter& other) const noexcept {
-    return dplb::balancer::goes_before(tag, id, other.tag, other.id);
-  }
-};
-
-// What acquire_or_wait() did with a request.
-enum class wait_state {
-  served,             // a slot at once
-  queued,             // waits; its lease comes through `deliver`
-  queue_full,         // refused: queue_limits::max_waiting waiters already
-  tenant_queue_full,  // refused: its tenant has queue_share::max_queued waiters already
-  no_usable_rank,     // refused: no rank of its cluster (pinned: its rank) is usable
-};
-struct wait_outcome {
-  rank_lease lease;            // served: the slot
-  wait_state state = wait_state::no_usable_rank;
-  std::uint64_t waiter_id = 0; // queued: for cancel_wait
 };
 
 class balancer {
@@ -263,9 +154,12 @@ class balancer {
   // placement_wait is over, so that no waiter outlasts it for want of an event.
   void reconsider();
   std::chrono::milliseconds placement_wait() const noexcept { return limits_.placement_wait; }
+  // How long a request with this share holds out for its place (see queue_share::max_wait): the session that
+  // waits calls reconsider() when it is over.
+  std::chrono::milliseconds placement_wait(const queue_share& share) const noexcept;
   std::size_t waiting() const noexcept { return waiting_.load(std::memory_order_relaxed); }
-  std::size_t waiting_of(std::uint64_t tenant) const;  // one tenant's waiters, over every line
-  std::size_t queue_bands() const;  // priority bands with waiters (the fair order's state; for tests)
+  std::size_t waiting_of(std::uint64_t tenant) const;  // one tenant's waiters, over every cluster's queue
+  std::size_t queue_bands() const;  // priority bands with waiters, summed over the clusters' queues (for tests)
   // For shutdown, once the threads that serve the waiters have stopped: drops every waiter without
   // delivering to it (destroying its `deliver`) and queues none from then on, so that no release after
   // this calls a `deliver`, whose executor may be destroyed by then.
@@ -273,6 +167,7 @@ class balancer {
 
  private:
   friend class rank_lease;
+  using clock = std::chrono::steady_clock;
   static request_cost at_least_one_token(request_cost cost) noexcept;
   void release(std::size_t rank, request_cost cost) noexcept;
   void release_cost(std::size_t rank, request_cost cost) noexcept;
@@ -285,29 +180,35 @@ class balancer {
   // Counts the request on the rank it picks, and marks `cost` long_prompt when it is.
   std::optional<std::size_t> pick_locked(const pick_context& request, request_cost& cost);
   bool has_room_locked(std::size_t rank) const noexcept;
+  bool usable_with_room_locked(std::size_t rank) const noexcept;
   bool cluster_has_room_locked(std::size_t cluster) const noexcept;
   // room_matters: false for policy::preferred's view, where a full rank is usable.
   void refresh_view_locked(const pick_context& request, bool room_matters = true);
-  std::optional<std::size_t> preferred_locked(const pick_context& request, std::chrono::steady_clock::time_point since,
-                                              std::chrono::steady_clock::time_point now);
-  // A waiter's slot, assigned under the lock, handed over after it.
-  struct delivery {
-    std::function<void(rank_lease)> deliver;
-    rank_lease lease;
-  };
-  void serve_waiters_locked(std::vector<delivery>& ready);
+  // Where the request belongs, or nullopt once its hold is over (queue_lines.hpp, line_kind::preferring).
+  std::optional<std::size_t> preferred_locked(const pick_context& request, clock::time_point hold_until,
+                                              clock::time_point now);
   bool untried_usable_locked(const pick_context& request) const noexcept;
   std::optional<std::size_t> pick_from_shared_line_locked(const pick_context& request, request_cost& cost,
-                                                          std::chrono::steady_clock::time_point since,
-                                                          std::chrono::steady_clock::time_point now);
-  static void insert_by_key(std::deque<waiter>& line, waiter w);
-  wait_state refusal_locked(const pick_context& request, const queue_share& share) const;
-  void turn_away_stranded_locked(std::size_t rank, std::vector<delivery>& ready);
-  static void deliver(std::vector<delivery>& ready) noexcept;
-  std::size_t queued_locked() const noexcept;
-  void count_waiting_locked() noexcept;
+                                                          clock::time_point since, clock::time_point now);
 
-  using clock = std::chrono::steady_clock;
+  // The queue (balancer_queue.cpp).
+  waiting_line& line_locked(const line_ref& line) noexcept;
+  void enqueue_locked(waiter w, const line_ref& line, std::size_t cluster, const queue_share& share);
+  waiting_line::node leave_locked(cluster_queue& queue, waiting_line& line, waiting_line::iterator at);
+  void move_locked(waiting_line& from, waiting_line::iterator at, const line_ref& to);
+  // Serves the cluster's waiters that its room suits. `freed`: the rank whose room or state the event changed
+  // (its own lines are looked at only then). Never throws: an allocation that fails stops it between two
+  // waiters, each still in its line, to be served at the next event.
+  void serve_locked(std::size_t cluster, std::optional<std::size_t> freed, handoffs& ready) noexcept;
+  void serve_rounds_locked(std::size_t cluster, std::optional<std::size_t> freed, handoffs& ready,
+                           clock::time_point now);
+  void end_holds_locked(cluster_queue& queue, clock::time_point now);
+  void give_up_places_on_locked(std::size_t rank);
+  void turn_away_hopeless_retries_locked(cluster_queue& queue, handoffs& ready);
+  void turn_away_stranded_locked(std::size_t rank, handoffs& ready);
+  wait_state refusal_locked(const pick_context& request, const queue_share& share) const;
+  std::size_t waiting_of_locked(std::uint64_t tenant) const;
+  void count_waiting_locked() noexcept { waiting_.store(places_.size(), std::memory_order_relaxed); }
 
   // A cache line per rank: each rank's count is written by every request on it, and ranks side by side
   // on one line would make the threads serving different ranks invalidate each other's reads.
@@ -328,8 +229,8 @@ class balancer {
     clock::time_point read_at{};
     std::uint32_t inflight_at_read = 0;
     clock::time_point ramp_until{};  // slow start ends; epoch: not ramping
-    std::deque<waiter> pinned;       // waiters for this rank only (each line: soonest first, see waiter)
-    std::deque<waiter> preferring;   // waiters whose place is this rank; guarded as above
+    waiting_line pinned;             // its cluster's waiters for this rank only
+    waiting_line preferring;         // its cluster's waiters whose place is this rank, while it is full
   };
   policy& policy_for_rank(std::size_t rank) { return *policies_[ranks_[rank].cluster]; }
 
@@ -340,11 +241,8 @@ class balancer {
   routing_stats* routing_stats_ = nullptr;
   queue_limits limits_;
   rank_timing timing_;
-  std::vector<std::deque<waiter>> queues_;  // per cluster: waiters for any of its ranks; guarded by pick_mutex_
-  fair_order order_;                        // every waiter's tags and its tenant's count; guarded by pick_mutex_
-  std::vector<char> blocked_;       // scratch for serve_waiters_locked(), a flag per line; guarded by pick_mutex_
-  std::vector<char> cluster_full_;  // scratch for serve_waiters_locked(); guarded by pick_mutex_
-  std::deque<waiter> set_aside_;    // scratch for serve_waiters_locked(); guarded by pick_mutex_
+  std::vector<cluster_queue> clusters_;  // one per cluster; guarded by pick_mutex_
+  std::unordered_map<std::uint64_t, waiter_place> places_;  // every waiter, by id; guarded by pick_mutex_
   std::vector<bool> passed_over_;   // scratch for pick_from_shared_line_locked(); guarded by pick_mutex_
   bool hears_releases_ = false;  // some cluster's policy hears releases (fixed at construction)
   std::atomic<std::size_t> waiting_{0};    // waiters, pinned or not, for metrics; never decides anything

@@ -1,5 +1,5 @@
 #pragma once
-// The order of dplb's queue (balancer.hpp, above queue_limits): the lowest priority value first; among equal
+// The order of one cluster's queue (queue_lines.hpp): the lowest priority value first; among equal
 // priorities, tenants share the freed slots in proportion to their weights (start-time fair queueing, SFQ:
 // Goyal, Vin and Cheng, 1996); one tenant's requests in their order of arrival.
 //
