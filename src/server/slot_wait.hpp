@@ -53,6 +53,7 @@ inline queue_ticket ticket_for(tenant_pass& tenant, std::int64_t priority, std::
   ticket.share.max_queued = terms.max_queued;
   if (settings.fair_by == config::fair_basis::tokens) ticket.share.cost = std::max<std::uint64_t>(1, tokens);
   ticket.max_wait = terms.max_queue_wait.count() > 0 ? terms.max_queue_wait : settings.max_queue_wait;
+  ticket.share.max_wait = ticket.max_wait;  // a waiter held for its place takes any rank before this runs out
   ticket.tenant = &tenant;
   return ticket;
 }
@@ -133,7 +134,7 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
     if (after.count() > 0 && after < queue_timeout) wakes[wake_count++] = after;
   };
   if (shared.balancer.spreads(request)) wake_at(shared.balancer.long_prompt_hold());
-  wake_at(shared.balancer.placement_wait());
+  wake_at(shared.balancer.placement_wait(ticket.share));
   std::sort(wakes.begin(), wakes.begin() + static_cast<std::ptrdiff_t>(wake_count));
   std::size_t woken = 0;
   state->timer.expires_after(wake_count > 0 ? wakes[0] : clock_type::duration(queue_timeout));

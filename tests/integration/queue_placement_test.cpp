@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "await.hpp"
 #include "http_client.hpp"
 #include "processes.hpp"
 #include "text.hpp"
@@ -131,4 +132,42 @@ TEST_CASE("affinity under --max-inflight-per-rank: queued requests still go to t
   const double share = share_on_expected_rank(proxy.port(), burst, expected);
   WARN("affinity: " << share * 100 << "% of 80 queued requests on their session's rank");
   CHECK(share >= 0.8);
+}
+
+TEST_CASE("a request held for its session's full rank takes an idle rank before its own queue wait runs out",
+          "[queue][affinity]") {
+  // Two ranks of one slot each; the queue's placement wait is long (half of --queue-timeout-ms: 15 s), the
+  // request's own limit short (--max-queue-wait-ms). Held for its session's rank until its limit, it would
+  // get 429 while the other rank sits idle; it takes that rank well before.
+  mock_engine engine(2, {"--ttft-ms", "0", "--itl-ms", "10"});
+  dplb_proxy proxy(engine.urls(), {"--policy", "least-inflight", "--affinity-header", "x-session-id",
+                                   "--max-inflight-per-rank", "1", "--queue-timeout-ms", "30000",
+                                   "--max-queue-wait-ms", "800"});
+  http_connection client(proxy.port());
+  const std::string session = "held-session";
+  const auto home = rank_of(client, completion("where does this session live", session));
+  // The session's rank is taken by a stream of ~3 s (300 tokens, 10 ms apart).
+  auto blocker_request = completion("a long answer", session);
+  blocker_request.body() =
+      json{{"model", "mock-model"}, {"prompt", "a long answer"}, {"max_tokens", 300}, {"stream", true}}.dump();
+  blocker_request.prepare_payload();
+  http_connection blocker(proxy.port());
+  std::ostringstream wire;
+  wire << blocker_request;
+  blocker.write_raw(wire.str());
+  const auto home_label = "rank=\"" + std::to_string(home) + "\"";
+  const auto busy = await_metrics(proxy.port(), [&](const auto& m) {
+    return metric_sum(m, "dplb_rank_inflight{", {home_label}) == 1.0;
+  });
+  REQUIRE(metric_sum(busy, "dplb_rank_inflight{", {home_label}) == 1.0);
+
+  const auto started = std::chrono::steady_clock::now();
+  const auto held = client.send(completion("and the next turn", session));
+  const auto took = std::chrono::steady_clock::now() - started;
+  CHECK(held.status == 200);
+  CHECK(std::string(held.headers["x-dplb-rank"]) != std::to_string(home));
+  CHECK(took < 800ms * timing_slack());
+  const auto done = blocker.read_responses(1, 30s).final_responses();
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].status == 200);
 }
