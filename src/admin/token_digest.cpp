@@ -4,12 +4,12 @@
 
 namespace dplb::admin {
 
-token_digest::token_digest(std::string_view token) : digest_(sha256(token)), empty_(token.empty()) {}
+token_digest::token_digest(std::string_view token) : digest_(support::sha256(token)), empty_(token.empty()) {}
 
 bool token_digest::matches(std::string_view given) const noexcept {
   if (empty_) return false;
   try {
-    return support::same_digest(sha256(given), digest_);
+    return support::same_digest(support::sha256(given), digest_);
   } catch (const std::exception&) {
     return false;
   }

@@ -87,30 +87,6 @@ string_scan scan_string(std::string_view t, std::size_t i, std::string_view name
   return {};
 }
 
-// The end of the value starting at t[i] (a string, a container, or a bare literal such as NaN), or npos.
-std::size_t skip_value(std::string_view t, std::size_t i) {
-  if (i >= t.size()) return std::string_view::npos;
-  if (t[i] == '"') return scan_string(t, i, {}).end;
-  if (t[i] == '{' || t[i] == '[') {
-    std::size_t depth = 0;
-    while (i < t.size()) {
-      const char c = t[i];
-      if (c == '"') {
-        i = scan_string(t, i, {}).end;
-        if (i == std::string_view::npos) return i;
-        continue;
-      }
-      if (c == '{' || c == '[') ++depth;
-      if ((c == '}' || c == ']') && --depth == 0) return i + 1;
-      ++i;
-    }
-    return std::string_view::npos;
-  }
-  const std::size_t start = i;
-  while (i < t.size() && !blank(t[i]) && t[i] != ',' && t[i] != '}' && t[i] != ']') ++i;
-  return i == start ? std::string_view::npos : i;
-}
-
 // A body Python's json would decode from UTF-16 or UTF-32 (json.detect_encoding): a byte order mark of
 // theirs, or a NUL among the first four bytes (JSON text in UTF-8 has none).
 bool wide_encoding(std::string_view body) {
@@ -132,7 +108,7 @@ bool sets_kv_transfer_params(std::string_view body) {
     if (key.end == std::string_view::npos) return false;
     i = skip_blanks(body, key.end);
     if (i >= body.size() || body[i] != ':') return false;
-    const std::size_t value_end = skip_value(body, skip_blanks(body, i + 1));
+    const std::size_t value_end = support::json_value_end(body, skip_blanks(body, i + 1));
     if (value_end == std::string_view::npos) return false;
     i = skip_blanks(body, value_end);
     if (i >= body.size() || body[i] != ',') return false;

@@ -52,6 +52,8 @@ std::size_t skip_value(std::string_view t, std::size_t i) {
 
 }  // namespace
 
+std::size_t json_value_end(std::string_view text, std::size_t at) { return skip_value(text, at); }
+
 std::size_t json_nesting_depth(std::string_view text, std::size_t limit) {
   std::size_t depth = 0, deepest = 0;
   bool in_string = false, escaped = false;

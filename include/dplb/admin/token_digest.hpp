@@ -22,10 +22,6 @@ class token_digest {
   // Whether `given` is the token: SHA-256(given) against the kept digest, in constant time.
   bool matches(std::string_view given) const noexcept;
 
-  // SHA-256 of `text` (support::sha256): throws std::runtime_error with a broken library (and matches()
-  // answers false).
-  static bytes sha256(std::string_view text) { return support::sha256(text); }
-
  private:
   bytes digest_{};
   bool empty_ = true;

@@ -14,6 +14,11 @@ namespace dplb::support {
 // (then returns a value above it). The text need not be valid.
 std::size_t json_nesting_depth(std::string_view text, std::size_t limit);
 
+// The end of the JSON value that starts at text[at] (a string, an array or object with everything inside it,
+// or a bare literal up to the next delimiter): the index just past it, or npos when the text ends first.
+// Delimited, not validated: what is inside strings is skipped, escapes included, without being decoded.
+std::size_t json_value_end(std::string_view text, std::size_t at);
+
 // The raw text of the value of the top-level member `key` of a JSON object (its first occurrence, the key
 // compared as written, without unescaping), or nullopt when the text is not an object (as far as the scan
 // can tell) or has no such member. The value is delimited, not validated.
