@@ -16,8 +16,10 @@
 #include "dplb/balancer/prefix_aware.hpp"
 #include "dplb/balancer/prefix_index.hpp"
 #include "dplb/balancer/queue_lines.hpp"
+#include "recorded_waiters.hpp"
 
 using namespace dplb::balancer;
+using dplb::balancer::test::recorded_waiters;
 using namespace std::chrono_literals;
 
 namespace {
@@ -34,36 +36,6 @@ pick_context with_chain(const std::vector<prefix_hash>& chain) {
   return c;
 }
 
-// Waiters and what was handed to each (an empty lease: turned away), by the order in which they queued.
-struct waiters {
-  explicit waiters(balancer& owner) : b(owner) {}
-  ~waiters() { b.close(); }  // before the leases go: none may be delivered into `delivered` as it is destroyed
-  waiters(const waiters&) = delete;
-  waiters& operator=(const waiters&) = delete;
-  balancer& b;
-  std::vector<std::pair<std::size_t, rank_lease>> delivered;
-  std::size_t count = 0;
-
-  std::size_t queue(const pick_context& request, const queue_share& share = {}) {
-    const std::size_t index = count++;
-    auto out = b.acquire_or_wait(request, {}, share,
-                                 [this, index](rank_lease l) { delivered.emplace_back(index, std::move(l)); });
-    REQUIRE(out.state == wait_state::queued);
-    return index;
-  }
-  std::optional<std::size_t> rank_of(std::size_t waiter) const {
-    for (const auto& [w, lease] : delivered) {
-      if (w == waiter && lease) return lease.rank();
-    }
-    return std::nullopt;
-  }
-  bool turned_away(std::size_t waiter) const {
-    for (const auto& [w, lease] : delivered) {
-      if (w == waiter) return !lease;
-    }
-    return false;
-  }
-};
 
 std::vector<rank_lease> fill(balancer& b, std::size_t ranks, std::uint32_t per_rank) {
   std::vector<rank_lease> held;
@@ -89,9 +61,9 @@ TEST_CASE("a waiter holding out for its full rank takes an idle one before its o
   share.max_wait = 40ms;
   CHECK(b.placement_wait(share) == 20ms);
   CHECK(b.placement_wait(queue_share{}) == 60s);  // no bound of its own: the placement wait
-  waiters w(b);
-  const auto bounded = w.queue(with_chain(a), share);
-  const auto unbounded = w.queue(with_chain(a));
+  recorded_waiters w(b);
+  const auto bounded = w.queued(with_chain(a), share);
+  const auto unbounded = w.queued(with_chain(a));
   held_x.release();  // rank 1 idles; both hold out for rank 0
   b.reconsider();
   CHECK(w.delivered.empty());
@@ -114,14 +86,14 @@ TEST_CASE("a retry whose untried ranks all go down is turned away at once, every
   INFO(static_cast<int>(flag));
   balancer b(3, std::make_unique<least_inflight>(), queue_limits{.max_inflight_per_rank = 1, .max_waiting = 8});
   auto held = fill(b, 3, 1);
-  waiters w(b);
+  recorded_waiters w(b);
   const std::vector<bool> tried{true, false, false};
   pick_context retry;
   retry.avoid = &tried;
   queue_share retry_share;
   retry_share.retry = true;
-  const auto retried = w.queue(retry, retry_share);
-  const auto plain = w.queue({});
+  const auto retried = w.queued(retry, retry_share);
+  const auto plain = w.queued({});
   b.set_flag(1, flag, true);  // rank 2 is left to try
   CHECK(w.delivered.empty());
   b.set_flag(2, flag, true);  // no untried usable rank: answered now, with no slot freed anywhere
@@ -139,10 +111,10 @@ TEST_CASE("an allocation failing in the middle of a serve leaves every waiter no
   b.set_flag(1, rank_flag::draining, true);
   auto held = fill(b, 1, 3);
   REQUIRE(b.inflight(0) == 3);
-  waiters w(b);
+  recorded_waiters w(b);
   queue_share other;
   other.tenant = 2;
-  for (int i = 0; i < 5; ++i) w.queue({}, i % 2 == 0 ? queue_share{} : other);
+  for (int i = 0; i < 5; ++i) w.queued({}, i % 2 == 0 ? queue_share{} : other);
   REQUIRE(b.waiting() == 5);
   // Rank 1 comes back with three slots: the serve hands the first over, then the room for the second hand-over
   // cannot be allocated.

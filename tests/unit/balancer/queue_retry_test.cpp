@@ -15,8 +15,10 @@
 #include "dplb/balancer/least_inflight.hpp"
 #include "dplb/balancer/prefix_aware.hpp"
 #include "dplb/balancer/prefix_index.hpp"
+#include "recorded_waiters.hpp"
 
 using namespace dplb::balancer;
+using dplb::balancer::test::recorded_waiters;
 
 namespace {
 
@@ -24,35 +26,6 @@ balancer three_ranks_of_one() {
   return balancer(3, std::make_unique<least_inflight>(), queue_limits{.max_inflight_per_rank = 1, .max_waiting = 2});
 }
 
-// Waiters and what was handed to each (an empty lease: turned away), by the order in which they queued.
-struct waiters {
-  explicit waiters(balancer& owner) : b(owner) {}
-  // Drops the waiters left before the leases go: a lease released here must not deliver into `delivered`
-  // while it is being destroyed.
-  ~waiters() { b.close(); }
-  balancer& b;
-  std::vector<std::pair<std::size_t, rank_lease>> delivered;
-  std::size_t count = 0;
-
-  wait_outcome queue(const pick_context& request, const queue_share& share = {}) {
-    const std::size_t index = count++;
-    auto out = b.acquire_or_wait(request, {}, share,
-                                 [this, index](rank_lease l) { delivered.emplace_back(index, std::move(l)); });
-    return out;
-  }
-  std::optional<std::size_t> rank_of(std::size_t waiter) const {
-    for (const auto& [w, lease] : delivered) {
-      if (w == waiter && lease) return lease.rank();
-    }
-    return std::nullopt;
-  }
-  bool turned_away(std::size_t waiter) const {
-    for (const auto& [w, lease] : delivered) {
-      if (w == waiter) return !lease;
-    }
-    return false;
-  }
-};
 
 std::vector<prefix_hash> group_chain(char group) {
   prefix_chain_builder b(0);
@@ -92,7 +65,7 @@ TEST_CASE("a retry waits for a rank it has not tried, ahead of the queue, and pa
           "[balancer][queue][retry]") {
   auto b = three_ranks_of_one();
   auto held = fill(b);
-  waiters w(b);
+  recorded_waiters w(b);
   REQUIRE(w.queue({}).state == wait_state::queued);  // waiter 0: an ordinary request, first in line
   REQUIRE(w.queue({}).state == wait_state::queued);  // waiter 1: the queue is now full (max_waiting 2)
   // The retry tried rank 0; a full queue does not refuse it.
@@ -114,7 +87,7 @@ TEST_CASE("a retry waits for a rank it has not tried, ahead of the queue, and pa
 TEST_CASE("a retry with no untried rank left is turned away, in the queue or before it", "[balancer][queue][retry]") {
   auto b = three_ranks_of_one();
   auto held = fill(b);
-  waiters w(b);
+  recorded_waiters w(b);
   const std::vector<bool> tried{true, true, false};
   const auto retry = retry_after(tried);
   SECTION("its last untried rank goes down while it waits") {
@@ -135,7 +108,7 @@ TEST_CASE("a retry with no untried rank left is turned away, in the queue or bef
 TEST_CASE("a request arriving while a retry passes over the room takes that room at once", "[balancer][queue][retry]") {
   auto b = three_ranks_of_one();  // --long-prompt-tokens off: retries alone set waiters aside
   auto held = fill(b);
-  waiters w(b);
+  recorded_waiters w(b);
   const std::vector<bool> tried{true, false, false};
   const auto retry = retry_after(tried);
   REQUIRE(w.queue(retry, retry_share()).state == wait_state::queued);
@@ -163,7 +136,7 @@ TEST_CASE("a retry takes the first slot of an untried rank, whatever its policy 
   REQUIRE(on_a.rank() == 0);
   REQUIRE(on_x.rank() == 1);
   REQUIRE(on_y.rank() == 2);
-  waiters w(b);
+  recorded_waiters w(b);
   // Group x's prompt, retried after rank 0 failed: its prefix is on rank 1 (full), but it had its turn and
   // must not hold out for that rank.
   std::vector<bool> tried{true, false, false};
@@ -179,7 +152,7 @@ TEST_CASE("a request refused a place in a full queue still takes the room a retr
           "[balancer][queue][retry]") {
   balancer b(3, std::make_unique<least_inflight>(), queue_limits{.max_inflight_per_rank = 1, .max_waiting = 1});
   auto held = fill(b);
-  waiters w(b);
+  recorded_waiters w(b);
   const std::vector<bool> tried{true, false, false};
   const auto retry = retry_after(tried);
   REQUIRE(w.queue(retry, retry_share()).state == wait_state::queued);  // no queue limit refuses a retry
