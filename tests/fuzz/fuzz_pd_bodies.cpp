@@ -51,7 +51,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   if (!prefill) fail("no prefill body for a JSON object", input);
-  if (dom.contains("kv_transfer_params") != dplb::pd::sets_kv_transfer_params(input)) {
+  // nlohmann stops at a NUL as at the end of the text, where Python's json (the engines') reads a body with a
+  // NUL among its first bytes as UTF-16 or UTF-32: dplb refuses such a body whatever it holds, so the
+  // property is for text without one.
+  const bool utf8_text = input.find('\0') == std::string_view::npos;
+  if (utf8_text && dom.contains("kv_transfer_params") != dplb::pd::sets_kv_transfer_params(input)) {
     fail("a client's top-level kv_transfer_params found where JSON has none, or missed", input);
   }
   json expected = dom;

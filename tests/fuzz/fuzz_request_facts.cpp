@@ -34,10 +34,12 @@ using json = nlohmann::json;
 void print(const char* label, const request_facts& f) {
   std::fprintf(stderr,
                "  %-9s json_object=%d model=\"%s\" prompt_tokens=%u exact=%d max_tokens=%s%u choices=%u "
-               "data_parallel_rank=%s%lld\n",
+               "data_parallel_rank=%s%lld priority=%s%lld priority_key=%d chain=%zu ids=%zu cache_salt=\"%s\"\n",
                label, f.json_object, f.model.c_str(), f.prompt_tokens, f.prompt_tokens_exact,
                f.max_tokens ? "" : "(none)", f.max_tokens.value_or(0), f.choices, f.data_parallel_rank ? "" : "(none)",
-               static_cast<long long>(f.data_parallel_rank.value_or(0)));
+               static_cast<long long>(f.data_parallel_rank.value_or(0)), f.priority ? "" : "(none)",
+               static_cast<long long>(f.priority.value_or(0)), f.has_priority_key, f.prefix_chain.size(),
+               f.prompt_token_ids.size(), f.cache_salt.c_str());
 }
 
 [[noreturn]] void fail(const char* what, const request_facts& expected, const request_facts& got) {
