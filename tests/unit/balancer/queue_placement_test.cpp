@@ -49,6 +49,11 @@ pick_context with_session(const std::string& key) {
 // Waiters and the leases handed to them, by the order in which they queued.
 struct waiters {
   explicit waiters(balancer& owner) : b(owner) {}
+  // Drops the waiters left before `delivered` goes: a lease the test still holds, released after this, must
+  // not deliver into it (a waiter holding out for its place is served by that place's release alone).
+  ~waiters() { b.close(); }
+  waiters(const waiters&) = delete;
+  waiters& operator=(const waiters&) = delete;
   balancer& b;
   std::vector<std::uint64_t> ids;
   std::vector<std::pair<std::size_t, rank_lease>> delivered;  // (waiter, lease)
