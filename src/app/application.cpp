@@ -542,6 +542,7 @@ int application::run() {
   s.stats.stop();
   s.model_context.stop();
   s.side_channels.stop();
+  s.model_context.loop_stopped();
   for (auto& w : s.workers) {
     asio::post(w->io, [&w = *w] {
       w.pool.stop();

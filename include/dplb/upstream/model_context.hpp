@@ -56,6 +56,9 @@ class model_context {
   // Starts the read loop on the executor, supervised (task model_context); it reads nothing until asked.
   void start(const boost::asio::any_io_executor& executor, support::supervisor& supervisor);
   void stop() noexcept;
+  // Once the executor's loop has stopped for good: lets go of the timer made on it, which must not outlive its
+  // io_context (the application destroys the side-channel thread's loop before this object).
+  void loop_stopped() noexcept { wake_.reset(); }
 
   // Asks for a read (what the first question does): from then on the loop reads every `refresh`.
   void want() const;
