@@ -16,25 +16,16 @@
 #include "dplb/balancer/prefix_aware.hpp"
 #include "dplb/balancer/prefix_index.hpp"
 #include "dplb/balancer/queue_lines.hpp"
+#include "prefix_groups.hpp"
 #include "recorded_waiters.hpp"
 
 using namespace dplb::balancer;
+using dplb::balancer::test::group_chain;
 using dplb::balancer::test::recorded_waiters;
+using dplb::balancer::test::with_chain;
 using namespace std::chrono_literals;
 
 namespace {
-
-std::vector<prefix_hash> group_chain(char group) {
-  prefix_chain_builder b(0);
-  b.feed(std::string(8 * prefix_block_bytes, group));
-  return b.take();
-}
-
-pick_context with_chain(const std::vector<prefix_hash>& chain) {
-  pick_context c;
-  c.prefix_chain = chain;
-  return c;
-}
 
 
 std::vector<rank_lease> fill(balancer& b, std::size_t ranks, std::uint32_t per_rank) {

@@ -15,10 +15,13 @@
 #include "dplb/balancer/least_inflight.hpp"
 #include "dplb/balancer/prefix_aware.hpp"
 #include "dplb/balancer/prefix_index.hpp"
+#include "prefix_groups.hpp"
 #include "recorded_waiters.hpp"
 
 using namespace dplb::balancer;
+using dplb::balancer::test::group_chain;
 using dplb::balancer::test::recorded_waiters;
+using dplb::balancer::test::with_chain;
 
 namespace {
 
@@ -26,18 +29,6 @@ balancer three_ranks_of_one() {
   return balancer(3, std::make_unique<least_inflight>(), queue_limits{.max_inflight_per_rank = 1, .max_waiting = 2});
 }
 
-
-std::vector<prefix_hash> group_chain(char group) {
-  prefix_chain_builder b(0);
-  b.feed(std::string(8 * prefix_block_bytes, group));
-  return b.take();
-}
-
-pick_context with_chain(const std::vector<prefix_hash>& chain) {
-  pick_context c;
-  c.prefix_chain = chain;
-  return c;
-}
 
 // Every rank's one slot, held.
 std::vector<rank_lease> fill(balancer& b) {
