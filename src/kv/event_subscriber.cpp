@@ -268,6 +268,8 @@ void event_subscriber::read_replay(connection& c) {
       p.ended = true;  // a hole the buffer no longer holds
       break;
     }
+    // Counted before it is applied: whoever sees the batch in the index (through the index's lock) sees the count.
+    index_.count_replayed(c.source.rank, 1);
     index_.apply(c.source.rank, decode_event_batch(bytes_of(frames[first + 1])), now_seconds(), /*live=*/false);
     ++p.applied;
     p.next = *seq + 1;
@@ -287,7 +289,6 @@ void event_subscriber::finish_replay(connection& c) {
     spdlog::warn("rank {}: the KV-cache events replay socket {} did not answer; not asked again for {} s", rank,
                  c.source.replay, options_.replay_backoff.count() / 1000);
   }
-  if (p->applied > 0) index_.count_replayed(rank, p->applied);
   const bool complete = p->next >= p->to;
   if (p->why == replay_purpose::catch_up) {
     if (!complete && p->applied > 0) index_.clear_rank(rank, reset_reason::gap);
