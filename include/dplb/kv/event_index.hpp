@@ -12,6 +12,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -98,8 +99,12 @@ class event_index {
   // Frees what clearing a rank retired, a slice per hold of the lock.
   void collect_retired();
   static constexpr std::size_t collect_slice_blocks = 256;
-  // Lookups waiting for the lock (or about to take it): a collection lets them in between two slices.
+  // Lookups waiting for the lock (or about to take it), and lookups that took it: a collection lets those
+  // waiting in between two slices, and knows one got in when the second count moves.
   mutable std::atomic<int> lookups_waiting_{0};
+  mutable std::atomic<std::uint64_t> lookups_entered_{0};
+  // The longest a collection waits, between two slices, for a waiting lookup to take the lock.
+  static constexpr std::chrono::microseconds lookup_turn_wait{500};
 
   const std::size_t capacity_;
   mutable std::mutex mutex_;
