@@ -183,15 +183,19 @@ std::optional<std::size_t> balancer::pick_locked(const pick_context& request, re
     if (chosen && (*chosen >= view_.size() || !view_[*chosen].usable)) chosen.reset();
   }
   if (!chosen) return std::nullopt;
-  // Incremented while the lock is held: the next pick, on any thread, already sees this request.
-  auto& r = ranks_[*chosen];
+  count_pick_locked(*chosen, request, cost);
+  return chosen;
+}
+
+// Incremented while the lock is held: the next pick, on any thread, already sees this request.
+void balancer::count_pick_locked(std::size_t rank, const pick_context& request, request_cost& cost) noexcept {
+  auto& r = ranks_[rank];
   r.inflight.fetch_add(1, std::memory_order_relaxed);
   r.picks.fetch_add(1, std::memory_order_relaxed);
   if (const std::uint64_t tokens = std::uint64_t{cost.prompt} + cost.decode) r.cost.fetch_add(tokens, std::memory_order_relaxed);
   if (cost.prompt > 0) r.prompt_cost.fetch_add(cost.prompt, std::memory_order_relaxed);
   cost.long_prompt = prefills_long(request);
   if (cost.long_prompt) r.long_prefills.fetch_add(1, std::memory_order_relaxed);
-  return chosen;
 }
 
 // Every request costs at least one token: one whose cost is unknown still weighs on its rank.

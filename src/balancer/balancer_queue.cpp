@@ -49,21 +49,34 @@ std::chrono::milliseconds balancer::placement_wait(const queue_share& share) con
 // Where a waiter belongs, judged as if no rank were full: its session's own rank on the ring (not the next
 // one, which it reaches only when its own is over the load bound), else what its policy prefers. nullopt:
 // any slot of its cluster suits it, and so it does once its hold is over (nobody starves for a place).
-std::optional<std::size_t> balancer::preferred_locked(const pick_context& request, clock::time_point hold_until,
-                                                      clock::time_point now) {
+std::optional<place> balancer::preferred_locked(const pick_context& request, clock::time_point hold_until,
+                                                clock::time_point now) {
   if (now >= hold_until || request.cluster >= policies_.size()) return std::nullopt;
   refresh_view_locked(request, false);
-  std::optional<std::size_t> place;
+  std::optional<place> at;
   if (affinity_ && !request.session_key.empty()) {
     // As in the pick, a session key leaves the policy out.
     const load_bound bound(view_, affinity_bound_);
     const auto placed = affinity_->place(request.session_key, view_, [&](const rank_view& h) { return bound.allows(h); });
-    if (placed && !placed->moved) place = placed->rank;
+    if (placed && !placed->moved) at = place{placed->rank};
   } else {
-    place = policies_[request.cluster]->preferred(request, view_);
+    at = policies_[request.cluster]->preferred(request, view_);
   }
-  if (place && (*place >= view_.size() || !view_[*place].usable)) place.reset();
-  return place;
+  if (at && (at->rank >= view_.size() || !view_[at->rank].usable)) at.reset();
+  return at;
+}
+
+// Its place was judged when it joined the rank's line, and stays judged while it waits there: the line is given
+// up when the rank goes out (give_up_places_on_locked) and left when its hold ends (end_holds_locked). So the
+// rank's freed slot is its own without a pick, which would read every rank of the cluster (twice: its place
+// again, then the policy's choice): serving a waiter at its place costs O(log n) in ranks, not O(n).
+void balancer::take_place_locked(std::size_t rank, waiter& w) {
+  count_pick_locked(rank, w.request, w.cost);
+  if (affinity_ && !w.request.session_key.empty()) {
+    if (routing_stats_) routing_stats_->affinity_taken.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    policies_[ranks_[rank].cluster]->placed(w.request, place{rank, w.place_matched_tokens});
+  }
 }
 
 std::size_t balancer::waiting_of_locked(std::uint64_t tenant) const {
@@ -187,11 +200,13 @@ wait_outcome balancer::acquire_or_wait(const pick_context& request, request_cost
   const auto hold_until = now + placement_wait(share);
   line_ref line{line_kind::shared, cluster};
   bool now_or_queue = true;  // it may take a slot at once, if its line is empty (no jumping the queue)
+  std::uint32_t place_matched_tokens = 0;
   if (pinned) {
     line = {line_kind::pinned, *pinned};
-  } else if (const auto place = queueing() && !share.retry ? preferred_locked(request, hold_until, now) : std::nullopt;
-             place && !has_room_locked(*place)) {
-    line = {line_kind::preferring, *place};  // its rank is full: it holds out for that rank's next slot
+  } else if (const auto at = queueing() && !share.retry ? preferred_locked(request, hold_until, now) : std::nullopt;
+             at && !has_room_locked(at->rank)) {
+    line = {line_kind::preferring, at->rank};  // its rank is full: it holds out for that rank's next slot
+    place_matched_tokens = at->matched_tokens;
     now_or_queue = false;
   }
   const bool shared_line = line.kind == line_kind::shared;
@@ -205,7 +220,7 @@ wait_outcome balancer::acquire_or_wait(const pick_context& request, request_cost
   if (!out.lease) out.state = refusal_locked(request, share);
   if (out.state == wait_state::queued) {
     out.waiter_id = next_waiter_id_++;
-    waiter w{out.waiter_id, request, cost, now, std::move(deliver), {}, hold_until};
+    waiter w{out.waiter_id, request, cost, now, std::move(deliver), {}, hold_until, place_matched_tokens};
     if (!share.retry) w.request.avoid = nullptr;
     enqueue_locked(std::move(w), line, cluster, share);
     count_waiting_locked();
@@ -298,13 +313,14 @@ void balancer::serve_locked(std::size_t cluster, std::optional<std::size_t> free
 // (while that rank has room) and the first waiter of the shared line not passed over in this call (while the
 // cluster has room). The waiter then:
 //  - pinned: takes its rank's slot;
-//  - otherwise: its place is judged afresh (the load and the prefix index moved since it queued, its hold may
+//  - preferring: takes its place's slot (take_place_locked: its place was judged when it joined the line);
+//  - shared: its place is judged afresh (the load and the prefix index moved since it queued, its hold may
 //    be over): a place on a full rank sends it to that rank's line; a place with room, or none, re-runs the
 //    whole pick for it, which takes a slot with room (a retry has no place: a rank it has not tried);
 //  - or, in the shared line, is passed over (a long prompt, a retry the room does not suit) or, a retry with
 //    no untried usable rank, turned away; else its line is stuck for the call (rounds only take room).
-// Each round serves, moves or passes over a waiter, or sticks a line, so the rounds end; each is a pick and
-// a few O(log n) steps on the lines.
+// Each round serves, moves or passes over a waiter, or sticks a line, so the rounds end; each is a few O(log n)
+// steps on the lines, and a pick (O(n) in the cluster's ranks) unless the waiter takes its place.
 void balancer::serve_rounds_locked(std::size_t cluster, std::optional<std::size_t> freed, handoffs& ready,
                                    clock::time_point now) {
   auto& queue = clusters_[cluster];
@@ -337,10 +353,19 @@ void balancer::serve_rounds_locked(std::size_t cluster, std::optional<std::size_
     if (!line) return;
     auto& w = at->second;
     const bool shared = kind == line_kind::shared;
-    if (kind != line_kind::pinned && !w.request.avoid) {
-      if (const auto place = preferred_locked(w.request, w.hold_until, now); place && !has_room_locked(*place)) {
-        if (shared) ++next_shared;
-        move_locked(*line, at, line_ref{line_kind::preferring, *place});
+    if (kind == line_kind::preferring) {
+      ready.make_room();  // before the slot is taken: a lease made and then dropped would release itself under this lock
+      take_place_locked(*freed, w);
+      ready.add(std::move(w.deliver), rank_lease(this, *freed, w.cost));
+      queue.order.served(w.tag);
+      leave_locked(queue, *line, at);
+      continue;
+    }
+    if (shared && !w.request.avoid) {
+      if (const auto place = preferred_locked(w.request, w.hold_until, now); place && !has_room_locked(place->rank)) {
+        ++next_shared;
+        w.place_matched_tokens = place->matched_tokens;
+        move_locked(*line, at, line_ref{line_kind::preferring, place->rank});
         continue;
       }
     }

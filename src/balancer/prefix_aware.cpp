@@ -80,9 +80,9 @@ std::optional<std::size_t> prefix_aware::choose(const pick_context& request, std
   return chosen;
 }
 
-std::optional<std::size_t> prefix_aware::preferred(const pick_context& request, std::span<const rank_view> ranks) {
+std::optional<place> prefix_aware::preferred(const pick_context& request, std::span<const rank_view> ranks) {
   if (request.prefix_chain.empty() && request.kv_chain.empty()) return std::nullopt;
-  const auto enough = match(request, ranks).enough;
+  const auto [enough, tokens_per_block] = match(request, ranks);
   const load_bound bound(ranks, options_.load_bound);
   std::optional<std::size_t> best;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
@@ -93,7 +93,18 @@ std::optional<std::size_t> prefix_aware::preferred(const pick_context& request, 
       best = r;
     }
   }
-  return best;
+  if (!best) return std::nullopt;
+  return place{*best, matched_[*best] * tokens_per_block};
+}
+
+void prefix_aware::placed(const pick_context& request, const place& at) {
+  if (stats_) {
+    stats_->prefix_taken.fetch_add(1, std::memory_order_relaxed);
+    stats_->matched_tokens.observe(static_cast<double>(at.matched_tokens));
+  }
+  index_.insert(at.rank, request.prefix_chain);
+  publish_size(at.rank);
+  // No pending route: the place was judged on the events' evidence (or a pending route already there).
 }
 
 void prefix_aware::on_state_change(std::size_t rank, std::uint8_t flags) {

@@ -38,7 +38,8 @@ namespace dplb::balancer {
 // among equal priorities tenants share the freed slots by weight, a request counting its queue_share::cost
 // (start-time fair queueing); one tenant's requests in their order of arrival: with one tenant, one weight,
 // one cost and one priority, the queue is plain FIFO. A waiter is a whole request: a freed slot re-runs its
-// whole pick (affinity ring, then its cluster's policy). A lower priority waits as long as higher ones keep
+// whole pick (affinity ring, then its cluster's policy), unless the waiter holds out for that very rank (its
+// place, judged when it joined that rank's line: the slot is its own). A lower priority waits as long as higher ones keep
 // every suitable slot busy (as in vLLM's priority scheduling); its queue timeout bounds that.
 struct queue_limits {
   std::uint32_t max_inflight_per_rank = 0;  // 0: no limit, no queueing
@@ -185,8 +186,12 @@ class balancer {
   // room_matters: false for policy::preferred's view, where a full rank is usable.
   void refresh_view_locked(const pick_context& request, bool room_matters = true);
   // Where the request belongs, or nullopt once its hold is over (queue_lines.hpp, line_kind::preferring).
-  std::optional<std::size_t> preferred_locked(const pick_context& request, clock::time_point hold_until,
-                                              clock::time_point now);
+  std::optional<place> preferred_locked(const pick_context& request, clock::time_point hold_until,
+                                        clock::time_point now);
+  // Counts the request on `rank` (the second half of a pick).
+  void count_pick_locked(std::size_t rank, const pick_context& request, request_cost& cost) noexcept;
+  // A waiter of `rank`'s preferring line takes its slot, its place judged when it joined the line.
+  void take_place_locked(std::size_t rank, waiter& w);
   bool untried_usable_locked(const pick_context& request) const noexcept;
   std::optional<std::size_t> pick_from_shared_line_locked(const pick_context& request, request_cost& cost,
                                                           clock::time_point since, clock::time_point now);

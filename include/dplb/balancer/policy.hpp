@@ -73,6 +73,12 @@ struct pick_context {
   bool prefilled_elsewhere = false;
 };
 
+// Where a request belongs (policy::preferred), and how much of its prompt that rank is known to hold.
+struct place {
+  std::size_t rank = 0;
+  std::uint32_t matched_tokens = 0;
+};
+
 class policy {
  public:
   virtual ~policy() = default;
@@ -88,9 +94,14 @@ class policy {
   // queued request (--max-inflight-per-rank): a request with a place waits for that rank's next slot
   // instead of taking whichever rank frees first. `ranks` is as for choose(), except that a usable rank
   // may be full. Must not change what choose() does next (no rotation step, no index update, no counts).
-  virtual std::optional<std::size_t> preferred(const pick_context& /*request*/, std::span<const rank_view> /*ranks*/) {
+  virtual std::optional<place> preferred(const pick_context& /*request*/, std::span<const rank_view> /*ranks*/) {
     return std::nullopt;
   }
+
+  // The balancer gave the request the place preferred() named for it, without asking choose(): a waiter that
+  // held out for its place takes that rank's freed slot (a step that reads no other rank, where choose()
+  // reads them all). A policy that learns from its picks (an index of what it routed) learns this one too.
+  virtual void placed(const pick_context& /*request*/, const place& /*at*/) {}
 
   // The name used on the command line and in logs, e.g. "round-robin".
   virtual std::string_view name() const noexcept = 0;

@@ -49,7 +49,9 @@ class prefix_aware final : public policy {
   // Rule 1's rank without its rotation: the longest match within the load bound (at least
   // min_match_blocks), the fewest in flight per weight among equals, then the lowest rank; nullopt when
   // rule 2 would decide.
-  std::optional<std::size_t> preferred(const pick_context& request, std::span<const rank_view> ranks) override;
+  std::optional<place> preferred(const pick_context& request, std::span<const rank_view> ranks) override;
+  // Counted as rule 1's pick, and remembered in the approximate index.
+  void placed(const pick_context& request, const place& at) override;
   std::string_view name() const noexcept override { return "prefix-aware"; }
   bool needs_request_facts() const noexcept override { return true; }
   void on_state_change(std::size_t rank, std::uint8_t flags) override;

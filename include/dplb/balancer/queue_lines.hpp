@@ -45,7 +45,8 @@ struct queue_key {
 //  - preferring: its place (its prefix's rank, its session's rank on the ring: policy::preferred, judged as if
 //    no rank were full and within the load bound) is full; it holds out for that rank's next slot while later
 //    requests take slots freed elsewhere, until its hold ends (place_hold) or the rank becomes unusable: then
-//    it stands in the shared line.
+//    it stands in the shared line. The rank's next slot is its own without another judgement or pick
+//    (policy::placed), so serving it reads no other rank.
 enum class line_kind : std::uint8_t { shared, pinned, preferring };
 struct line_ref {
   line_kind kind = line_kind::shared;

@@ -47,6 +47,8 @@ struct waiter {
   fair_tag tag;  // its place in its cluster's fair order, with `id`; see goes_before()
   // Until then a place of its own (its prefix's rank, its session's) holds it back from a slot elsewhere.
   std::chrono::steady_clock::time_point hold_until{};
+  // In a preferring line: what its policy said of its place when it joined (policy::place), for placed().
+  std::uint32_t place_matched_tokens = 0;
 
   bool goes_before(const waiter& other) const noexcept {
     return dplb::balancer::goes_before(tag, id, other.tag, other.id);

@@ -61,7 +61,7 @@ TEST_CASE("prefix-aware with events: the rank the events say holds the prefix ta
   pick_context request;
   request.kv_chain = chain;
   for (int i = 0; i < 3; ++i) CHECK(policy.choose(request, ranks) == 2u);  // one after the other
-  CHECK(policy.preferred(request, ranks) == 2u);
+  CHECK(policy.preferred(request, ranks)->rank == 2u);
   // Within the load bound only: with 8 in flight on the others and 3 on it, rank 2 may take a fourth
   // (ceil(1.25 x 12 / 4) = 4); with 5 on it, not a sixth (ceil(1.25 x 14 / 4) = 5).
   for (auto& r : ranks) r.inflight = 3;

@@ -311,3 +311,78 @@ TEST_CASE("a request whose place is full takes a slot elsewhere rather than a re
   REQUIRE(now);
   CHECK(now.rank() == 1);
 }
+
+namespace {
+
+// Places every request for model "zero" on rank 0 with 96 tokens matched, counting what the balancer asks of it.
+struct placing_spy final : policy {
+  std::optional<std::size_t> choose(const pick_context&, std::span<const rank_view> ranks) override {
+    ++chosen;
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i].usable) return i;
+    }
+    return std::nullopt;
+  }
+  std::optional<place> preferred(const pick_context& request, std::span<const rank_view>) override {
+    ++judged;
+    if (request.model != "zero") return std::nullopt;
+    return place{0, 96};
+  }
+  void placed(const pick_context&, const place& at) override { places.emplace_back(at.rank, at.matched_tokens); }
+  std::string_view name() const noexcept override { return "placing-spy"; }
+  int chosen = 0;
+  int judged = 0;
+  std::vector<std::pair<std::size_t, std::uint32_t>> places;
+};
+
+}  // namespace
+
+TEST_CASE("a waiter at its place takes the freed slot without a pick, and its policy learns the placement",
+          "[balancer][queue]") {
+  auto owned = std::make_unique<placing_spy>();
+  auto& spy = *owned;
+  balancer b(2, std::move(owned), queue_limits{.max_inflight_per_rank = 1, .max_waiting = 16});
+  pick_context zero;
+  zero.model = "zero";
+  auto held0 = b.acquire(zero);
+  auto held1 = b.acquire();
+  REQUIRE(held0.rank() == 0);
+  REQUIRE(held1.rank() == 1);
+  REQUIRE(spy.chosen == 2);
+  waiters w(b);
+  const auto waiting = w.queue(zero);  // judged once on arrival: rank 0, full
+  CHECK(spy.judged == 1);
+  held0.release();
+  CHECK(w.rank_of(waiting) == 0u);
+  // Served by neither another judgement of its place nor a pick (each reads every rank): only told.
+  CHECK(spy.judged == 1);
+  CHECK(spy.chosen == 2);
+  CHECK(spy.places == std::vector<std::pair<std::size_t, std::uint32_t>>{{0, 96}});
+  CHECK(b.inflight(0) == 1);
+  CHECK(b.picks(0) == 2);
+}
+
+TEST_CASE("prefix-aware counts a waiter that took its place as a pick where the prefix is, and remembers it",
+          "[balancer][queue][prefix]") {
+  routing_stats stats(2);
+  balancer b(2, std::make_unique<prefix_aware>(prefix_aware_options{}, &stats),
+             queue_limits{.max_inflight_per_rank = 1, .max_waiting = 16});
+  a_on_0_x_on_1 placed(b);
+  const auto taken_before = stats.prefix_taken.load();
+  const auto observed_before = stats.matched_tokens.snapshot().sample_count;
+  waiters w(b);
+  // The same group with a tail of its own: its tail's blocks are new to the index.
+  const auto longer = group_chain('a', std::string(2 * prefix_block_bytes, 't'));
+  const auto waiting = w.queue(with_chain(longer));
+  placed.held_a.release();
+  REQUIRE(w.rank_of(waiting) == 0u);
+  CHECK(stats.prefix_taken.load() == taken_before + 1);
+  const auto observed = stats.matched_tokens.snapshot();
+  CHECK(observed.sample_count == observed_before + 1);
+  // The index learned the tail on rank 0: the whole longer chain now matches there.
+  const auto& index = dynamic_cast<const prefix_aware&>(b.active_policy()).index();
+  std::vector<std::uint32_t> matched;
+  index.match(longer, 2, matched);
+  CHECK(matched[0] == longer.size());
+  CHECK(matched[1] == 0);
+}
