@@ -119,11 +119,15 @@ class batch_scheduler {
   // order, and removes finished requests. `padded` is the batch the rank really ran (its own padded
   // batch, or the lockstep group's) and is only counted.
   void end_step(std::uint32_t padded, std::vector<token_event>& out);
+  // Counts, for the step in flight, the padded batch the rank would have run had the step's sequences of the
+  // whole lockstep group been split evenly over its ranks (lockstep_clock): the floor of padded_tokens().
+  void count_even_padding(std::uint32_t padded) { even_padded_tokens_ += padded; }
 
   // Counters since construction: steps run (dummy ones included), the sum of padded batch sizes and
   // the sum of real batch sizes over those steps; their difference is the padding waste.
   std::uint64_t steps() const { return steps_; }
   std::uint64_t padded_tokens() const { return padded_tokens_; }
+  std::uint64_t even_padded_tokens() const { return even_padded_tokens_; }
   std::uint64_t real_tokens() const { return real_tokens_; }
 
   // Tokens whose KV the admitted requests hold now: prompt tokens prefilled (or found cached) plus
@@ -186,6 +190,7 @@ class batch_scheduler {
   std::uint32_t step_batch_ = 0;
   std::uint64_t steps_ = 0;
   std::uint64_t padded_tokens_ = 0;
+  std::uint64_t even_padded_tokens_ = 0;
   std::uint64_t real_tokens_ = 0;
   std::uint64_t kv_tokens_ = 0;
   std::uint64_t prompt_pending_ = 0;  // sum of prefill_left over waiting and running

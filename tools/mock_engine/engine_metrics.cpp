@@ -195,6 +195,11 @@ std::string render_metrics(const port_metrics& p, std::string_view port_label,
     w.engine_series("mock_padded_tokens_total", "counter",
                     "Sum over steps of the CUDA-graph-padded batch this rank ran (under lockstep, the group's).",
                     counted(&engine_metrics::sim_padded_tokens));
+    w.engine_series("mock_even_padded_tokens_total", "counter",
+                    "Sum over steps of the padded batch this rank would have run had its lockstep group's sequences of "
+                    "the step been split evenly over the group's ranks: the floor of mock_padded_tokens_total for "
+                    "that load, whoever placed it.",
+                    counted(&engine_metrics::sim_even_padded_tokens));
     w.engine_series("mock_real_tokens_total", "counter", "Sum over steps of the requests this rank scheduled.",
                     counted(&engine_metrics::sim_real_tokens));
     w.engine_series("mock_step_seconds_total", "counter", "Simulated seconds spent in steps.",

@@ -58,6 +58,7 @@ struct engine_metrics {
   bool simulated = false;
   std::atomic<std::uint64_t> sim_steps{0};          // mock_steps_total: steps run, dummy ones included
   std::atomic<std::uint64_t> sim_padded_tokens{0};  // mock_padded_tokens_total: sum of padded batches
+  std::atomic<std::uint64_t> sim_even_padded_tokens{0};  // mock_even_padded_tokens_total: their floor
   std::atomic<std::uint64_t> sim_real_tokens{0};    // mock_real_tokens_total: sum of real batches
   std::atomic<std::uint64_t> sim_step_ns{0};        // mock_step_seconds_total, in simulated nanoseconds
   std::atomic<std::uint64_t> sim_lag_ns{0};         // mock_step_lag_seconds_total, in wall nanoseconds

@@ -24,12 +24,18 @@ bool lockstep_clock::begin_step(sim_time now) {
   // its own part of the step, so the slowest prefill sets the rest of the step's length.
   std::uint32_t padded = 0;
   std::uint64_t prefill = 0;
+  std::uint64_t sequences = 0;
   for (auto* member : members_) {
     const auto step = member->begin_step();
     padded = std::max(padded, padded_batch(std::max<std::uint32_t>(step.batch, 1), config_.capture_sizes));
     prefill = std::max(prefill, step.prefill_tokens);
+    sequences += step.batch;
   }
   padded_ = padded;
+  // The floor for this step: its sequences split as evenly as they can be (the largest rank's batch is at
+  // least their mean, rounded up), whoever placed them.
+  const auto even = static_cast<std::uint32_t>((sequences + members_.size() - 1) / members_.size());
+  even_padded_ = padded_batch(std::max<std::uint32_t>(even, 1), config_.capture_sizes);
   step_begin_ = now;
   step_end_ = now + step_duration(config_, padded, prefill);
   stepping_ = true;
@@ -39,7 +45,10 @@ bool lockstep_clock::begin_step(sim_time now) {
 void lockstep_clock::end_step(std::vector<token_event>& out) {
   if (!stepping_) return;
   stepping_ = false;
-  for (auto* member : members_) member->end_step(padded_, out);
+  for (auto* member : members_) {
+    member->count_even_padding(even_padded_);
+    member->end_step(padded_, out);
+  }
 }
 
 }  // namespace dplb::mock::sim

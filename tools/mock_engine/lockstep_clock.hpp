@@ -45,6 +45,7 @@ class lockstep_clock {
   sim_time step_begin_{0};
   sim_time step_end_{0};
   std::uint32_t padded_ = 0;
+  std::uint32_t even_padded_ = 0;  // the step's padded batch had its sequences been split evenly
 };
 
 }  // namespace dplb::mock::sim

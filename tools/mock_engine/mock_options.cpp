@@ -163,6 +163,8 @@ Simulated serving (--simulate; off by default, and then none of this applies):
   vLLM's per-step scheduler stats: a request arriving mid-step shows at the step's end), and per rank:
     mock_steps_total           steps run (an idle rank's dummy steps under --dp-lockstep included)
     mock_padded_tokens_total   sum over steps of the padded batch the rank ran
+    mock_even_padded_tokens_total  the same had each step's sequences of the lockstep group been
+                               split evenly over its ranks: the floor any placement can reach
     mock_real_tokens_total     sum over steps of the requests it scheduled; padding waste =
                                1 - real / padded
     mock_step_seconds_total    simulated seconds spent in steps

@@ -282,6 +282,7 @@ void sim_engine::publish(const clock_state& clock) {
     m.requests_waiting.store(static_cast<std::int64_t>(s.waiting()), std::memory_order_relaxed);
     m.sim_steps.store(s.steps(), std::memory_order_relaxed);
     m.sim_padded_tokens.store(s.padded_tokens(), std::memory_order_relaxed);
+    m.sim_even_padded_tokens.store(s.even_padded_tokens(), std::memory_order_relaxed);
     m.sim_real_tokens.store(s.real_tokens(), std::memory_order_relaxed);
     m.sim_prompt_pending.store(s.prompt_tokens_pending(), std::memory_order_relaxed);
     m.sim_decode_pending.store(s.decode_tokens_pending(), std::memory_order_relaxed);

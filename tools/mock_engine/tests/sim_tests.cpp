@@ -335,6 +335,7 @@ TEST_CASE("a lockstep step takes the slowest rank's padded batch, idle ranks run
   for (const auto& s : f.schedulers) {
     CHECK(s->steps() == 1);
     CHECK(s->padded_tokens() == 16);  // every rank, the idle ones too, ran 16
+    CHECK(s->even_padded_tokens() == 4);  // 13 sequences split evenly: 4 at most on a rank, padded(4) = 4
   }
   CHECK(f.schedulers[0]->real_tokens() == 10);
   CHECK(f.schedulers[2]->real_tokens() == 0);
