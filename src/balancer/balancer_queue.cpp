@@ -70,13 +70,15 @@ std::optional<place> balancer::preferred_locked(const pick_context& request, clo
 // up when the rank goes out (give_up_places_on_locked) and left when its hold ends (end_holds_locked). So the
 // rank's freed slot is its own without a pick, which would read every rank of the cluster (twice: its place
 // again, then the policy's choice): serving a waiter at its place costs O(log n) in ranks, not O(n).
+// The policy hears of it first: placed() may allocate (an index entry), and if it throws, nothing is counted
+// (serve_locked leaves the waiter in its line).
 void balancer::take_place_locked(std::size_t rank, waiter& w) {
-  count_pick_locked(rank, w.request, w.cost);
   if (affinity_ && !w.request.session_key.empty()) {
     if (routing_stats_) routing_stats_->affinity_taken.fetch_add(1, std::memory_order_relaxed);
   } else {
     policies_[ranks_[rank].cluster]->placed(w.request, place{rank, w.place_matched_tokens});
   }
+  count_pick_locked(rank, w.request, w.cost);
 }
 
 std::size_t balancer::waiting_of_locked(std::uint64_t tenant) const {
