@@ -14,6 +14,9 @@ namespace dplb::ledger {
 // leave the total) and renews the caller's lease.
 const std::string_view ledger_function_library = R"lua(#!lua name=dplb_ledger
 
+-- How long a ledger's keys outlive the last registration.
+local abandoned_after_ms = 600000
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -61,7 +64,7 @@ local function in_rotation(keys, ranks, tied)
       if best == nil or distance < best_distance then best, best_distance = i, distance end
     end
   end
-  if best ~= nil then redis.call('SET', keys[3], ranks[best] + 1) end
+  if best ~= nil then redis.call('SET', keys[3], ranks[best] + 1, 'KEEPTTL') end
   return best
 end
 
@@ -139,6 +142,9 @@ local function register(keys, args)
   end
   redis.call('DEL', keys[4])
   for rank, n in pairs(want) do redis.call('HSET', keys[4], rank, n) end
+  -- A ledger nobody registers with any more (every replica gone, or a new backend list: a new ns) does
+  -- not stay in Redis for ever; live replicas push this back every second.
+  for i = 1, 4 do redis.call('PEXPIRE', keys[i], abandoned_after_ms) end
   return redis.call('ZCARD', keys[1])
 end
 

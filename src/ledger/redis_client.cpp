@@ -149,8 +149,8 @@ struct redis_client::impl : std::enable_shared_from_this<impl> {
       report("connect", why);
       if (!down_logged) {
         down_logged = true;
-        spdlog::warn("shared state: no ledger at Redis {}:{} ({}): serving by this replica's own counts until it answers",
-                     options.endpoint.host, options.endpoint.port, why);
+        spdlog::warn("{}: no ledger at Redis {}:{} ({}): serving by this replica's own counts until it answers",
+                     options.name, options.endpoint.host, options.endpoint.port, why);
       }
     }
     break_connection();
@@ -206,7 +206,7 @@ struct redis_client::impl : std::enable_shared_from_this<impl> {
       s->backoff = s->options.backoff_min;
       s->is_up = true;
       s->down_logged = false;
-      spdlog::info("shared state: connected to Redis at {}:{}", s->options.endpoint.host, s->options.endpoint.port);
+      spdlog::info("{}: connected to Redis at {}:{}", s->options.name, s->options.endpoint.host, s->options.endpoint.port);
       if (s->connected) s->connected();
     });
   }
@@ -330,7 +330,7 @@ struct redis_client::impl : std::enable_shared_from_this<impl> {
     }
     if (closing) return;
     if (was_up) {
-      spdlog::warn("shared state: lost the connection to Redis at {}:{}", options.endpoint.host,
+      spdlog::warn("{}: lost the connection to Redis at {}:{}", options.name, options.endpoint.host,
                    options.endpoint.port);
       if (disconnected) disconnected();
     }

@@ -60,6 +60,7 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
         freed(io, [&] {
           auto c = client_options(options);
           c.subscribe_channel = prefix_of(options) + ":freed";
+          c.name = "shared state (freed slots)";
           return c;
         }()),
         renew_timer(io) {

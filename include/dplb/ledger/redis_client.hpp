@@ -51,6 +51,7 @@ struct redis_client_options {
   std::chrono::milliseconds backoff_max{1000};
   std::string function_library;   // FUNCTION LOAD REPLACE on every connect (empty: none)
   std::string subscribe_channel;  // a subscriber: SUBSCRIBE on every connect, messages to on_message
+  std::string name = "shared state";  // what the log calls this connection
 };
 
 class redis_client {

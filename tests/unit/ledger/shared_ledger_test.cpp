@@ -88,6 +88,20 @@ ledger_view view_of(boost::asio::io_context& io, replica& r) {
   return *v;
 }
 
+// One command on a connection of its own (what an operator's redis-cli would send), awaited.
+redis_result raw_command(boost::asio::io_context& io, std::uint16_t port, const std::vector<std::string>& argv) {
+  redis_client_options o;
+  o.endpoint.host = "127.0.0.1";
+  o.endpoint.port = port;
+  redis_client raw(io, o);
+  raw.start();
+  REQUIRE(run_until(io, [&] { return raw.up(); }));
+  std::optional<redis_result> result;
+  raw.command("raw", argv, [&](const redis_result& r) { result = r; });
+  REQUIRE(run_until(io, [&] { return result.has_value(); }));
+  return *result;
+}
+
 // One pick, awaited.
 ledger_pick pick_now(boost::asio::io_context& io, replica& r, std::span<const ledger_candidate> candidates,
                      ledger_policy policy, std::uint32_t limit = 0) {
@@ -191,8 +205,10 @@ TEST_CASE("the per-rank limit holds over all replicas, and a slot freed through 
   CHECK_FALSE(full_b.rank);
 
   // b's release frees its slot for a, which hears of it through the subscription.
+  const auto released = steady::now();
   b.release(*second.rank);
   REQUIRE(run_until(io, [&] { return !a.freed.empty(); }, milliseconds(1000)));
+  CHECK(steady::now() - released <= scaled(milliseconds(20)));
   CHECK(a.freed.front() == *second.rank);
   const auto again = pick_now(io, a, ranks, ledger_policy::least_inflight, 1);
   REQUIRE(again.rank);
@@ -255,18 +271,21 @@ TEST_CASE("registrations give a server flushed or restarted empty every replica'
   CHECK(ledger_holds(both));
 
   SECTION("FLUSHALL") {
-    redis_client raw(io, [&] {
-      redis_client_options o;
-      o.endpoint.host = "127.0.0.1";
-      o.endpoint.port = port;
-      return o;
-    }());
-    raw.start();
-    REQUIRE(run_until(io, [&] { return raw.up(); }));
-    bool flushed = false;
-    raw.command("flush", {"FLUSHALL"}, [&](const redis_result& r) { flushed = r.ok; });
-    REQUIRE(run_until(io, [&] { return flushed; }));
+    REQUIRE(raw_command(io, port, {"FLUSHALL"}).ok);
     CHECK(ledger_holds(both));
+  }
+
+  SECTION("the keys expire once no replica registers any more") {
+    pick_now(io, a, equal_ranks(4), ledger_policy::round_robin);  // the cursor too, from the next registration
+    for (const char* key : {"{dplb:restart}:replicas", "{dplb:restart}:total", "{dplb:restart}:rr", "{dplb:restart}:r:b"}) {
+      INFO(key);
+      long long ttl = -1;
+      CHECK(run_until(io, [&] {
+        ttl = raw_command(io, port, {"PTTL", key}).reply.integer;
+        return ttl > 0;
+      }, milliseconds(1000)));
+      CHECK(ttl <= 600000);
+    }
   }
 
   SECTION("a server restarted empty") {
