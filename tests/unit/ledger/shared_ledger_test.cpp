@@ -388,3 +388,20 @@ TEST_CASE("the Redis password is used, and never shown in an error or the log", 
   REQUIRE(run_until(io, [&] { return right->up(); }));
   CHECK(log.str().find("right-horse-battery") == std::string::npos);
 }
+
+TEST_CASE("a registration asked for while picks wait for their answers is sent after them, with them counted",
+          "[ledger]") {
+  // The picks are recorded in Redis before their answers reach the replica: a registration sent in
+  // between would carry counts without them and take them out of the ledger again.
+  redis_server redis;
+  boost::asio::io_context io;
+  replica a(io, redis.port(), "a", "settle");
+  REQUIRE(run_until(io, [&] { return a.ledger->up(); }));
+  const auto ranks = equal_ranks(4);
+  int answers = 0;
+  for (int i = 0; i < 8; ++i) a.pick(ranks, ledger_policy::least_inflight, 0, [&](const ledger_pick&) { ++answers; });
+  a.ledger->register_in_flight();
+  REQUIRE(run_until(io, [&] { return answers == 8; }));
+  CHECK(a.in_flight == std::map<std::size_t, std::uint32_t>{{0, 2}, {1, 2}, {2, 2}, {3, 2}});
+  CHECK(view_of(io, a).total == a.in_flight);
+}
