@@ -158,10 +158,50 @@ local function view(keys, args)
   return reply
 end
 
+-- A rate limit all replicas share (a tenant's requests_per_second or tokens_per_minute): a token bucket
+-- in KEYS[1], a HASH {tokens, at} (Redis server time in ms), full when absent. ARGV: rate (units a second),
+-- burst, op, units. 'take': takes the units if they are there; returns {1, 0} or {0, the ms until they are
+-- (-1: never, more than the burst)}. 'give': units a reservation did not use, back (never above the burst).
+-- 'charge': units used beyond a reservation, taken regardless, down to one burst in debt. The key expires
+-- once the bucket would be full again, which is what its absence means.
+local function bucket(keys, args)
+  local rate, burst, op, units = tonumber(args[1]), tonumber(args[2]), args[3], tonumber(args[4])
+  local now = now_ms()
+  local state = redis.call('HMGET', keys[1], 'tokens', 'at')
+  local tokens = burst
+  if state[1] then
+    tokens = math.min(burst, tonumber(state[1]) + (now - tonumber(state[2])) * rate / 1000)
+  end
+  local reply = {1, 0}
+  if op == 'take' then
+    if units > burst then
+      reply = {0, -1}
+    elseif tokens >= units then
+      tokens = tokens - units
+    else
+      reply = {0, math.ceil((units - tokens) * 1000 / rate)}
+    end
+  elseif op == 'give' then
+    tokens = math.min(burst, tokens + units)
+  elseif op == 'charge' then
+    tokens = math.max(-burst, tokens - units)
+  else
+    return redis.error_reply('dplb_bucket: unknown op ' .. tostring(op))
+  end
+  if tokens >= burst then
+    redis.call('DEL', keys[1])
+  else
+    redis.call('HSET', keys[1], 'tokens', tostring(tokens), 'at', tostring(now))
+    redis.call('PEXPIRE', keys[1], math.ceil((burst - tokens) * 1000 / rate) + 1000)
+  end
+  return reply
+end
+
 redis.register_function('dplb_pick', pick)
 redis.register_function('dplb_release', release)
 redis.register_function('dplb_register', register)
 redis.register_function('dplb_view', view)
+redis.register_function('dplb_bucket', bucket)
 )lua";
 
 }  // namespace dplb::ledger

@@ -19,6 +19,7 @@ std::string_view ledger_op_name(ledger_op op) {
     case ledger_op::release: return "release";
     case ledger_op::register_: return "register";
     case ledger_op::view: return "view";
+    case ledger_op::bucket: return "bucket";
     case ledger_op::count: break;
   }
   return "unknown";
@@ -218,6 +219,47 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
     });
   }
 };
+
+namespace {
+
+std::vector<std::string> bucket_call(const std::string& prefix, const shared_ledger::bucket_spec& b, std::string_view op,
+                                     std::uint64_t units) {
+  char rate[32];
+  std::snprintf(rate, sizeof rate, "%.17g", b.rate);
+  return {"FCALL", "dplb_bucket", "1", prefix + ":bucket:" + b.name, rate, std::to_string(b.burst), std::string(op),
+          std::to_string(units)};
+}
+
+}  // namespace
+
+void shared_ledger::take(const bucket_spec& bucket, std::uint64_t units, std::function<void(const bucket_answer&)> done) {
+  impl_->commands.command("bucket", bucket_call(prefix_of(impl_->options), bucket, "take", units),
+                          [done = std::move(done)](const redis_result& r) {
+                            bucket_answer a;
+                            a.error = r.error;
+                            const auto& e = r.reply.elements;
+                            const auto taken = e.size() == 2 ? number_of<long long>(e[0]) : std::nullopt;
+                            const auto wait = e.size() == 2 ? number_of<long long>(e[1]) : std::nullopt;
+                            if (r.ok && taken && wait) {
+                              a.ok = true;
+                              a.taken = *taken == 1;
+                              if (!a.taken && *wait >= 0) a.retry_after = std::chrono::milliseconds(*wait);
+                            } else if (r.ok) {
+                              a.error = "unexpected answer to dplb_bucket";
+                            }
+                            done(a);
+                          });
+}
+
+void shared_ledger::give_back(const bucket_spec& bucket, std::uint64_t units) {
+  impl_->commands.command("bucket", bucket_call(prefix_of(impl_->options), bucket, "give", units),
+                          [](const redis_result&) {});
+}
+
+void shared_ledger::charge(const bucket_spec& bucket, std::uint64_t units) {
+  impl_->commands.command("bucket", bucket_call(prefix_of(impl_->options), bucket, "charge", units),
+                          [](const redis_result&) {});
+}
 
 shared_ledger::shared_ledger(asio::io_context& io, ledger_options options, in_flight_fn in_flight, freed_fn on_freed)
     : impl_(std::make_shared<impl>(io, std::move(options), std::move(in_flight), std::move(on_freed))) {}

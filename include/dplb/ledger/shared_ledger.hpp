@@ -62,7 +62,15 @@ struct ledger_view {
   std::string error;
 };
 
-enum class ledger_op : std::size_t { connect, pick, release, register_, view, count };
+// What a shared rate limit answered to a take.
+struct bucket_answer {
+  bool ok = false;     // the ledger answered; if not, `error` says why and the caller limits alone
+  bool taken = false;
+  std::optional<std::chrono::milliseconds> retry_after;  // not taken: when the units will be there (none: never)
+  std::string error;
+};
+
+enum class ledger_op : std::size_t { connect, pick, release, register_, view, bucket, count };
 
 class shared_ledger {
  public:
@@ -87,6 +95,17 @@ class shared_ledger {
   // Sends this replica's counts now (also done on every connect and every renew_every).
   void register_in_flight();
   void view(std::function<void(const ledger_view&)> done);
+
+  // A token bucket every replica takes from (`rate` units a second, `burst` deep), named by the caller
+  // (e.g. a tenant's name and what it limits): as tenants::token_bucket's try_take, give_back and charge.
+  struct bucket_spec {
+    std::string name;
+    double rate = 1;
+    std::uint64_t burst = 1;
+  };
+  void take(const bucket_spec& bucket, std::uint64_t units, std::function<void(const bucket_answer&)> done);
+  void give_back(const bucket_spec& bucket, std::uint64_t units);
+  void charge(const bucket_spec& bucket, std::uint64_t units);
 
   // Any thread.
   bool up() const noexcept;

@@ -405,3 +405,61 @@ TEST_CASE("a registration asked for while picks wait for their answers is sent a
   CHECK(a.in_flight == std::map<std::size_t, std::uint32_t>{{0, 2}, {1, 2}, {2, 2}, {3, 2}});
   CHECK(view_of(io, a).total == a.in_flight);
 }
+
+TEST_CASE("a rate limit shared by the replicas holds over all of them together", "[ledger]") {
+  redis_server redis;
+  boost::asio::io_context io;
+  replica a(io, redis.port(), "a", "buckets");
+  replica b(io, redis.port(), "b", "buckets");
+  REQUIRE(run_until(io, [&] { return a.ledger->up() && b.ledger->up(); }));
+  const auto take = [&](replica& r, const shared_ledger::bucket_spec& bucket, std::uint64_t units) {
+    std::optional<bucket_answer> answer;
+    r.ledger->take(bucket, units, [&](const bucket_answer& got) { answer = got; });
+    REQUIRE(run_until(io, [&] { return answer.has_value(); }));
+    REQUIRE(answer->ok);
+    return *answer;
+  };
+
+  SECTION("a burst of 5 is 5 requests through both replicas, not 5 each") {
+    const shared_ledger::bucket_spec requests{"tenant-x:requests", 0.01, 5};  // one back every 100 s
+    int taken = 0;
+    for (int i = 0; i < 10; ++i) {
+      const auto answer = take(i % 2 ? b : a, requests, 1);
+      if (answer.taken) ++taken;
+      else CHECK(answer.retry_after > milliseconds(0));
+    }
+    CHECK(taken == 5);
+    // A reservation's unused units come back, to whichever replica takes next.
+    a.ledger->give_back(requests, 1);
+    view_of(io, a);  // answered after the give-back, sent on the same connection before it
+    CHECK(take(b, requests, 1).taken);
+    CHECK_FALSE(take(a, requests, 1).taken);
+  }
+
+  SECTION("more than the burst is never taken; a charge beyond it leaves a debt") {
+    const shared_ledger::bucket_spec tokens{"tenant-x:tokens", 100, 10};
+    const auto too_big = take(a, tokens, 11);
+    CHECK_FALSE(too_big.taken);
+    CHECK_FALSE(too_big.retry_after.has_value());
+    CHECK(take(a, tokens, 10).taken);
+    b.ledger->charge(tokens, 5);  // a's request used 5 more than it reserved: 5 in debt
+    view_of(io, b);
+    const auto in_debt = take(a, tokens, 1);
+    CHECK_FALSE(in_debt.taken);
+    CHECK(in_debt.retry_after >= milliseconds(50));  // 6 units at 100 a second
+    CHECK(in_debt.retry_after <= milliseconds(60));
+  }
+
+  SECTION("the bucket refills at its rate") {
+    const shared_ledger::bucket_spec fast{"tenant-y:requests", 50, 1};  // one every 20 ms
+    CHECK(take(a, fast, 1).taken);
+    const auto refused = take(b, fast, 1);
+    REQUIRE_FALSE(refused.taken);
+    REQUIRE(refused.retry_after);
+    CHECK(*refused.retry_after <= milliseconds(20));
+    // Awaiting the time the bucket named: then b gets it.
+    const auto at = steady::now() + *refused.retry_after;
+    REQUIRE(run_until(io, [&] { return steady::now() >= at; }, milliseconds(1000)));
+    CHECK(take(b, fast, 1).taken);
+  }
+}
