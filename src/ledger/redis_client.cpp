@@ -124,8 +124,12 @@ struct redis_client::impl : std::enable_shared_from_this<impl> {
 
   static constexpr std::uint64_t subscription_id = 0;  // SUBSCRIBE's callback: hiredis keeps it per channel
 
+  // Posted like every other callback: a failure is often noticed inside hiredis.
   void report(std::string_view op, std::string_view why) {
-    if (error) error(op, why);
+    if (!error) return;
+    asio::post(io, [self = weak_from_this(), op = std::string(op), why = std::string(why)] {
+      if (auto s = self.lock(); s && !s->closing && s->error) s->error(op, why);
+    });
   }
 
   void finish(std::uint64_t id, redis_result result) {
@@ -409,7 +413,6 @@ struct redis_client::impl : std::enable_shared_from_this<impl> {
     closing = true;
     is_up = false;
     waiting.clear();
-    boost::system::error_code ignored;
     connect_deadline.cancel();
     command_deadline.cancel();
     backoff_timer.cancel();
