@@ -68,14 +68,61 @@ local function in_rotation(keys, ranks, tied)
   return best
 end
 
--- ARGV: replica, lease ms, policy ('least-inflight' or 'round-robin'), per-rank limit (0: none), then
--- rank, weight for each candidate. Records the pick and returns {rank or -1, live replicas, the
--- candidates' global counts before the pick, in the order given}.
+-- Besides its requests (field '<rank>'), a replica's hash and the total hold the tokens of those requests:
+-- '<rank>:p', the prompt tokens not yet prefilled (given back at the first byte), and '<rank>:c', the whole
+-- cost (prompt and max_tokens). Expiry, registration and the view treat every field alike.
+local function field(rank, part) return rank .. ':' .. part end
+
+-- Takes up to n of a field back from the caller's hash and the total (never more than the caller holds).
+local function take_back(keys, name, n)
+  local held = tonumber(redis.call('HGET', keys[4], name) or 0)
+  if n > held then n = held end
+  if n <= 0 then return 0 end
+  if n == held then redis.call('HDEL', keys[4], name) else redis.call('HINCRBY', keys[4], name, -n) end
+  subtract(keys[2], name, n)
+  return n
+end
+
+-- least-tokens, as the balancer's least_tokens policy decides (its constants come in as arguments): among
+-- the candidates within `band` requests (per weight) of the fewest, those within one slot of the least work
+-- ((prompt + share * decode + slot * requests) / weight); of them the fewest requests per weight; a tie of
+-- those goes to the rotation.
+local function least_tokens(keys, ranks, weights, counts, open, band, slot, share)
+  local work = {}
+  for i = 1, #ranks do
+    local prompt = tonumber(redis.call('HGET', keys[2], field(ranks[i], 'p')) or 0)
+    local cost = tonumber(redis.call('HGET', keys[2], field(ranks[i], 'c')) or 0)
+    local decode = cost - math.min(prompt, cost)
+    work[i] = (prompt + share * decode + slot * counts[i]) / weights[i]
+  end
+  local fewest
+  for i = 1, #ranks do
+    if open(i) and (fewest == nil or counts[i] / weights[i] < fewest) then fewest = counts[i] / weights[i] end
+  end
+  if fewest == nil then return nil end
+  local function in_band(i) return open(i) and counts[i] / weights[i] - fewest <= band / weights[i] end
+  local least
+  for i = 1, #ranks do
+    if in_band(i) and (least == nil or work[i] < least) then least = work[i] end
+  end
+  local function near(i) return in_band(i) and work[i] - least <= slot / weights[i] end
+  local lowest
+  for i = 1, #ranks do
+    if near(i) and (lowest == nil or counts[i] / weights[i] < lowest) then lowest = counts[i] / weights[i] end
+  end
+  return in_rotation(keys, ranks, function(i) return near(i) and counts[i] / weights[i] == lowest end)
+end
+
+-- ARGV: replica, lease ms, policy ('least-inflight', 'round-robin' or 'least-tokens'), per-rank limit (0:
+-- none), the request's prompt and decode tokens, least-tokens' band, slot tokens and decode share, then
+-- rank, weight for each candidate. Records the pick (the request and its tokens) and returns {rank or -1,
+-- live replicas, the candidates' global counts before the pick, in the order given}.
 local function pick(keys, args)
   expire_and_renew(keys, args[1], tonumber(args[2]))
   local policy, limit = args[3], tonumber(args[4])
+  local prompt, decode = tonumber(args[5]), tonumber(args[6])
   local ranks, weights, counts = {}, {}, {}
-  for i = 5, #args - 1, 2 do
+  for i = 10, #args - 1, 2 do
     local n = #ranks + 1
     ranks[n] = tonumber(args[i])
     weights[n] = tonumber(args[i + 1])
@@ -83,7 +130,9 @@ local function pick(keys, args)
   end
   local function open(i) return limit == 0 or counts[i] < limit end
   local chosen
-  if policy == 'round-robin' then
+  if policy == 'least-tokens' then
+    chosen = least_tokens(keys, ranks, weights, counts, open, tonumber(args[7]), tonumber(args[8]), tonumber(args[9]))
+  elseif policy == 'round-robin' then
     chosen = in_rotation(keys, ranks, open)
   elseif policy == 'least-inflight' then
     local lowest
@@ -98,24 +147,36 @@ local function pick(keys, args)
   if chosen ~= nil then
     redis.call('HINCRBY', keys[4], ranks[chosen], 1)
     redis.call('HINCRBY', keys[2], ranks[chosen], 1)
+    for part, n in pairs({p = prompt, c = prompt + decode}) do
+      if n > 0 then
+        redis.call('HINCRBY', keys[4], field(ranks[chosen], part), n)
+        redis.call('HINCRBY', keys[2], field(ranks[chosen], part), n)
+      end
+    end
     reply[1] = ranks[chosen]
   end
   for i = 1, #counts do reply[i + 2] = counts[i] end
   return reply
 end
 
--- ARGV: replica, lease ms, rank. Gives back one of the caller's requests on the rank, if it holds one
--- there (a release after its lease expired changes nothing), and announces the freed slot on
--- `{..}:freed`. Returns 1 if a slot was freed, else 0.
+-- ARGV: replica, lease ms, rank, the request's prompt tokens still in flight, its cost. Gives back one of
+-- the caller's requests on the rank and its tokens, if it holds one there (a release after its lease
+-- expired changes nothing), and announces the freed slot on `{..}:freed`. Returns 1 if a slot was freed.
 local function release(keys, args)
   expire_and_renew(keys, args[1], tonumber(args[2]))
   local rank = args[3]
-  local held = tonumber(redis.call('HGET', keys[4], rank) or 0)
-  if held <= 0 then return 0 end
-  if held == 1 then redis.call('HDEL', keys[4], rank) else redis.call('HINCRBY', keys[4], rank, -1) end
-  subtract(keys[2], rank, 1)
+  if take_back(keys, rank, 1) == 0 then return 0 end
+  take_back(keys, field(rank, 'p'), tonumber(args[4] or 0))
+  take_back(keys, field(rank, 'c'), tonumber(args[5] or 0))
   redis.call('PUBLISH', prefix_of(keys) .. ':freed', rank)
   return 1
+end
+
+-- ARGV: replica, lease ms, rank, prompt tokens. A request's prompt is prefilled (its first byte came): its
+-- prompt tokens leave the rank's prompt load; its cost stays until the release.
+local function prompt_done(keys, args)
+  expire_and_renew(keys, args[1], tonumber(args[2]))
+  return take_back(keys, field(args[3], 'p'), tonumber(args[4]))
 end
 
 -- ARGV: replica, lease ms, then rank, count for each rank the caller has requests in flight on. The
@@ -199,6 +260,7 @@ end
 
 redis.register_function('dplb_pick', pick)
 redis.register_function('dplb_release', release)
+redis.register_function('dplb_prompt_done', prompt_done)
 redis.register_function('dplb_register', register)
 redis.register_function('dplb_view', view)
 redis.register_function('dplb_bucket', bucket)

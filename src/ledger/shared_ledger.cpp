@@ -144,25 +144,40 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
     register_due = false;
     auto argv = fcall("dplb_register");
     if (in_flight) {
-      for (const auto& [rank, n] : in_flight()) {
-        if (n == 0) continue;
-        argv.push_back(std::to_string(rank));
-        argv.push_back(std::to_string(n));
+      for (const auto& [rank, load] : in_flight()) {
+        const auto r = std::to_string(rank);
+        for (const auto& [name, n] : {std::pair{r, std::uint64_t{load.requests}}, std::pair{r + ":p", load.prompt_tokens},
+                                      std::pair{r + ":c", load.cost_tokens}}) {
+          if (n == 0) continue;
+          argv.push_back(name);
+          argv.push_back(std::to_string(n));
+        }
       }
     }
     commands.command("register", argv, [](const redis_result&) {});
   }
 
+  static std::string number(double value) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.17g", value);
+    return text;
+  }
+
   void pick(std::span<const ledger_candidate> candidates, ledger_policy policy, std::uint32_t limit,
-            std::function<void(const ledger_pick&)> done) {
+            request_tokens tokens, std::function<void(const ledger_pick&)> done) {
     auto argv = fcall("dplb_pick");
-    argv.push_back(policy == ledger_policy::round_robin ? "round-robin" : "least-inflight");
+    argv.push_back(policy == ledger_policy::round_robin    ? "round-robin"
+                   : policy == ledger_policy::least_tokens ? "least-tokens"
+                                                           : "least-inflight");
     argv.push_back(std::to_string(limit));
+    argv.push_back(std::to_string(tokens.prompt));
+    argv.push_back(std::to_string(tokens.decode));
+    argv.push_back(number(options.least_tokens.request_band));
+    argv.push_back(number(options.least_tokens.slot_tokens));
+    argv.push_back(number(options.least_tokens.decode_share));
     for (const auto& c : candidates) {
-      char weight[32];
-      std::snprintf(weight, sizeof weight, "%.17g", c.weight);
       argv.push_back(std::to_string(c.rank));
-      argv.push_back(weight);
+      argv.push_back(number(c.weight));
     }
     ++picks_waiting;
     commands.command("pick", argv, [weak = weak_from_this(), done = std::move(done)](const redis_result& r) {
@@ -194,9 +209,18 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
     return out;
   }
 
-  void release(std::size_t rank) {
+  void release(std::size_t rank, std::uint64_t prompt_left, std::uint64_t cost) {
     auto argv = fcall("dplb_release");
     argv.push_back(std::to_string(rank));
+    argv.push_back(std::to_string(prompt_left));
+    argv.push_back(std::to_string(cost));
+    commands.command("release", argv, [](const redis_result&) {});
+  }
+
+  void prompt_done(std::size_t rank, std::uint64_t prompt) {
+    auto argv = fcall("dplb_prompt_done");
+    argv.push_back(std::to_string(rank));
+    argv.push_back(std::to_string(prompt));
     commands.command("release", argv, [](const redis_result&) {});
   }
 
@@ -209,8 +233,24 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
         v.ok = true;
         v.replicas = number_of<std::uint32_t>(e[0]).value_or(0);
         for (std::size_t i = 1; i + 1 < e.size(); i += 2) {
-          const auto rank = number_of<std::size_t>(e[i]);
-          if (rank) v.total[*rank] = number_of<std::uint32_t>(e[i + 1]).value_or(0);
+          // '<rank>' (requests), '<rank>:p' (prompt tokens), '<rank>:c' (cost tokens).
+          const std::string_view name = e[i].text;
+          const auto colon = name.find(':');
+          std::size_t rank = 0;
+          const auto digits = name.substr(0, colon);
+          if (std::from_chars(digits.data(), digits.data() + digits.size(), rank).ptr != digits.data() + digits.size()) {
+            continue;
+          }
+          const auto n = number_of<std::uint64_t>(e[i + 1]).value_or(0);
+          auto& load = v.load[rank];
+          if (colon == std::string_view::npos) {
+            load.requests = static_cast<std::uint32_t>(n);
+            v.total[rank] = load.requests;
+          } else if (name.substr(colon + 1) == "p") {
+            load.prompt_tokens = n;
+          } else if (name.substr(colon + 1) == "c") {
+            load.cost_tokens = n;
+          }
         }
       } else if (r.ok) {
         v.error = "unexpected answer to dplb_view";
@@ -269,9 +309,17 @@ shared_ledger::~shared_ledger() { impl_->renew_timer.cancel(); }
 void shared_ledger::start() { impl_->start(); }
 void shared_ledger::pick(std::span<const ledger_candidate> candidates, ledger_policy policy, std::uint32_t limit,
                          std::function<void(const ledger_pick&)> done) {
-  impl_->pick(candidates, policy, limit, std::move(done));
+  impl_->pick(candidates, policy, limit, {}, std::move(done));
 }
-void shared_ledger::release(std::size_t rank) { impl_->release(rank); }
+void shared_ledger::pick(std::span<const ledger_candidate> candidates, ledger_policy policy, std::uint32_t limit,
+                         request_tokens tokens, std::function<void(const ledger_pick&)> done) {
+  impl_->pick(candidates, policy, limit, tokens, std::move(done));
+}
+void shared_ledger::release(std::size_t rank) { impl_->release(rank, 0, 0); }
+void shared_ledger::release(std::size_t rank, std::uint64_t prompt_left, std::uint64_t cost) {
+  impl_->release(rank, prompt_left, cost);
+}
+void shared_ledger::prompt_done(std::size_t rank, std::uint64_t prompt) { impl_->prompt_done(rank, prompt); }
 void shared_ledger::register_in_flight() { impl_->register_when_settled(); }
 void shared_ledger::view(std::function<void(const ledger_view&)> done) { impl_->view(std::move(done)); }
 bool shared_ledger::up() const noexcept { return impl_->commands.up(); }

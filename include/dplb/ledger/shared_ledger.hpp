@@ -27,6 +27,31 @@
 
 namespace dplb::ledger {
 
+enum class ledger_policy { least_inflight, round_robin, least_tokens };
+
+// least-tokens' rule, as the balancer's least_tokens policy has it (the caller passes its constants: the
+// ledger includes nothing of the balancer).
+struct least_tokens_rule {
+  double request_band = 2;
+  double slot_tokens = 1024;
+  double decode_share = 0.25;
+};
+
+// What a request will cost its rank, in tokens: recorded with its pick, given back with its release (the
+// prompt part at its first byte, by prompt_done).
+struct request_tokens {
+  std::uint64_t prompt = 0;
+  std::uint64_t decode = 0;  // max_tokens (or the default) times n
+};
+
+// A rank's load from one replica's requests, or from all of them.
+struct rank_load {
+  std::uint32_t requests = 0;
+  std::uint64_t prompt_tokens = 0;  // prompt tokens not yet prefilled
+  std::uint64_t cost_tokens = 0;    // prompt and decode tokens of the requests in flight
+  bool operator==(const rank_load&) const = default;
+};
+
 struct ledger_options {
   redis_endpoint endpoint;
   std::string ns;       // the ledger's keys are `{dplb:<ns>}:...` (later: a digest of the backend list)
@@ -36,9 +61,8 @@ struct ledger_options {
   std::chrono::milliseconds lease{3000};  // the ledger forgets a replica this long after its last call
   std::chrono::milliseconds renew_every{1000};
   std::chrono::milliseconds backoff_min{100}, backoff_max{1000};
+  least_tokens_rule least_tokens;
 };
-
-enum class ledger_policy { least_inflight, round_robin };
 
 // A rank the caller could use for this pick, and its weight (> 0).
 struct ledger_candidate {
@@ -58,7 +82,8 @@ struct ledger_pick {
 struct ledger_view {
   bool ok = false;
   std::uint32_t replicas = 0;
-  std::map<std::size_t, std::uint32_t> total;
+  std::map<std::size_t, std::uint32_t> total;  // requests
+  std::map<std::size_t, rank_load> load;        // requests and tokens
   std::string error;
 };
 
@@ -74,10 +99,10 @@ enum class ledger_op : std::size_t { connect, pick, release, register_, view, bu
 
 class shared_ledger {
  public:
-  using in_flight_fn = std::function<std::map<std::size_t, std::uint32_t>()>;
+  using in_flight_fn = std::function<std::map<std::size_t, rank_load>()>;
   using freed_fn = std::function<void(std::size_t rank)>;
 
-  // in_flight: this replica's requests in flight per rank, as it counts them. on_freed: a slot was freed
+  // in_flight: this replica's requests (and their tokens) in flight per rank, as it counts them. on_freed: a slot was freed
   // on a rank (by any replica, this one included).
   shared_ledger(boost::asio::io_context& io, ledger_options options, in_flight_fn in_flight, freed_fn on_freed);
   ~shared_ledger();
@@ -89,9 +114,17 @@ class shared_ledger {
   // Picks among the candidates under `limit` (0: none) and records the pick, in one step in Redis.
   void pick(std::span<const ledger_candidate> candidates, ledger_policy policy, std::uint32_t limit,
             std::function<void(const ledger_pick&)> done);
+  // The same, recording the request's tokens (least-tokens weighs them; any policy may record them).
+  void pick(std::span<const ledger_candidate> candidates, ledger_policy policy, std::uint32_t limit,
+            request_tokens tokens, std::function<void(const ledger_pick&)> done);
   // Gives back one of this replica's requests on the rank (dropped while down: the registration after
   // the reconnect sends the counts as they are then).
   void release(std::size_t rank);
+  // The same, giving back the request's tokens: its prompt tokens still counted (none after prompt_done)
+  // and its whole cost.
+  void release(std::size_t rank, std::uint64_t prompt_left, std::uint64_t cost);
+  // A request's prompt is prefilled (its first byte came): its prompt tokens leave the rank's prompt load.
+  void prompt_done(std::size_t rank, std::uint64_t prompt);
   // Sends this replica's counts now (also done on every connect and every renew_every).
   void register_in_flight();
   void view(std::function<void(const ledger_view&)> done);

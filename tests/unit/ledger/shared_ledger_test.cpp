@@ -52,7 +52,7 @@ struct replica {
     o.timeout = scaled(milliseconds(1000));
     if (adjust) adjust(o);
     ledger = std::make_unique<shared_ledger>(
-        io, o, [this] { return in_flight; }, [this](std::size_t rank) { freed.push_back(rank); });
+        io, o, [this] { return load(); }, [this](std::size_t rank) { freed.push_back(rank); });
     ledger->start();
   }
 
@@ -69,7 +69,37 @@ struct replica {
     ledger->release(rank);
   }
 
+  // The same with tokens, kept as the balancer keeps them.
+  void pick(std::span<const ledger_candidate> candidates, std::uint32_t limit, request_tokens cost,
+            std::function<void(const ledger_pick&)> then) {
+    ledger->pick(candidates, ledger_policy::least_tokens, limit, cost, [this, cost, then](const ledger_pick& p) {
+      if (p.ok && p.rank) {
+        ++in_flight[*p.rank];
+        tokens[*p.rank].prompt_tokens += cost.prompt;
+        tokens[*p.rank].cost_tokens += cost.prompt + cost.decode;
+      }
+      then(p);
+    });
+  }
+  void prompt_done(std::size_t rank, std::uint64_t prompt) {
+    tokens[rank].prompt_tokens -= prompt;
+    ledger->prompt_done(rank, prompt);
+  }
+  void release(std::size_t rank, std::uint64_t prompt_left, std::uint64_t cost) {
+    --in_flight[rank];
+    tokens[rank].prompt_tokens -= prompt_left;
+    tokens[rank].cost_tokens -= cost;
+    ledger->release(rank, prompt_left, cost);
+  }
+
+  std::map<std::size_t, rank_load> load() const {
+    auto out = tokens;
+    for (const auto& [rank, n] : in_flight) out[rank].requests = n;
+    return out;
+  }
+
   std::map<std::size_t, std::uint32_t> in_flight;
+  std::map<std::size_t, rank_load> tokens;  // prompt and cost tokens by rank (their requests: in_flight)
   std::vector<std::size_t> freed;
   std::unique_ptr<shared_ledger> ledger;
 };
@@ -462,4 +492,42 @@ TEST_CASE("a rate limit shared by the replicas holds over all of them together",
     REQUIRE(run_until(io, [&] { return steady::now() >= at; }, milliseconds(1000)));
     CHECK(take(b, fast, 1).taken);
   }
+}
+
+TEST_CASE("least-tokens weighs every replica's tokens, and the tokens leave with the prompt and the release",
+          "[ledger]") {
+  redis_server redis;
+  boost::asio::io_context io;
+  replica a(io, redis.port(), "a", "tokens");
+  replica b(io, redis.port(), "b", "tokens");
+  REQUIRE(run_until(io, [&] { return a.ledger->up() && b.ledger->up(); }));
+  const auto ranks = equal_ranks(2);
+  const auto pick_tokens = [&](replica& r, request_tokens cost) {
+    std::optional<ledger_pick> p;
+    r.pick(ranks, 0, cost, [&](const ledger_pick& got) { p = got; });
+    REQUIRE(run_until(io, [&] { return p.has_value(); }));
+    REQUIRE(p->ok);
+    REQUIRE(p->rank);
+    return *p->rank;
+  };
+
+  CHECK(pick_tokens(a, {8000, 16}) == 0);  // a long prompt through a
+  CHECK(pick_tokens(b, {10, 0}) == 1);
+  // One request on each rank: least-inflight's rotation would now say rank 0; least-tokens sees a's prompt
+  // through b, 8,000 tokens more than a slot's worth, and says rank 1.
+  CHECK(pick_tokens(b, {10, 0}) == 1);
+  auto v = view_of(io, b);
+  CHECK(v.load[0] == rank_load{1, 8000, 8016});
+  CHECK(v.load[1] == rank_load{2, 20, 20});
+
+  a.prompt_done(0, 8000);
+  v = view_of(io, a);
+  CHECK(v.load[0] == rank_load{1, 0, 8016});
+  a.release(0, 0, 8016);
+  v = view_of(io, a);
+  CHECK(v.load.count(0) == 0);
+  // A registration carries the tokens too: b's stay as they are.
+  b.ledger->register_in_flight();
+  v = view_of(io, b);
+  CHECK(v.load[1] == rank_load{2, 20, 20});
 }
