@@ -24,6 +24,9 @@ packages=(
   # its C++ binding for the engines' event publishers. The events' msgpack is read by dplb's own bounded reader:
   # Debian 12's libmsgpack-cxx-dev depends on libboost-dev (1.74), which conflicts with libboost1.81-dev.
   libxxhash-dev libzmq3-dev cppzmq-dev
+  # The shared ledger (issue 29, src/ledger/): hiredis, Redis's own C client, driven by dplb's Asio adapter; and
+  # redis-server, which the ledger's tests start on an ephemeral port (its service is never relied on).
+  libhiredis-dev redis-server
   curl
 )
 if [[ $set_name == all ]]; then

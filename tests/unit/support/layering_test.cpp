@@ -99,3 +99,14 @@ TEST_CASE("the tenants include nothing of the admin API or the server", "[layeri
     CHECK(i.find("-> dplb/server/") == std::string::npos);
   }
 }
+
+TEST_CASE("the shared ledger includes nothing of dplb but itself", "[layering][ledger]") {
+  // ledger/ is the Redis client and the ledger's functions; the balancer, the server and the
+  // configuration will include it (its settings come in as arguments), so it includes none of them.
+  const auto includes = dplb_includes({"src/ledger", "include/dplb/ledger"});
+  REQUIRE_FALSE(includes.empty());
+  for (const auto& i : includes) {
+    INFO(i);
+    CHECK(i.find("-> dplb/ledger/") != std::string::npos);
+  }
+}
