@@ -24,14 +24,16 @@ packages=(
   # its C++ binding for the engines' event publishers. The events' msgpack is read by dplb's own bounded reader:
   # Debian 12's libmsgpack-cxx-dev depends on libboost-dev (1.74), which conflicts with libboost1.81-dev.
   libxxhash-dev libzmq3-dev cppzmq-dev
-  # The shared ledger (issue 29, src/ledger/): hiredis, Redis's own C client, driven by dplb's Asio adapter; and
-  # redis-server, which the ledger's tests start on an ephemeral port (its service is never relied on).
-  libhiredis-dev redis-server
+  # The shared ledger (issue 29, src/ledger/): hiredis, Redis's own C client, driven by dplb's Asio adapter.
+  libhiredis-dev
   curl
 )
 if [[ $set_name == all ]]; then
   packages+=(
     catch2 python3
+    # The shared ledger's tests start a redis-server of their own on an ephemeral port (its service is never
+    # relied on).
+    redis-server
     # The real clients of the ecosystem tests: Prometheus and promtool, headless Chromium for the status
     # page, docker-compose to validate deploy/compose.yaml, Node.js and npm for the SDK and the schemas.
     prometheus chromium docker-compose python3-yaml
