@@ -71,6 +71,17 @@ def scrape(url):
         return answer.read().decode()
 
 
+def scrape_until(url, done, seconds=20):
+    """The page at `url` once done(text) holds, or as it is at the deadline. Bounded in time, not in scrapes: a
+    hundred scrapes in a row can take less than dplb's first engine-stats read on a loaded machine."""
+    deadline = time.monotonic() + seconds
+    text = scrape(url)
+    while not done(text) and time.monotonic() < deadline:
+        time.sleep(0.02)  # a poll's pause: a series appearing has no event to await from outside
+        text = scrape(url)
+    return text
+
+
 def metric_sum(text, name):
     """Sum of every sample of a metric (all label sets) in Prometheus text."""
     total = 0.0

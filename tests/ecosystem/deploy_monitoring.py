@@ -76,11 +76,7 @@ try:
     connection.request("TRACE", "/")  # refused with 405: dplb_rejected_requests_total appears
     check(connection.getresponse().status == 405, "a TRACE is refused (a rejected request)")
     connection.close()
-    text = benchlib.scrape(f"http://127.0.0.1:{port}/metrics")
-    for _ in range(100):  # until the engine stats are read (bounded)
-        if "dplb_engine_running{" in text:
-            break
-        text = benchlib.scrape(f"http://127.0.0.1:{port}/metrics")
+    text = benchlib.scrape_until(f"http://127.0.0.1:{port}/metrics", lambda t: "dplb_engine_running{" in t)
     dplb.stop()
     # Backends that name KV-cache event publishers (none listens there: dplb's subscribers keep trying), one plain
     # and one with replay, under the policy that uses them: the dplb_kv_* series, one per rank.
@@ -94,11 +90,7 @@ try:
     except Exception as error:  # a dplb that refuses them fails a check, with its words, rather than the script
         check(False, f"dplb starts with backends that name KV-cache event publishers: {error}")
     else:
-        kv_text = benchlib.scrape(f"http://127.0.0.1:{port}/metrics")
-        for _ in range(100):  # until the per-rank KV series are there (bounded)
-            if "dplb_kv_blocks{" in kv_text:
-                break
-            kv_text = benchlib.scrape(f"http://127.0.0.1:{port}/metrics")
+        kv_text = benchlib.scrape_until(f"http://127.0.0.1:{port}/metrics", lambda t: "dplb_kv_blocks{" in t)
 finally:
     for process in (dplb, mock):
         if process:

@@ -20,11 +20,7 @@ try:
     status, _ = post_json(f"{base}/v1/completions", {"model": "another-model", "prompt": "x", "max_tokens": 1})
     check(status == 404, f"an unknown model is the engine's 404 (a labelled series): {status}")
     # Engine stats: wait (bounded) until dplb has read every rank's /metrics once.
-    text = benchlib.scrape(f"{base}/metrics")
-    for _ in range(100):
-        if text.count("dplb_engine_running{") >= len(ports):
-            break
-        text = benchlib.scrape(f"{base}/metrics")
+    text = benchlib.scrape_until(f"{base}/metrics", lambda t: t.count("dplb_engine_running{") >= len(ports))
     (OUTPUT / "promtool-metrics.txt").write_text(text)
     for family in ("dplb_engine_running", "dplb_prefix_decisions_total", "dplb_prefix_matched_tokens_bucket",
                    "dplb_requests_total", "dplb_time_to_first_byte_seconds_bucket", "dplb_build_info"):
