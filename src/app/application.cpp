@@ -222,6 +222,10 @@ struct application::impl {
       registry.observe_kv_events(kv_index.get());
       metrics.observe_kv_events(*kv_index, settings.tokenize == config::tokenize_mode::engine);
     }
+    if (settings.shared_state) {
+      ledger = std::make_unique<balancer::replica_ledger>(balancer, shared_ledger_options(settings));
+      metrics.observe_shared_state(*ledger);
+    }
     if (!settings.affinity_header.empty()) balancer.enable_affinity(settings.load_bound, &routing);
     metrics.observe_routing(routing, config::any_cluster_uses(settings, "prefix-aware"),
                             !settings.affinity_header.empty());
@@ -309,6 +313,9 @@ struct application::impl {
   server::shared_state shared;
   std::unique_ptr<kv::event_subscriber> kv_subscriber;  // with kv_index: reads the events into it
   std::unique_ptr<upstream::kv_event_feed> kv_feed;     // keeps its sources in step with the backends
+  // --shared-state: the ledger shared with the other replicas. Hears the balancer's releases, so it outlives
+  // the workers (their sessions release their leases as they go); stopped once they have.
+  std::unique_ptr<balancer::replica_ledger> ledger;
   std::vector<std::unique_ptr<worker>> workers;
   asio::io_context signal_io;  // the main thread's loop: signals and housekeeping
   asio::signal_set signals;
@@ -483,6 +490,15 @@ int application::run() {
                    c == s.settings.default_cluster ? " (default)" : "", cluster.policy, ranks, models);
     }
   }
+  if (s.ledger) {
+    // Before the workers: their first picks may go through it (once it is up).
+    s.ledger->start();
+    s.balancer.set_release_listener(s.ledger.get());
+    s.shared.ledger = s.ledger.get();
+    spdlog::info("shared state: {} as replica {} (--shared-state-timeout-ms {})",
+                 ledger::shown_endpoint(*s.settings.shared_state), s.ledger->replica_name(),
+                 s.settings.shared_state_timeout.count());
+  }
   // Before the workers, which ask it (its executor is set here; its loop runs once the side channels do).
   s.model_context.start(s.side_channels.io.get_executor(), s.supervisor);
   if (s.admin) {
@@ -551,6 +567,7 @@ int application::run() {
     });
   }
   for (auto& w : s.workers) w->thread.join();
+  if (s.ledger) s.ledger->stop();  // it posts picks' answers to the workers' loops: stopped before they go
   // After a drain timeout, sessions are still queued for a slot and others still hold one. Destroying the
   // workers (below, with impl) destroys those sessions, and every lease among them is released then: a
   // release that served a queued waiter would post its lease to that waiter's worker, whose io_context

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <string>
 
+#include "dplb/balancer/least_tokens.hpp"
 #include "dplb/balancer/policy_factory.hpp"
+#include "dplb/support/sha256.hpp"
 
 namespace dplb::app {
 
@@ -110,6 +112,30 @@ std::unique_ptr<tenants::tenant_book> configured_tenants(const config::settings&
   } catch (const std::invalid_argument& e) {
     throw config::config_error(std::string("tenants: ") + e.what());
   }
+}
+
+balancer::replica_ledger_options shared_ledger_options(const config::settings& s) {
+  balancer::replica_ledger_options o;
+  o.ledger.endpoint = *s.shared_state;
+  o.ledger.replica = s.replica_name;
+  o.ledger.timeout = s.shared_state_timeout;
+  o.ledger.least_tokens = {balancer::least_tokens::request_band, balancer::least_tokens::slot_tokens,
+                           balancer::least_tokens::decode_share};
+  // Rank numbers are the ledger's keys: replicas agree on them only with the same backends, in the same
+  // order, in the same clusters, with the same DP sizes.
+  std::string backends;
+  for (const auto& b : s.backends) {
+    backends += b.url + "#dp=" + std::to_string(b.dp) + "#cluster=" + std::to_string(b.cluster) + "#role=" +
+                std::string(config::role_name(b.role)) + "\n";
+  }
+  const auto digest = support::sha256(backends);
+  static constexpr char hex[] = "0123456789abcdef";
+  for (std::size_t i = 0; i < 8; ++i) {
+    o.ledger.ns += hex[digest[i] >> 4];
+    o.ledger.ns += hex[digest[i] & 0xf];
+  }
+  for (const auto& cluster : s.clusters) o.rules.push_back(balancer::ledger_rule_for(cluster.policy));
+  return o;
 }
 
 }  // namespace dplb::app

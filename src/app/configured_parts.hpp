@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dplb/balancer/policy.hpp"
+#include "dplb/balancer/replica_ledger.hpp"
 #include "dplb/balancer/routing_stats.hpp"
 #include "dplb/config/settings.hpp"
 #include "dplb/kv/event_index.hpp"
@@ -38,6 +39,9 @@ std::vector<std::size_t> rank_clusters(const upstream::topology& topology);
 std::chrono::milliseconds stats_max_age(const config::settings& s);
 // The configured tenants; throws config::config_error, saying what to fix, for a list it refuses.
 std::unique_ptr<tenants::tenant_book> configured_tenants(const config::settings& s);
+// The shared ledger's options (--shared-state): its namespace is a digest of the backend list, so that only
+// replicas in front of the same ranks, numbered alike, share counts.
+balancer::replica_ledger_options shared_ledger_options(const config::settings& s);
 // Every configured backend, resolved (blocking) and numbered.
 std::unique_ptr<upstream::topology> configured_topology(const std::vector<config::backend_spec>& specs);
 

@@ -218,6 +218,30 @@ rank_lease balancer::acquire(const pick_context& request, request_cost cost) {
   return chosen ? rank_lease(this, *chosen, cost) : rank_lease{};
 }
 
+void balancer::candidates(const pick_context& request, std::vector<weighted_rank>& out) {
+  out.clear();
+  std::lock_guard lock(pick_mutex_);
+  if (request.cluster >= policies_.size()) return;
+  refresh_view_locked(request, /*room_matters=*/false);
+  if (request.pinned_rank) {
+    const auto r = *request.pinned_rank;
+    if (r < view_.size() && ranks_[r].flags.load(std::memory_order_relaxed) == 0) out.push_back({r, view_[r].weight});
+    return;
+  }
+  for (const std::size_t r : clusters_[request.cluster].ranks) {
+    if (view_[r].usable && view_[r].weight > 0) out.push_back({r, view_[r].weight});
+  }
+}
+
+rank_lease balancer::acquire_chosen(std::size_t rank, const pick_context& request, request_cost cost) {
+  cost = at_least_one_token(cost);
+  std::lock_guard lock(pick_mutex_);
+  if (rank >= rank_count() || ranks_[rank].flags.load(std::memory_order_relaxed) != 0) return {};
+  if (request.pinned_rank ? *request.pinned_rank != rank : ranks_[rank].cluster != request.cluster) return {};
+  count_pick_locked(rank, request, cost);
+  return rank_lease(this, rank, cost);
+}
+
 void balancer::publish_engine_stats(std::span<const engine_reading> round) {
   std::lock_guard lock(pick_mutex_);
   for (std::size_t i = 0; i < round.size() && i < detail_.size(); ++i) {
@@ -253,6 +277,7 @@ void balancer::release_cost(std::size_t rank, request_cost cost) noexcept {
 // over the rank for it may take the rank's room now (without this event it would wait for the next release).
 void balancer::prompt_done(std::size_t rank, request_cost prefilled) noexcept {
   release_cost(rank, prefilled);
+  if (listener_ && prefilled.prompt > 0) listener_->prompt_done(rank, prefilled.prompt);
   if (!queueing() || !prefilled.long_prompt) return;
   handoffs ready;  // declared first: handed over after the unlock
   std::lock_guard lock(pick_mutex_);
@@ -271,6 +296,7 @@ void balancer::prompt_done(std::size_t rank, request_cost prefilled) noexcept {
 void balancer::release(std::size_t rank, request_cost cost) noexcept {
   auto& r = ranks_[rank];
   release_cost(rank, cost);
+  if (listener_) listener_->released(rank, cost);
   if (!queueing() && !hears_releases_) {
     r.inflight.fetch_sub(1, std::memory_order_relaxed);
     return;
@@ -337,6 +363,10 @@ std::uint32_t balancer::inflight(std::size_t rank) const noexcept {
 
 std::uint64_t balancer::cost_inflight(std::size_t rank) const noexcept {
   return ranks_[rank].cost.load(std::memory_order_relaxed);
+}
+
+std::uint64_t balancer::prompt_inflight(std::size_t rank) const noexcept {
+  return rank < rank_count() ? ranks_[rank].prompt_cost.load(std::memory_order_relaxed) : 0;
 }
 
 std::uint64_t balancer::picks(std::size_t rank) const noexcept {

@@ -7,6 +7,7 @@
 
 #include <boost/beast/http/field.hpp>
 
+#include "dplb/ledger/redis_url.hpp"
 #include "dplb/support/policy_names.hpp"
 #include "dplb/http/header_sanitizer.hpp"
 #include "value_parsers.hpp"
@@ -495,6 +496,60 @@ constexpr std::array option_table{
                   return std::string();
                 },
                 .show_default = [](const settings&) { return std::string("none"); }},
+    option_spec{.flag = "shared-state",
+                .env = "DPLB_SHARED_STATE",
+                .key = "shared_state",
+                .value_name = "URL",
+                .meaning = "redis://[USER:PASSWORD@]HOST:PORT[/DB]: share one ledger of requests in flight with "
+                           "the other dplb replicas that name the same Redis (7 or later) and the same backend "
+                           "list, so that every pick counts every replica's requests and a burst through several "
+                           "replicas lands as evenly as through one (docs/scaling.md). Redis unreachable, paused "
+                           "or restarted: each replica serves by its own counts, at most one "
+                           "--shared-state-timeout-ms later, and rejoins within 5 s of its return.",
+                .set_text = [](settings& s, std::string_view v) {
+                  try {
+                    s.shared_state = ledger::parse_redis_url(v);
+                  } catch (const ledger::redis_url_error& e) {
+                    std::string why = e.what();
+                    constexpr std::string_view named = "--shared-state: ";
+                    if (why.starts_with(named)) why.erase(0, named.size());
+                    return why;
+                  }
+                  return std::string();
+                },
+                .show_default = [](const settings&) { return std::string("none (each replica counts alone)"); },
+                .shows_value = false},
+    option_spec{.flag = "shared-state-password-file",
+                .env = "DPLB_SHARED_STATE_PASSWORD_FILE",
+                .key = "shared_state_password_file",
+                .value_name = "FILE",
+                .meaning = "File holding the password of --shared-state's Redis (surrounding whitespace is "
+                           "ignored), instead of one in its URL; never logged.",
+                .set_text = [](settings& s, std::string_view v) {
+                  if (v.empty()) return std::string("expected a file path");
+                  s.shared_state_password_file = std::string(v);
+                  return std::string();
+                },
+                .show_default = [](const settings&) { return std::string("none"); }},
+    option_spec{.flag = "replica-name",
+                .env = "DPLB_REPLICA_NAME",
+                .key = "replica_name",
+                .value_name = "NAME",
+                .meaning = "This replica's name in the shared ledger (--shared-state): unique among the replicas; "
+                           "a replica restarted under the same name replaces its former counts at once.",
+                .set_text = [](settings& s, std::string_view v) {
+                  if (v.empty() || v.size() > 200 ||
+                      v.find_first_of(" \t\r\n") != std::string_view::npos) {
+                    return std::string("expected a name of 1 to 200 characters without spaces, e.g. dplb-0");
+                  }
+                  s.replica_name = std::string(v);
+                  return std::string();
+                },
+                .show_default = [](const settings&) { return std::string("HOST:PID (host name and process id)"); }},
+    ms_option<&settings::shared_state_timeout>("shared-state-timeout-ms", "DPLB_SHARED_STATE_TIMEOUT_MS",
+                                               "shared_state_timeout_ms", 1, 10'000,
+                                               "--shared-state: longest wait for the ledger's answer to a pick; "
+                                               "past it the request is picked by this replica's own counts."),
 };
 
 }  // namespace
@@ -559,7 +614,9 @@ void apply(const option_spec& o, const raw_value& v, settings& s) {
     }
     case value_kind::text:
     case value_kind::decimal:
-      if (auto why = o.set_text(s, v.texts.front()); !why.empty()) bad_value(o, v, v.texts.front(), why);
+      if (auto why = o.set_text(s, v.texts.front()); !why.empty()) {
+        bad_value(o, v, o.shows_value ? v.texts.front() : ledger::redacted_url(v.texts.front()), why);
+      }
       return;
     case value_kind::boolean: {
       // The command line's flag has no value: given, it is on.

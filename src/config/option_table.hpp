@@ -48,6 +48,8 @@ struct option_spec {
   std::string (*set_text)(settings&, std::string_view) = nullptr;
   void (*set_number)(settings&, std::uint64_t) = nullptr;
   std::string (*show_default)(const settings&) = nullptr;
+  // false: an error quotes the value without its password (a URL's user information may hold one).
+  bool shows_value = true;
 };
 
 // Every option, in --help order.

@@ -1,6 +1,10 @@
 #include "dplb/config/settings.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -116,6 +120,29 @@ void resolve_backends(settings& s, const command_line_values& cli, const environ
   }
   s.clusters = {cluster_spec{.name = implicit_cluster_name, .models = {}, .policy = s.policy}};
   s.default_cluster = 0;
+}
+
+// The shared ledger's password from its file (it then overrides one in the URL), and this replica's name:
+// the host name and the process id unless --replica-name gives one, unique among replicas on one host
+// and across hosts.
+void resolve_shared_state(settings& s) {
+  if (s.shared_state_password_file) {
+    if (!s.shared_state) {
+      throw config_error("--shared-state-password-file '" + *s.shared_state_password_file +
+                         "' is for --shared-state's Redis; give --shared-state too, or drop it");
+    }
+    s.shared_state->password = detail::trim_whitespace(
+        detail::read_text_file(*s.shared_state_password_file, "shared state password file"));
+    if (s.shared_state->password.empty()) {
+      throw config_error("shared state password file '" + *s.shared_state_password_file +
+                         "' is empty; put Redis's password in it");
+    }
+  }
+  if (s.replica_name.empty()) {
+    std::array<char, 256> host{};
+    if (::gethostname(host.data(), host.size() - 1) != 0 || host[0] == '\0') std::snprintf(host.data(), host.size(), "dplb");
+    s.replica_name = std::string(host.data()) + ":" + std::to_string(::getpid());
+  }
 }
 
 // The admin token comes from --admin-token-file or DPLB_ADMIN_TOKEN, never both (which one was meant
@@ -236,6 +263,7 @@ parse_result parse_command_line(int argc, const char* const* argv, const environ
   if (file.is_object() && file.contains(tenants_key)) read_tenants(s, file.at(tenants_key), file_path);
   check_tenants(s, cli, env, file, file_path);
   resolve_admin_token(s, env);
+  resolve_shared_state(s);
   if (cli.contains("check-config")) return {std::nullopt, configuration_summary(s)};
   return {std::move(s), {}};
 }

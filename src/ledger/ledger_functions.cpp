@@ -69,8 +69,9 @@ local function in_rotation(keys, ranks, tied)
 end
 
 -- Besides its requests (field '<rank>'), a replica's hash and the total hold the tokens of those requests:
--- '<rank>:p', the prompt tokens not yet prefilled (given back at the first byte), and '<rank>:c', the whole
--- cost (prompt and max_tokens). Expiry, registration and the view treat every field alike.
+-- '<rank>:p', the prompt tokens not yet prefilled, and '<rank>:c', the tokens the rank still owes them (those
+-- prompt tokens and max_tokens), as the balancer counts a rank's cost: both lose the prompt at its first
+-- byte. Expiry, registration and the view treat every field alike.
 local function field(rank, part) return rank .. ':' .. part end
 
 -- Takes up to n of a field back from the caller's hash and the total (never more than the caller holds).
@@ -159,7 +160,7 @@ local function pick(keys, args)
   return reply
 end
 
--- ARGV: replica, lease ms, rank, the request's prompt tokens still in flight, its cost. Gives back one of
+-- ARGV: replica, lease ms, rank, the request's prompt tokens still in flight, its cost still owed. Gives back one of
 -- the caller's requests on the rank and its tokens, if it holds one there (a release after its lease
 -- expired changes nothing), and announces the freed slot on `{..}:freed`. Returns 1 if a slot was freed.
 local function release(keys, args)
@@ -173,10 +174,12 @@ local function release(keys, args)
 end
 
 -- ARGV: replica, lease ms, rank, prompt tokens. A request's prompt is prefilled (its first byte came): its
--- prompt tokens leave the rank's prompt load; its cost stays until the release.
+-- prompt tokens leave the rank's prompt load and its cost; its decode tokens stay until the release.
 local function prompt_done(keys, args)
   expire_and_renew(keys, args[1], tonumber(args[2]))
-  return take_back(keys, field(args[3], 'p'), tonumber(args[4]))
+  local n = take_back(keys, field(args[3], 'p'), tonumber(args[4]))
+  take_back(keys, field(args[3], 'c'), n)
+  return n
 end
 
 -- ARGV: replica, lease ms, then rank, count for each rank the caller has requests in flight on. The

@@ -50,4 +50,26 @@ redis_endpoint parse_redis_url(std::string_view url, std::string_view password) 
   return out;
 }
 
+std::string redacted_url(std::string_view url) {
+  std::string shown(url);
+  const auto scheme_end = shown.find("://");
+  const auto authority = scheme_end == std::string::npos ? 0 : scheme_end + 3;
+  const auto at = shown.find('@', authority);
+  if (at == std::string::npos) return shown;
+  const auto colon = shown.find(':', authority);
+  if (colon < at) shown.replace(colon + 1, at - colon - 1, "***");
+  else shown.replace(authority, at - authority, "***");  // no colon: the user part may be a password
+  return shown;
+}
+
+std::string shown_endpoint(const redis_endpoint& endpoint) {
+  const bool v6 = endpoint.host.find(':') != std::string::npos;
+  std::string shown = "redis://";
+  if (!endpoint.user.empty()) shown += endpoint.user + "@";
+  shown += v6 ? "[" + endpoint.host + "]" : endpoint.host;
+  shown += ":" + std::to_string(endpoint.port);
+  if (endpoint.db != 0) shown += "/" + std::to_string(endpoint.db);
+  return shown;
+}
+
 }  // namespace dplb::ledger

@@ -9,6 +9,7 @@
 #include <prometheus/text_serializer.h>
 
 #include "dplb/balancer/balancer.hpp"
+#include "dplb/balancer/replica_ledger.hpp"
 #include "dplb/support/supervisor.hpp"
 #include "scraped_families.hpp"
 
@@ -309,6 +310,7 @@ std::string proxy_metrics::render() {
   for (auto& family : histogram_families()) families.push_back(std::move(family));
   for (auto& family : routing_families()) families.push_back(std::move(family));
   for (auto& family : kv_event_families()) families.push_back(std::move(family));
+  for (auto& family : shared_state_families()) families.push_back(std::move(family));
   if (tenants_ != nullptr) {
     for (auto& family : tenant_families(*tenants_)) families.push_back(std::move(family));
   }
@@ -339,6 +341,44 @@ std::string proxy_metrics::render() {
 void proxy_metrics::observe_kv_events(const kv::event_index& events, bool tokenize) {
   kv_events_ = &events;
   tokenize_ = tokenize;
+}
+
+std::vector<prometheus::MetricFamily> proxy_metrics::shared_state_families() const {
+  std::vector<prometheus::MetricFamily> out;
+  if (ledger_ == nullptr) return out;
+  const auto gauge = [](double value) {
+    prometheus::ClientMetric m;
+    m.gauge.value = value;
+    return m;
+  };
+  auto up = scraped_family("dplb_shared_state_up",
+                           "1 while the ledger shared with the other replicas (--shared-state) answers; 0: "
+                           "requests are picked by this replica's own counts",
+                           prometheus::MetricType::Gauge);
+  up.metric.push_back(gauge(ledger_->up() ? 1 : 0));
+  auto replicas = scraped_family("dplb_shared_state_replicas",
+                                 "Live replicas in the shared ledger at its last answer, this one included",
+                                 prometheus::MetricType::Gauge);
+  replicas.metric.push_back(gauge(ledger_->replicas()));
+  auto errors = scraped_family("dplb_shared_state_errors_total",
+                               "Calls to the shared ledger that failed (no connection, timed out, refused), by "
+                               "operation",
+                               prometheus::MetricType::Counter);
+  for (std::size_t op = 0; op < static_cast<std::size_t>(ledger::ledger_op::count); ++op) {
+    prometheus::ClientMetric m;
+    m.label = {{"op", std::string(ledger::ledger_op_name(static_cast<ledger::ledger_op>(op)))}};
+    m.counter.value = static_cast<double>(ledger_->errors(static_cast<ledger::ledger_op>(op)));
+    errors.metric.push_back(std::move(m));
+  }
+  auto picks = scraped_family("dplb_shared_state_pick_seconds",
+                              "Round trip of each pick asked of the shared ledger, answered or not",
+                              prometheus::MetricType::Histogram);
+  picks.metric.push_back(histogram_sample({}, ledger_->pick_seconds()));
+  out.push_back(std::move(up));
+  out.push_back(std::move(errors));
+  out.push_back(std::move(picks));
+  out.push_back(std::move(replicas));
+  return out;
 }
 
 std::vector<prometheus::MetricFamily> proxy_metrics::kv_event_families() const {

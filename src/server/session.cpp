@@ -26,6 +26,7 @@
 #include "dplb/support/io_buffers.hpp"
 #include "dplb/upstream/model_context.hpp"
 #include "kv_request.hpp"
+#include "ledger_pick.hpp"
 #include "own_replies.hpp"
 #include "request_accounting.hpp"
 #include "request_id.hpp"
@@ -311,7 +312,11 @@ class session {
       if (request.prefilled_elsewhere) co_return co_await run_two_legs(request, cost, client_keep_alive);
       // (Not a conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among
       // them.)
-      auto slot = slot_without_queue(shared_, request, cost);
+      std::optional<slot_result> slot;
+      if (shared_.ledger != nullptr && shared_.ledger->picks(request)) {
+        slot = co_await slot_from_ledger(client_.get_executor(), shared_, request, cost);
+      }
+      if (!slot) slot = slot_without_queue(shared_, request, cost);
       if (!slot) {
         ticket_ = ticket_for(tenant_, priority_, tenant_tokens_, settings_);
         slot = co_await wait_for_slot(client_, shared_, request, cost, ticket_);

@@ -79,6 +79,22 @@ struct engine_status {
   std::chrono::steady_clock::duration age{};
 };
 
+// What this replica's requests do, told to the ledger replicas share (replica_ledger.hpp): each release and
+// each first byte, with what the request still holds. Called on the thread that releases, without the
+// balancer's lock; must not block.
+class release_listener {
+ public:
+  virtual ~release_listener() = default;
+  virtual void released(std::size_t rank, request_cost held) noexcept = 0;
+  virtual void prompt_done(std::size_t rank, std::uint32_t prompt) noexcept = 0;
+};
+
+// A rank a pick made elsewhere (the shared ledger) may choose, and its weight as the policies see it.
+struct weighted_rank {
+  std::size_t rank = 0;
+  double weight = 1;
+};
+
 class balancer {
  public:
   // Room is made for `capacity` ranks (at least rank_count) once: the per-rank counters are read without
@@ -105,6 +121,16 @@ class balancer {
   // requests (it already had its turn).
   rank_lease acquire(const pick_context& request = {}, request_cost cost = {});
 
+  // Picks made by the shared ledger (--shared-state): the ranks the request may go to (the usable ranks of
+  // its cluster, or its pinned rank, less those it tried), with their weights (slow start included); room is
+  // not judged here, the ledger judges it on every replica's counts.
+  void candidates(const pick_context& request, std::vector<weighted_rank>& out);
+  // Counts the request on `rank`, which the ledger chose: an empty lease when the rank is no longer usable
+  // (or not the request's). The policy is not asked.
+  rank_lease acquire_chosen(std::size_t rank, const pick_context& request, request_cost cost);
+  // Hears every release and first byte from now on (null: none). Set before serving; outlives every lease.
+  void set_release_listener(release_listener* listener) noexcept { listener_ = listener; }
+
   // Rank state: flags (rank_flag bits, each set or cleared on its own), weight.
   void set_flag(std::size_t rank, rank_flag flag, bool on);
   std::uint8_t flags(std::size_t rank) const noexcept;
@@ -115,6 +141,7 @@ class balancer {
   std::size_t rank_count() const noexcept { return rank_count_.load(std::memory_order_acquire); }
   std::uint32_t inflight(std::size_t rank) const noexcept;
   std::uint64_t cost_inflight(std::size_t rank) const noexcept;
+  std::uint64_t prompt_inflight(std::size_t rank) const noexcept;  // the prompt part of cost_inflight
   std::uint64_t picks(std::size_t rank) const noexcept;  // requests ever sent to the rank
   bool any_usable() const noexcept;
   bool any_usable(std::size_t cluster) const noexcept;  // among that cluster's ranks
@@ -244,6 +271,7 @@ class balancer {
   std::optional<affinity_ring> affinity_;          // with --affinity-header
   double affinity_bound_ = 1.25;
   routing_stats* routing_stats_ = nullptr;
+  release_listener* listener_ = nullptr;
   queue_limits limits_;
   rank_timing timing_;
   std::vector<cluster_queue> clusters_;  // one per cluster; guarded by pick_mutex_

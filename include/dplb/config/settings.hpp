@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dplb/ledger/redis_url.hpp"
 #include "dplb/tenants/tenant_spec.hpp"
 
 namespace dplb::config {
@@ -225,6 +226,14 @@ struct settings {
   // The bearer token every admin request must carry: the token file's content or DPLB_ADMIN_TOKEN, trimmed
   // of surrounding whitespace. Never empty when admin_listen is set; never logged.
   std::string admin_token;
+
+  // --- the ledger replicas share (--shared-state; off by default) ---
+  // Where it lives, parsed (the password from --shared-state-password-file when given). Never logged whole:
+  // it may hold the password.
+  std::optional<ledger::redis_endpoint> shared_state;
+  std::optional<std::string> shared_state_password_file;
+  std::string replica_name;  // this replica's name in the ledger; empty until resolved: host name and pid
+  std::chrono::milliseconds shared_state_timeout{20};  // every pick, release and registration
 
   std::optional<std::string> config_file;  // the file that was read, if any (for the start-up log)
 };

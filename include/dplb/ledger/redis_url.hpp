@@ -26,4 +26,10 @@ class redis_url_error : public std::invalid_argument {
 // Parses the URL; `password`, when not empty (from --shared-state-password-file), overrides the URL's.
 redis_endpoint parse_redis_url(std::string_view url, std::string_view password = {});
 
+// The URL as it may be shown: a password in its user information replaced by `***` (any URL-like text).
+std::string redacted_url(std::string_view url);
+
+// Where the endpoint is, as logs show it: redis://[USER@]HOST:PORT[/DB], never the password.
+std::string shown_endpoint(const redis_endpoint& endpoint);
+
 }  // namespace dplb::ledger

@@ -48,7 +48,7 @@ struct request_tokens {
 struct rank_load {
   std::uint32_t requests = 0;
   std::uint64_t prompt_tokens = 0;  // prompt tokens not yet prefilled
-  std::uint64_t cost_tokens = 0;    // prompt and decode tokens of the requests in flight
+  std::uint64_t cost_tokens = 0;    // tokens still owed: prompts not yet prefilled and decode tokens
   bool operator==(const rank_load&) const = default;
 };
 
@@ -121,9 +121,10 @@ class shared_ledger {
   // the reconnect sends the counts as they are then).
   void release(std::size_t rank);
   // The same, giving back the request's tokens: its prompt tokens still counted (none after prompt_done)
-  // and its whole cost.
+  // and the cost it still holds (its decode tokens, and its prompt tokens before prompt_done).
   void release(std::size_t rank, std::uint64_t prompt_left, std::uint64_t cost);
-  // A request's prompt is prefilled (its first byte came): its prompt tokens leave the rank's prompt load.
+  // A request's prompt is prefilled (its first byte came): its prompt tokens leave the rank's prompt load
+  // and its cost, as they leave the balancer's counts.
   void prompt_done(std::size_t rank, std::uint64_t prompt);
   // Sends this replica's counts now (also done on every connect and every renew_every).
   void register_in_flight();

@@ -31,6 +31,7 @@
 namespace dplb::balancer {
 class balancer;
 struct routing_stats;
+class replica_ledger;
 }
 
 namespace dplb::support {
@@ -137,6 +138,11 @@ class proxy_metrics {
   // until it fails. Before serving.
   void observe_internal_errors(const support::supervisor& supervisor) { supervisor_ = &supervisor; }
 
+  // The ledger replicas share (--shared-state): dplb_shared_state_up, dplb_shared_state_errors_total{op},
+  // dplb_shared_state_pick_seconds and dplb_shared_state_replicas, shown from now on. `ledger` must outlive
+  // this. Before serving.
+  void observe_shared_state(const balancer::replica_ledger& ledger) { ledger_ = &ledger; }
+
   // The Prometheus text exposition of every metric, with gauges refreshed from the balancer.
   std::string render();
 
@@ -185,6 +191,9 @@ class proxy_metrics {
   // The KV-cache event feeds' families (observe_kv_events), for the scrape.
   std::vector<prometheus::MetricFamily> kv_event_families() const;
   const kv::event_index* kv_events_ = nullptr;
+  // The shared ledger's families (observe_shared_state), for the scrape.
+  std::vector<prometheus::MetricFamily> shared_state_families() const;
+  const balancer::replica_ledger* ledger_ = nullptr;
   bool tokenize_ = false;
   std::array<std::atomic<std::uint64_t>, 2> tokenize_outcomes_{};  // ok, failed
 

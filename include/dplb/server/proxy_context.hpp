@@ -23,6 +23,9 @@
 namespace dplb::upstream {
 class model_context;
 }
+namespace dplb::balancer {
+class replica_ledger;
+}
 
 namespace dplb::server {
 
@@ -41,6 +44,8 @@ struct shared_state {
   // Each model's max_model_len, from the engines' /v1/models: what a request without max_tokens reserves
   // from its tenant's token budget. Null: unknown (tests of parts without it).
   const upstream::model_context* model_context = nullptr;
+  // The ledger dplb replicas share (--shared-state): null without one.
+  balancer::replica_ledger* ledger = nullptr;
   const pick_inputs reads{settings, balancer};  // what the picks read of a request's body
   std::atomic<std::size_t> client_connections{0};  // open now, all workers
   std::atomic<bool> draining{false};               // SIGTERM received: finish what is in flight, take nothing new

@@ -2,9 +2,9 @@
 // A real redis-server for the ledger's tests: on loopback, on a free port, persisting nothing, stopped by
 // its own pid when the test ends. Ready once it answers a PING (a connect, not a sleep).
 
-#include "../../support/child_process.hpp"
-#include "../../support/free_ports.hpp"
-#include "../../support/timing_slack.hpp"
+#include "child_process.hpp"
+#include "free_ports.hpp"
+#include "timing_slack.hpp"
 
 #include <netinet/in.h>
 #include <sys/socket.h>

@@ -1,0 +1,82 @@
+#pragma once
+// This replica's link to the ledger dplb replicas share in Redis (--shared-state): the shared_ledger
+// (ledger/shared_ledger.hpp) on a thread of its own, the picks it makes for the balancer, and the balancer's
+// releases and first bytes told to it.
+//
+// A pick through the ledger is one atomic step in Redis over every live replica's counts (the rule of the
+// request's cluster: least-inflight, round-robin or least-tokens), then counted here on the rank it chose,
+// on the ledger's thread before anyone hears the answer: so this replica's registrations, sent from that
+// thread, always include every pick the ledger answered. A pick the ledger does not answer within
+// --shared-state-timeout-ms (Redis down, paused or slow) comes back empty, and the caller picks by this
+// replica's own counts; so do requests whose pick stays local (see picks()). Either way they count in the
+// ledger from this replica's next registration (every second, and on every reconnect).
+//
+// Threading contract: every member may be called from any thread, except start() and stop(), called once
+// each by the thread that owns the object. Callbacks run on the ledger's thread and must not block.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dplb/balancer/balancer.hpp"
+#include "dplb/ledger/shared_ledger.hpp"
+#include "dplb/support/atomic_histogram.hpp"
+
+namespace dplb::balancer {
+
+struct replica_ledger_options {
+  ledger::ledger_options ledger;
+  // Per cluster: the rule the ledger picks its requests by, or none when its policy picks here (by what
+  // only this replica knows: engine stats, prefixes); such requests count in the ledger all the same.
+  std::vector<std::optional<ledger::ledger_policy>> rules;
+};
+
+// The ledger's rule for a policy of that name, if it has one.
+std::optional<ledger::ledger_policy> ledger_rule_for(std::string_view policy_name);
+
+class replica_ledger final : public release_listener {
+ public:
+  // `b` must outlive this object; set this as its release listener after start().
+  replica_ledger(balancer& b, replica_ledger_options options);
+  ~replica_ledger() override;
+  replica_ledger(const replica_ledger&) = delete;
+  replica_ledger& operator=(const replica_ledger&) = delete;
+
+  void start();
+  // Stops the thread. Releases after it are dropped (the ledger forgets this replica within its lease).
+  void stop() noexcept;
+
+  // Whether the ledger picks this request: it is up, the request's cluster has a rule (or the request is
+  // pinned: the ledger then records it), it follows no session (--affinity-header picks here) and it is
+  // no retry; and there is no --max-inflight-per-rank queue (whose limits are still per replica).
+  bool picks(const pick_context& request) const noexcept;
+  // Asks the ledger; `done` gets the lease on the rank it chose, counted in the balancer, or an empty one
+  // when the ledger did not answer in time (or chose a rank that is no longer usable): then pick locally.
+  // Called once, on the ledger's thread (or on the caller's, at once, when the request has no candidate).
+  void pick(const pick_context& request, request_cost cost, std::function<void(rank_lease)> done);
+
+  // The ledger's own view (every replica's counts), for the admin API and the status page; `done` runs on
+  // the ledger's thread.
+  void view(std::function<void(const ledger::ledger_view&)> done);
+
+  void released(std::size_t rank, request_cost held) noexcept override;
+  void prompt_done(std::size_t rank, std::uint32_t prompt) noexcept override;
+
+  const std::string& replica_name() const noexcept;
+  bool up() const noexcept;
+  std::uint64_t errors(ledger::ledger_op op) const noexcept;
+  std::uint32_t replicas() const noexcept;  // live replicas at the ledger's last answer (0: none yet)
+  const support::atomic_histogram& pick_seconds() const noexcept;  // each pick's round trip, answered or not
+  std::uint64_t shared_picks() const noexcept;  // picks the ledger made
+  std::uint64_t local_picks() const noexcept;   // picks it was asked for but left to this replica
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace dplb::balancer

@@ -1,0 +1,155 @@
+// Several dplb replicas in front of the same ranks share one ledger in a real redis-server
+// (--shared-state): a burst split between them lands as exactly as through one; without Redis, or with it
+// paused, every request is still served, by each replica's own counts.
+
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "await.hpp"
+#include "free_ports.hpp"
+#include "http_client.hpp"
+#include "loadgen.hpp"
+#include "processes.hpp"
+#include "redis_server.hpp"
+#include "timing_slack.hpp"
+
+using namespace dplb::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string redis_url(std::uint16_t port) { return "redis://127.0.0.1:" + std::to_string(port); }
+
+// A replica of the shared ledger. The pick timeout is raised from its default (20 ms) so that a loaded test
+// machine (sanitizers) never turns a pick into a local one: these tests are about exactness.
+std::vector<std::string> replica_args(std::uint16_t redis_port, const std::string& name, const std::string& policy) {
+  const auto timeout_ms = std::to_string(static_cast<int>(500 * timing_slack()));
+  return {"--shared-state", redis_url(redis_port), "--replica-name", name,   "--policy",
+          policy,           "--threads",            "2",             "--shared-state-timeout-ms", timeout_ms};
+}
+
+bool shared_state_up(std::uint16_t port) {
+  return metric_sum(await_metrics(port, [](const auto& m) { return metric_sum(m, "dplb_shared_state_up") == 1; },
+                                  10s),
+                    "dplb_shared_state_up") == 1;
+}
+
+dplb::loadgen::run_options burst_of(std::size_t requests, std::uint16_t port) {
+  dplb::loadgen::run_options o;
+  o.port = port;
+  o.num_prompts = requests;  // every request at t=0, one connection each
+  o.shape.input_len = 8;
+  o.shape.output_len = 4;
+  o.shape.model = "mock-model";
+  o.timeout = 60s;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a burst split between two replicas that share a ledger lands exactly on every rank", "[shared-state]") {
+  const auto policy = GENERATE(as<std::string>{}, "least-inflight", "round-robin");
+  const std::size_t through_a = GENERATE(129u, 200u);
+  const std::size_t through_b = 256 - through_a;
+  INFO(policy << ": " << through_a << " requests through replica a, " << through_b << " through b");
+  redis_server redis;
+  // A second to the first token: the whole burst is in flight at once.
+  const auto ttft_ms = std::to_string(static_cast<int>(1000 * timing_slack()));
+  mock_engine engine(4, {"--ttft-ms", ttft_ms, "--itl-ms", "5"});
+  dplb_proxy a(engine.urls(), replica_args(redis.port(), "a", policy));
+  dplb_proxy b(engine.urls(), replica_args(redis.port(), "b", policy));
+  REQUIRE(shared_state_up(a.port()));
+  REQUIRE(shared_state_up(b.port()));
+
+  dplb::loadgen::run_report report_a, report_b;
+  std::thread client_b([&] { report_b = dplb::loadgen::run(burst_of(through_b, b.port())); });
+  report_a = dplb::loadgen::run(burst_of(through_a, a.port()));
+  client_b.join();
+  INFO(report_a.error << report_b.error);
+  REQUIRE(report_a.succeeded() == through_a);
+  REQUIRE(report_b.succeeded() == through_b);
+  REQUIRE(dplb::loadgen::summarize(report_a).peak_concurrency == through_a);  // each really was a burst
+  REQUIRE(dplb::loadgen::summarize(report_b).peak_concurrency == through_b);
+
+  // What each engine served, whichever replica sent it: 64 each. Alone, each replica would have spread
+  // its own share, e.g. 129 as 33/32/32/32 and 127 as 32/32/32/31 (or 33/32/32/31 with the rotations
+  // starting on the same rank): 65/64/64/63.
+  for (std::size_t rank = 0; rank < 4; ++rank) {
+    INFO("rank " << rank);
+    CHECK(metric_sum(scrape_metrics(engine.ports()[rank]), "vllm:request_success_total") == 64);
+  }
+  const auto m = scrape_metrics(a.port());
+  CHECK(metric_sum(m, "dplb_shared_state_replicas") == 2);
+  CHECK(metric_sum(m, "dplb_shared_state_pick_seconds_count") >= static_cast<double>(through_a));
+  CHECK(metric_sum(m, "dplb_shared_state_errors_total{", {"op=\"pick\""}) == 0);
+}
+
+TEST_CASE("without a Redis that answers, a replica starts and serves by its own counts", "[shared-state]") {
+  const auto nothing_there = free_port_range(1);
+  mock_engine engine(4);
+  dplb_proxy proxy(engine.urls(), {"--shared-state", redis_url(nothing_there), "--policy", "round-robin"});
+  auto report = dplb::loadgen::run(burst_of(8, proxy.port()));
+  INFO(report.error);
+  REQUIRE(report.succeeded() == 8);
+  for (const auto& [rank, count] : report.rank_counts()) CHECK(count == 2);
+  const auto m = await_metrics(proxy.port(), [](const auto& s) {
+    return metric_sum(s, "dplb_shared_state_errors_total{", {"op=\"connect\""}) > 0;
+  });
+  CHECK(metric_sum(m, "dplb_shared_state_up") == 0);
+  CHECK(metric_sum(m, "dplb_shared_state_errors_total{", {"op=\"connect\""}) > 0);
+  CHECK(metric_sum(m, "dplb_shared_state_pick_seconds_count") == 0);  // no pick waited for it
+}
+
+TEST_CASE("a shared state URL with another scheme exits 2 with one line naming --shared-state, never the password",
+          "[shared-state]") {
+  mock_engine engine(1);
+  child_process dplb(dplb_binary(), {"--listen", "127.0.0.1:0", "--backend", engine.urls()[0], "--shared-state",
+                                     "http://admin:s3cret-word@127.0.0.1:6379"});
+  CHECK(dplb.wait_for_line(std::regex("--shared-state.*redis://"), 10s).has_value());
+  CHECK_FALSE(await_until([&] { return dplb.running(); }, [](bool running) { return !running; }, 10s));
+  CHECK(dplb.stop(SIGTERM) == 2);
+  CHECK(dplb.output().find("s3cret-word") == std::string::npos);
+}
+
+TEST_CASE("Redis paused: every request is still served, and once resumed the replica is up again", "[shared-state]") {
+  redis_server redis;
+  mock_engine engine(4);
+  dplb_proxy proxy(engine.urls(),
+                   {"--shared-state", redis_url(redis.port()), "--shared-state-timeout-ms", "50", "--threads", "2"});
+  REQUIRE(shared_state_up(proxy.port()));
+  REQUIRE(::kill(redis.pid(), SIGSTOP) == 0);
+  // Each request waits for one pick at most (50 ms), then goes by the replica's own counts.
+  auto report = dplb::loadgen::run(burst_of(16, proxy.port()));
+  const auto paused = scrape_metrics(proxy.port());
+  REQUIRE(::kill(redis.pid(), SIGCONT) == 0);
+  INFO(report.error);
+  CHECK(report.succeeded() == 16);
+  CHECK(metric_sum(paused, "dplb_shared_state_errors_total{", {"op=\"pick\""}) >= 1);
+  // Back within 5 s of Redis's return (its reconnect backoff is at most 1 s).
+  CHECK(shared_state_up(proxy.port()));
+}
+
+TEST_CASE("a replica that dies leaves the ledger within 5 s", "[shared-state]") {
+  redis_server redis;
+  mock_engine engine(2);
+  dplb_proxy a(engine.urls(), replica_args(redis.port(), "a", "least-inflight"));
+  dplb_proxy b(engine.urls(), replica_args(redis.port(), "b", "least-inflight"));
+  REQUIRE(shared_state_up(a.port()));
+  REQUIRE(shared_state_up(b.port()));
+  CHECK(metric_sum(await_metrics(b.port(),
+                                 [](const auto& m) { return metric_sum(m, "dplb_shared_state_replicas") == 2; }),
+                   "dplb_shared_state_replicas") == 2);
+  const auto killed_at = std::chrono::steady_clock::now();
+  a.process().stop(SIGKILL);
+  const auto m = await_metrics(b.port(), [](const auto& s) { return metric_sum(s, "dplb_shared_state_replicas") == 1; },
+                               10s);
+  CHECK(metric_sum(m, "dplb_shared_state_replicas") == 1);
+  // Its lease (3 s) ran out, and b's view (every second) saw it.
+  CHECK(std::chrono::steady_clock::now() - killed_at < scaled(5s));
+}
