@@ -113,7 +113,9 @@ try:
                                          extra=["--shared-state", f"redis://127.0.0.1:{redis_port}",
                                                 "--replica-name", "monitoring"])
         shared_url = f"http://127.0.0.1:{port}/metrics"
-        benchlib.scrape_until(shared_url, lambda t: re.search(r"^dplb_shared_state_up 1", t, re.M) is not None)
+        connected = benchlib.scrape_until(shared_url, lambda t: re.search(r"^dplb_shared_state_up 1", t, re.M) is not None)
+        check(re.search(r"^dplb_shared_state_up 1", connected, re.M) is not None,
+              "dplb reaches the ledger in redis-server within 20 s (dplb_shared_state_up 1)")
         for i in range(4):
             assert post_json(f"http://127.0.0.1:{port}/v1/completions",
                              {"model": "mock-model", "prompt": f"s{i}", "max_tokens": 2})[0] == 200
