@@ -1,7 +1,9 @@
 """The rest of the deploy kit holds: deploy/compose.yaml is valid (`docker-compose config`), mounts files that
 exist, and starts dplb and the simulated ranks with options the real binaries accept; its profile `pd` (prefill/decode
 disaggregation) adds a prefill and a decode mock in their roles and a dplb whose --prefill and --decode name their
-ranks, one URL per rank, on ports apart from the default services'; every vLLM engine in it
+ranks, one URL per rank, on ports apart from the default services'; its profile `replicas` adds a Redis (7 or later),
+two dplb replicas sharing their ledger in it under names of their own, and an L4 round-robin splitter (HAProxy, its
+configuration checked by `haproxy -c` where HAProxy is installed) in front of exactly them; every vLLM engine in it
 publishes its KV-cache events (--kv-events-config) and each dplb backend that names a publisher (kv-events=,
 kv-replay=) points at the port its engine's rank binds, base + DP rank; the Dockerfile's runtime
 stage installs every library the binaries load, runs as a non-root user and checks /health; the systemd unit
@@ -11,6 +13,7 @@ is reachable here): the image itself is not built."""
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -127,6 +130,56 @@ if "--prefill" in help_text:
           f"dplb accepts dplb-pd's compose options (--check-config): {checked.stdout.strip()}")
 else:
     print("skipped: dplb-pd's options against --check-config (this dplb has no --prefill yet)")
+
+# Profile replicas: two dplb replicas sharing one ledger in a Redis of the profile, behind an L4 splitter that
+# round-robins TCP connections over exactly them.
+replicas_services = {name for name, service in services.items() if "replicas" in (service.get("profiles") or [])}
+check(replicas_services == {"redis", "dplb-a", "dplb-b", "lb"},
+      f"profile replicas adds Redis, two dplb replicas and a splitter: {sorted(replicas_services)}")
+redis_image = str(services.get("redis", {}).get("image", ""))
+check(re.fullmatch(r"redis:(\d+)(\..*)?", redis_image) is not None and int(redis_image.split(":")[1].split(".")[0]) >= 7,
+      f"Redis is 7 or later, for the ledger's Redis Functions: {redis_image}")
+replica_args = {name: [str(a) for a in services[name]["command"]] for name in ("dplb-a", "dplb-b") if name in services}
+shared = {name: option(args, "--shared-state") for name, args in replica_args.items()}
+check(len(set(shared.values())) == 1 and all(re.fullmatch(r"redis://(?:[^@/]*@)?redis:\d+(?:/\d+)?", s or "")
+                                             for s in shared.values()),
+      f"both replicas share the profile's Redis (--shared-state): {shared}")
+names = {name: option(args, "--replica-name") for name, args in replica_args.items()}
+check(all(names.values()) and len(set(names.values())) == len(names), f"the replicas' names differ: {names}")
+check(len({tuple(url_list(args, "--backend")) for args in replica_args.values()}) == 1,
+      "both replicas list the same backends (one ledger is shared by replicas of one backend list)")
+check(all(h in services for args in replica_args.values()
+          for h in (re.match(r"http://([^:/#]+)", u).group(1) for u in url_list(args, "--backend"))),
+      "the replicas' backends are compose services")
+splitter = next((v.split(":")[0] for v in services.get("lb", {}).get("volumes", []) if v.endswith("haproxy.cfg:ro")), None)
+check(splitter is not None, f"the splitter mounts its HAProxy configuration: {services.get('lb', {}).get('volumes')}")
+if splitter:
+    cfg = (deploy / splitter).read_text()
+    listens = {name: option(args, "--listen").rsplit(":", 1)[1] for name, args in replica_args.items()}
+    servers = dict(re.findall(r"^\s*server\s+\S+\s+([^:\s]+):(\d+)", cfg, re.M))
+    check(servers == listens, f"the splitter's servers are the replicas on the ports they listen on: {servers}, {listens}")
+    check(re.search(r"^\s*mode tcp\b", cfg, re.M) and re.search(r"^\s*balance roundrobin\b", cfg, re.M),
+          "the splitter is L4 (mode tcp) and round-robin")
+    lb_ports = [str(p) for p in services["lb"].get("ports", [])]
+    bind = re.search(r"^\s*bind\s+\S*:(\d+)", cfg, re.M)
+    check(bind is not None and any(p.rsplit(":", 1)[-1] == bind.group(1) for p in lb_ports),
+          f"the splitter publishes the port it binds: {lb_ports}")
+    if shutil.which("haproxy"):
+        # Outside compose the replicas' names do not resolve: init-addr none lets HAProxy start without them.
+        result = subprocess.run(["haproxy", "-c", "-f", str(deploy / splitter)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, timeout=30)
+        check(result.returncode == 0, f"haproxy -c accepts {splitter}: {result.stdout.strip()[-300:]}")
+    else:
+        print(f"skipped: haproxy -c on {splitter} (no haproxy here; scripts/setup.sh installs it with DPLB_SETUP_BENCH=1)")
+if "--shared-state" in help_text:
+    for name, args in replica_args.items():
+        checked = subprocess.run([DPLB, "--check-config", *args],
+                                 env={**os.environ, **(services[name].get("environment") or {})},
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
+        check(checked.returncode == 0 and "configuration OK" in checked.stdout,
+              f"dplb accepts {name}'s compose options (--check-config): {checked.stdout.strip()}")
+else:
+    print("skipped: the replicas' options against --check-config (this dplb has no --shared-state yet)")
 
 prometheus_targets = yaml.safe_load((deploy / "prometheus/prometheus.yml").read_text())["scrape_configs"]
 scraped = {t.split(":")[0] for job in prometheus_targets for group in job["static_configs"] for t in group["targets"]}

@@ -6,7 +6,10 @@
 // dplb's kv-events=/kv-replay= fragments reach each rank's publisher (base port + DP rank, vLLM's rule) with the
 // engines' block size, and dplb's pods are locked down. The prefill/decode overlay (pd) also: dplb's "prefill" and
 // "decode" lists name the engines of that role, every engine runs NixlConnector (kv_both) with its side channel on
-// the pod's IP and ports of its own.
+// the pod's IP and ports of its own. The base's shared ledger: dplb's --shared-state reaches the Redis the base runs
+// (7 or later, one pod at a time, no persistence) through its Service, both read the password from the same Secret
+// key as files (dplb's --shared-state-password-file), only dplb's pods may reach Redis, and each replica is named
+// after its pod.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -15,7 +18,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { parseAllDocuments } from 'yaml';
 import { Deployment, StatefulSet } from 'kubernetes-models/apps/v1';
-import { ConfigMap, Service } from 'kubernetes-models/v1';
+import { ConfigMap, Secret, Service } from 'kubernetes-models/v1';
+import { NetworkPolicy } from 'kubernetes-models/networking.k8s.io/v1';
 import { PodDisruptionBudget } from 'kubernetes-models/policy/v1';
 import { ServiceMonitor } from '@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1';
 import { paths } from './support.mjs';
@@ -23,7 +27,8 @@ import { paths } from './support.mjs';
 const root = path.join(paths.sourceDir, 'deploy/k8s');
 const models = {
   'apps/v1': { Deployment, StatefulSet },
-  v1: { ConfigMap, Service },
+  v1: { ConfigMap, Secret, Service },
+  'networking.k8s.io/v1': { NetworkPolicy },
   'policy/v1': { PodDisruptionBudget },
   'monitoring.coreos.com/v1': { ServiceMonitor },
 };
@@ -52,6 +57,9 @@ const overlays = readdirSync(root).filter((d) => d !== 'base' && existsSync(path
 const matches = (selector, labels) => Object.entries(selector).every(([k, v]) => labels?.[k] === v);
 const podsOf = (objects) => objects.filter((o) => ['Deployment', 'StatefulSet'].includes(o.kind));
 const portNames = (workload) => workload.spec.template.spec.containers.flatMap((c) => (c.ports ?? []).map((p) => p.name));
+// The shared ledger's Redis (component shared-state) is neither dplb nor an engine.
+const isLedger = (workload) => workload.spec.template.metadata.labels?.['app.kubernetes.io/component'] === 'shared-state';
+const enginesOf = (objects) => podsOf(objects).filter((w) => w.metadata.name !== 'dplb' && !isLedger(w));
 
 // The workloads whose pods a Service selects. A Service for one pod of a StatefulSet selects it by the label its
 // controller sets, pod-name.
@@ -88,7 +96,10 @@ function engineUrls(config) {
 }
 
 // Whether this dplb knows P/D disaggregation (--prefill): a P/D configuration is checked by --check-config only then.
-const dplbHasPd = execFileSync(paths.dplb, ['--help'], { encoding: 'utf8' }).includes('--prefill');
+const dplbHelp = execFileSync(paths.dplb, ['--help'], { encoding: 'utf8' });
+const dplbHasPd = dplbHelp.includes('--prefill');
+// Whether this dplb shares a ledger (--shared-state): the base's dplb arguments are checked by --check-config only then.
+const dplbHasSharedState = dplbHelp.includes('--shared-state');
 
 // The configuration the dplb pods read: the ConfigMap key mounted where --config points.
 function dplbConfigText(objects) {
@@ -193,7 +204,7 @@ for (const overlay of overlays) {
       }
       listed.set(engine, (listed.get(engine) ?? 0) + Number(fragment(url).get('dp') ?? 1));
     }
-    for (const engine of podsOf(objects).filter((w) => w.metadata.name !== 'dplb')) {
+    for (const engine of enginesOf(objects)) {
       const size = Number(engineOption(engine.spec.template.spec.containers[0], '--data-parallel-size') ?? 1);
       assert.equal(listed.get(engine) ?? 0, size,
                    `dplb lists as many DP ranks on ${engine.metadata.name} as its --data-parallel-size`);
@@ -203,7 +214,7 @@ for (const overlay of overlays) {
   if (pd) {
     test(`${overlay}: every engine runs NixlConnector, its side channel on the pod's IP and on ports of its own`, () => {
       const config = JSON.parse(dplbConfigText(objects));
-      for (const engine of podsOf(objects).filter((w) => w.metadata.name !== 'dplb')) {
+      for (const engine of enginesOf(objects)) {
         const name = engine.metadata.name;
         const container = engine.spec.template.spec.containers[0];
         const transfer = JSON.parse(engineOption(container, '--kv-transfer-config') ?? 'null');
@@ -234,7 +245,7 @@ for (const overlay of overlays) {
 
   test(`${overlay}: every engine publishes its KV-cache events, and dplb's kv-events and kv-replay reach each rank's publisher`, () => {
     const config = JSON.parse(dplbConfigText(objects));
-    const engines = podsOf(objects).filter((w) => w.metadata.name !== 'dplb');
+    const engines = enginesOf(objects);
     const published = new Map();  // engine workload -> {endpoint, replay_endpoint: base ports}
     for (const engine of engines) {
       const name = engine.metadata.name;
@@ -314,6 +325,87 @@ for (const overlay of overlays) {
         });
       }
     }
+  });
+
+  test(`${overlay}: the dplb replicas share one ledger in the Redis the kit runs, the password from a Secret's file`, () => {
+    const dplb = objects.find((o) => o.kind === 'Deployment' && o.metadata.name === 'dplb');
+    const pod = dplb.spec.template.spec;
+    const args = pod.containers[0].args;
+    const arg = (name) => (args.includes(name) ? args[args.indexOf(name) + 1] : undefined);
+    const url = arg('--shared-state');
+    assert.ok(url, 'dplb runs with --shared-state');
+    const match = url.match(/^redis:\/\/([^:/@]+):(\d+)(?:\/\d+)?$/);
+    assert.ok(match, `--shared-state ${url} is redis://HOST:PORT[/DB], with no password in it`);
+    const service = objects.find((o) => o.kind === 'Service' && o.metadata.name === match[1]);
+    assert.ok(service, `${match[1]}: a Service of the overlay`);
+    const [redis] = selectedBy(service, objects);
+    assert.ok(redis && isLedger(redis), `${match[1]} reaches the shared-state workload`);
+    const container = redis.spec.template.spec.containers[0];
+    const port = service.spec.ports.find((p) => p.port === Number(match[2]));
+    assert.ok(port, `${match[1]} has the port ${match[2]}`);
+    const target = typeof port.targetPort === 'string'
+      ? container.ports.find((p) => p.name === port.targetPort)?.containerPort
+      : port.targetPort ?? port.port;
+    assert.equal(target, 6379, 'the Service forwards to redis-server\'s port');
+    const version = container.image.match(/^redis:(\d+)/);
+    assert.ok(version && Number(version[1]) >= 7, `Redis 7 or later (Redis Functions): ${container.image}`);
+    assert.equal(redis.spec.replicas, 1, 'one Redis: two would be two ledgers');
+    assert.equal(redis.spec.strategy?.type, 'Recreate', 'never two Redis pods at once, even during an update');
+    const script = [...(container.command ?? []), ...(container.args ?? [])].join(' ');
+    assert.match(script, /--save ''/, 'Redis keeps nothing on disk (the ledger is rebuilt by the replicas)');
+    assert.match(script, /requirepass/, 'Redis asks for the password');
+
+    // The password file: a key of a Secret mounted into dplb, the same key Redis reads.
+    const secretFile = (workloadPod, ctr, file) => {
+      const mount = ctr.volumeMounts.find((m) => file.startsWith(`${m.mountPath}/`));
+      assert.ok(mount, `${file} is on a mounted volume`);
+      const volume = workloadPod.volumes.find((v) => v.name === mount.name);
+      assert.ok(volume.secret, `${file} comes from a Secret`);
+      const item = (volume.secret.items ?? []).find((i) => path.join(mount.mountPath, i.path) === file);
+      assert.ok(item, `${file} is one of the Secret's keys`);
+      return { secret: volume.secret.secretName, key: item.key };
+    };
+    const passwordFile = arg('--shared-state-password-file');
+    assert.ok(passwordFile, 'dplb reads the password from a file (--shared-state-password-file)');
+    const dplbSide = secretFile(pod, pod.containers[0], passwordFile);
+    const redisFile = script.match(/requirepass[^|]*\$\(cat ([^)\s]+)\)/);
+    assert.ok(redisFile, 'Redis reads its password from a file');
+    assert.deepEqual(secretFile(redis.spec.template.spec, container, redisFile[1]), dplbSide,
+                     'dplb and Redis read the same key of the same Secret');
+    const secret = objects.find((o) => o.kind === 'Secret' && o.metadata.name === dplbSide.secret);
+    assert.ok(secret && (secret.stringData ?? secret.data)?.[dplbSide.key] !== undefined,
+              `Secret ${dplbSide.secret} has the key ${dplbSide.key}`);
+    // dplb runs as a non-root user: the file is readable through the pod's fsGroup.
+    assert.ok(pod.securityContext.fsGroup !== undefined, 'dplb\'s user may read the Secret\'s file (fsGroup)');
+
+    const name = arg('--replica-name');
+    const env = (pod.containers[0].env ?? []).find((e) => name === `$(${e.name})`);
+    assert.equal(env?.valueFrom?.fieldRef?.fieldPath, 'metadata.name', 'each replica is named after its pod');
+
+    const policy = objects.find((o) => o.kind === 'NetworkPolicy' && matches(o.spec.podSelector.matchLabels,
+                                                                              redis.spec.template.metadata.labels));
+    assert.ok(policy, 'a NetworkPolicy guards Redis');
+    const from = policy.spec.ingress.flatMap((rule) => rule.from ?? []);
+    assert.ok(from.length > 0 && from.every((peer) => peer.podSelector &&
+                                                      matches(peer.podSelector.matchLabels, dplb.spec.template.metadata.labels)),
+              'only the dplb pods may reach Redis');
+  });
+
+  test(`${overlay}: dplb accepts its shared ledger's options (--check-config)`,
+       { skip: dplbHasSharedState ? false : 'this dplb has no --shared-state yet' }, () => {
+    const dplb = objects.find((o) => o.kind === 'Deployment' && o.metadata.name === 'dplb');
+    const args = [...dplb.spec.template.spec.containers[0].args];
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'dplb-k8s-'));
+    const config = path.join(dir, 'dplb.json');
+    writeFileSync(config, dplbConfigText(objects));
+    const password = path.join(dir, 'password');
+    writeFileSync(password, 'change-me', { mode: 0o600 });
+    // Here: the overlay's configuration and a password file of this machine, and the name Kubernetes would put in.
+    args[args.indexOf('--config') + 1] = config;
+    args[args.indexOf('--shared-state-password-file') + 1] = password;
+    args[args.indexOf('--replica-name') + 1] = 'dplb-0';
+    const summary = execFileSync(paths.dplb, ['--check-config', ...args], { encoding: 'utf8' });
+    assert.match(summary, /configuration OK/);
   });
 
   test(`${overlay}: the dplb pods run locked down, with readiness on /health and liveness on the port`, () => {
