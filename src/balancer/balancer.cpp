@@ -228,8 +228,9 @@ void balancer::candidates(const pick_context& request, std::vector<weighted_rank
     if (r < view_.size() && ranks_[r].flags.load(std::memory_order_relaxed) == 0) out.push_back({r, view_[r].weight});
     return;
   }
+  const policy& rule = *policies_[request.cluster];
   for (const std::size_t r : clusters_[request.cluster].ranks) {
-    if (view_[r].usable && view_[r].weight > 0) out.push_back({r, view_[r].weight});
+    if (view_[r].usable && view_[r].weight > 0) out.push_back({r, view_[r].weight, rule.engine_floor(view_[r])});
   }
 }
 

@@ -15,6 +15,12 @@ double least_load::load_of(const rank_view& rank) const noexcept {
   return load;
 }
 
+double least_load::engine_floor(const rank_view& rank) const noexcept {
+  if (!rank.engine.fresh) return 0;
+  const auto& e = rank.engine.load;
+  return static_cast<double>(e.running) + e.waiting + kv_weight_ * e.waiting * std::max(0.0, e.kv_cache_usage - 0.5);
+}
+
 std::optional<std::size_t> least_load::choose(const pick_context&, std::span<const rank_view> ranks) {
   return lowest_score(ranks, ties_, [this](const rank_view& h) { return load_of(h) / h.weight; });
 }

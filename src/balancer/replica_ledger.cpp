@@ -19,6 +19,7 @@ std::optional<ledger::ledger_policy> ledger_rule_for(std::string_view policy_nam
   if (policy_name == "least-inflight") return ledger::ledger_policy::least_inflight;
   if (policy_name == "round-robin") return ledger::ledger_policy::round_robin;
   if (policy_name == "least-tokens") return ledger::ledger_policy::least_tokens;
+  if (policy_name == "least-load") return ledger::ledger_policy::least_load;
   return std::nullopt;
 }
 
@@ -121,7 +122,7 @@ void replica_ledger::pick(const pick_context& request, request_cost cost, std::f
   }
   std::vector<ledger::ledger_candidate> candidates;
   candidates.reserve(ranks.size());
-  for (const auto& r : ranks) candidates.push_back({r.rank, r.weight});
+  for (const auto& r : ranks) candidates.push_back({r.rank, r.weight, r.floor});
   const auto rule = request.cluster < impl_->options.rules.size() && impl_->options.rules[request.cluster]
                         ? *impl_->options.rules[request.cluster]
                         : ledger::ledger_policy::least_inflight;

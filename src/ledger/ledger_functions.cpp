@@ -114,19 +114,22 @@ local function least_tokens(keys, ranks, weights, counts, open, band, slot, shar
   return in_rotation(keys, ranks, function(i) return near(i) and counts[i] / weights[i] == lowest end)
 end
 
--- ARGV: replica, lease ms, policy ('least-inflight', 'round-robin' or 'least-tokens'), per-rank limit (0:
--- none), the request's prompt and decode tokens, least-tokens' band, slot tokens and decode share, then
--- rank, weight for each candidate. Records the pick (the request and its tokens) and returns {rank or -1,
--- live replicas, the candidates' global counts before the pick, in the order given}.
+-- ARGV: replica, lease ms, policy ('least-inflight', 'round-robin', 'least-tokens' or 'least-load'),
+-- per-rank limit (0: none), the request's prompt and decode tokens, least-tokens' band, slot tokens and
+-- decode share, then rank, weight, floor for each candidate (least-load weighs max(requests, floor): what the
+-- rank's engine reports raises its load, never lowers it below every replica's requests). Records the pick
+-- (the request and its tokens) and returns {rank or -1, live replicas, the candidates' global counts before
+-- the pick, in the order given}.
 local function pick(keys, args)
   expire_and_renew(keys, args[1], tonumber(args[2]))
   local policy, limit = args[3], tonumber(args[4])
   local prompt, decode = tonumber(args[5]), tonumber(args[6])
-  local ranks, weights, counts = {}, {}, {}
-  for i = 10, #args - 1, 2 do
+  local ranks, weights, floors, counts = {}, {}, {}, {}
+  for i = 10, #args - 2, 3 do
     local n = #ranks + 1
     ranks[n] = tonumber(args[i])
     weights[n] = tonumber(args[i + 1])
+    floors[n] = tonumber(args[i + 2])
     counts[n] = tonumber(redis.call('HGET', keys[2], args[i]) or 0)
   end
   local function open(i) return limit == 0 or counts[i] < limit end
@@ -135,6 +138,13 @@ local function pick(keys, args)
     chosen = least_tokens(keys, ranks, weights, counts, open, tonumber(args[7]), tonumber(args[8]), tonumber(args[9]))
   elseif policy == 'round-robin' then
     chosen = in_rotation(keys, ranks, open)
+  elseif policy == 'least-load' then
+    local function load(i) return math.max(counts[i], floors[i]) / weights[i] end
+    local lowest
+    for i = 1, #ranks do
+      if open(i) and (lowest == nil or load(i) < lowest) then lowest = load(i) end
+    end
+    chosen = in_rotation(keys, ranks, function(i) return open(i) and load(i) == lowest end)
   elseif policy == 'least-inflight' then
     local lowest
     for i = 1, #ranks do

@@ -168,6 +168,7 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
     auto argv = fcall("dplb_pick");
     argv.push_back(policy == ledger_policy::round_robin    ? "round-robin"
                    : policy == ledger_policy::least_tokens ? "least-tokens"
+                   : policy == ledger_policy::least_load   ? "least-load"
                                                            : "least-inflight");
     argv.push_back(std::to_string(limit));
     argv.push_back(std::to_string(tokens.prompt));
@@ -178,6 +179,7 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
     for (const auto& c : candidates) {
       argv.push_back(std::to_string(c.rank));
       argv.push_back(number(c.weight));
+      argv.push_back(number(c.floor));
     }
     ++picks_waiting;
     commands.command("pick", argv, [weak = weak_from_this(), done = std::move(done)](const redis_result& r) {

@@ -93,6 +93,7 @@ class release_listener {
 struct weighted_rank {
   std::size_t rank = 0;
   double weight = 1;
+  double floor = 0;  // policy::engine_floor
 };
 
 class balancer {

@@ -27,6 +27,9 @@ class least_load final : public policy {
 
   // The load of one rank as this policy scores it, before the weight (for tests and /ranks).
   double load_of(const rank_view& rank) const noexcept;
+  // With a shared ledger: the engine's requests running and waiting, and the KV term, when fresh. Every
+  // replica's requests are then the live count, and what the engine reports beyond them raises it.
+  double engine_floor(const rank_view& rank) const noexcept override;
 
  private:
   double kv_weight_;

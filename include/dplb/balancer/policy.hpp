@@ -109,6 +109,9 @@ class policy {
   // Policies fed by engine stats say so; every full snapshot (indexed by rank) is then also handed to
   // on_engine_stats(), besides being shown in each rank_view's engine part.
   virtual bool uses_engine_stats() const noexcept { return false; }
+  // For a pick the shared ledger makes (--shared-state): the least this rank's load can be, in requests, by
+  // what its engine reports; the ledger weighs max(every replica's requests, this). 0: nothing reported.
+  virtual double engine_floor(const rank_view& /*rank*/) const noexcept { return 0; }
   virtual void on_engine_stats(std::span<const engine_load> /*snapshot*/) {}
 
   // A policy that needs the request's model and token counts says so; the session then reads them from

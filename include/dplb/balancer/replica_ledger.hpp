@@ -4,7 +4,7 @@
 // releases and first bytes told to it.
 //
 // A pick through the ledger is one atomic step in Redis over every live replica's counts (the rule of the
-// request's cluster: least-inflight, round-robin or least-tokens), then counted here on the rank it chose,
+// request's cluster: least-inflight, round-robin, least-tokens or least-load), then counted here on the rank it chose,
 // on the ledger's thread before anyone hears the answer: so this replica's registrations, sent from that
 // thread, always include every pick the ledger answered. A pick the ledger does not answer within
 // --shared-state-timeout-ms (Redis down, paused or slow) comes back empty, and the caller picks by this

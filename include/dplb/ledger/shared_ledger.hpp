@@ -27,7 +27,7 @@
 
 namespace dplb::ledger {
 
-enum class ledger_policy { least_inflight, round_robin, least_tokens };
+enum class ledger_policy { least_inflight, round_robin, least_tokens, least_load };
 
 // least-tokens' rule, as the balancer's least_tokens policy has it (the caller passes its constants: the
 // ledger includes nothing of the balancer).
@@ -68,6 +68,9 @@ struct ledger_options {
 struct ledger_candidate {
   std::size_t rank = 0;
   double weight = 1;
+  // least-load: the least the rank's load can be, from what its engine reports (running and waiting, and
+  // a term for a full KV cache): the pick weighs max(every replica's requests, floor).
+  double floor = 0;
 };
 
 struct ledger_pick {

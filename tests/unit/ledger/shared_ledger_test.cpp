@@ -531,3 +531,33 @@ TEST_CASE("least-tokens weighs every replica's tokens, and the tokens leave with
   v = view_of(io, b);
   CHECK(v.load[1] == rank_load{2, 20, 20});
 }
+
+TEST_CASE("least-load weighs the larger of every replica's requests and the engine's floor", "[ledger]") {
+  redis_server redis;
+  boost::asio::io_context io;
+  replica a(io, redis.port(), "a", "load");
+  replica b(io, redis.port(), "b", "load");
+  REQUIRE(run_until(io, [&] { return a.ledger->up() && b.ledger->up(); }));
+  // Rank 0's engine reports 3 requests that no replica sent (clients that bypass dplb): it takes none until
+  // the others have 3 each; then the four ranks fill evenly.
+  auto ranks = equal_ranks(4);
+  ranks[0].floor = 3;
+  std::map<std::size_t, int> picked;
+  for (int i = 0; i < 13; ++i) {
+    std::optional<ledger_pick> p;
+    (i % 2 == 0 ? a : b).pick(ranks, ledger_policy::least_load, 0, [&](const ledger_pick& got) { p = got; });
+    REQUIRE(run_until(io, [&] { return p.has_value(); }));
+    REQUIRE(p->ok);
+    REQUIRE(p->rank);
+    ++picked[*p->rank];
+    if (i < 9) CHECK(*p->rank != 0);  // 3 each on ranks 1-3 first, through either replica
+  }
+  CHECK(picked == std::map<std::size_t, int>{{0, 1}, {1, 4}, {2, 4}, {3, 4}});
+  // A floor below the replicas' count changes nothing: the live count is the load.
+  ranks[0].floor = 1;
+  std::optional<ledger_pick> p;
+  a.pick(ranks, ledger_policy::least_load, 0, [&](const ledger_pick& got) { p = got; });
+  REQUIRE(run_until(io, [&] { return p.has_value(); }));
+  REQUIRE(p->rank);
+  CHECK(*p->rank == 0);  // 1 on rank 0 against 4 elsewhere
+}
