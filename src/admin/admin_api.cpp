@@ -1,6 +1,7 @@
 #include "dplb/admin/admin_api.hpp"
 
 #include "dplb/admin/status_page.hpp"
+#include "dplb/balancer/replica_ledger.hpp"
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -324,11 +325,33 @@ std::optional<std::size_t> admin_api::rank_of(std::string_view segment) const {
 response admin_api::list_ranks(const call&) const {
   json ranks = json::array();
   for (std::size_t r = 0; r < registry_.rank_count(); ++r) ranks.push_back(rank_json(registry_.status_of_rank(r)));
-  const auto uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  const auto now = std::chrono::steady_clock::now();
+  const auto uptime = std::chrono::duration<double>(now - started_).count();
+  // With a shared ledger, its view next to this replica's own counts: each rank's requests in flight over
+  // every replica ("inflight_all_replicas"), as of the ledger's last answer (refreshed every second).
+  json shared = nullptr;
+  if (ledger_ != nullptr) {
+    const auto view = ledger_->last_view();
+    shared = json{{"up", ledger_->up()},
+                  {"replica", ledger_->replica_name()},
+                  {"replicas", view ? json(view->replicas) : json(nullptr)},
+                  {"view_age_seconds",
+                   view ? json(std::floor(std::chrono::duration<double>(now - view->taken).count() * 10) / 10)
+                        : json(nullptr)}};
+    for (auto& rank : ranks) {
+      json all = nullptr;
+      if (view) {
+        const auto held = view->inflight.find(rank["rank"].get<std::size_t>());
+        all = held == view->inflight.end() ? 0u : held->second;
+      }
+      rank["inflight_all_replicas"] = std::move(all);
+    }
+  }
   return json_response(200, json{{"version", DPLB_VERSION},
                                  {"uptime_seconds", std::floor(uptime * 10) / 10},
                                  {"policy", registry_.policy_name(default_cluster_)},
                                  {"inflight_skew", registry_.inflight_skew()},
+                                 {"shared_state", std::move(shared)},
                                  {"ranks", std::move(ranks)}});
 }
 

@@ -255,6 +255,7 @@ struct application::impl {
           return e.what();
         }
       });
+      if (ledger) admin->show_shared_state(*ledger);
       admin_acceptor.emplace(admin::open_acceptor(signal_io.get_executor(), listen_endpoint(*settings.admin_listen)));
       admin_bound = admin_acceptor->local_endpoint();
     }

@@ -56,7 +56,11 @@ struct replica_ledger::impl {
     view_timer.async_wait([this](const boost::system::error_code& ec) {
       if (ec) return;
       ledger.view([this](const ledger::ledger_view& v) {
-        if (v.ok) replicas.store(v.replicas, std::memory_order_relaxed);
+        if (!v.ok) return;
+        replicas.store(v.replicas, std::memory_order_relaxed);
+        view_snapshot seen{v.replicas, v.total, std::chrono::steady_clock::now()};
+        const std::lock_guard lock(view_mutex);
+        last_view = std::move(seen);
       });
       refresh_view();
     });
@@ -74,6 +78,8 @@ struct replica_ledger::impl {
   std::atomic<std::uint32_t> replicas{0};
   std::atomic<std::uint64_t> shared{0}, local{0};
   support::atomic_histogram pick_seconds{pick_buckets()};
+  mutable std::mutex view_mutex;
+  std::optional<view_snapshot> last_view;  // guarded by view_mutex
 };
 
 replica_ledger::replica_ledger(balancer& b, replica_ledger_options options)
@@ -175,6 +181,11 @@ void replica_ledger::prompt_done(std::size_t rank, std::uint32_t prompt) noexcep
     asio::post(impl_->io, [this, rank, prompt] { impl_->ledger.prompt_done(rank, prompt); });
   } catch (...) {
   }
+}
+
+std::optional<replica_ledger::view_snapshot> replica_ledger::last_view() const {
+  const std::lock_guard lock(impl_->view_mutex);
+  return impl_->last_view;
 }
 
 const std::string& replica_ledger::replica_name() const noexcept { return impl_->options.ledger.replica; }

@@ -21,6 +21,7 @@
 #include "await.hpp"
 #include "http_client.hpp"
 #include "processes.hpp"
+#include "redis_server.hpp"
 #include "temp_file.hpp"
 
 using namespace dplb::test;
@@ -566,4 +567,50 @@ TEST_CASE("GET /ranks counts the 5xx responses of the failing rank only", "[admi
   CHECK(metric_sum(metrics, "dplb_requests_total{", {"rank=\"0\""}) == 9);
   CHECK(doc["version"].is_string());
   CHECK(doc["uptime_seconds"].get<double>() >= 0);
+}
+
+TEST_CASE("GET /ranks shows the shared ledger's count of every replica's requests next to the replica's own",
+          "[admin][shared-state]") {
+  token_file file;
+  redis_server redis;
+  mock_engine engine(2, {"--ttft-ms", "4000"});
+  const std::vector<std::string> shared{"--shared-state", "redis://127.0.0.1:" + std::to_string(redis.port())};
+  auto args_a = with_admin(file, shared);
+  args_a.insert(args_a.end(), {"--replica-name", "replica-a"});
+  dplb_proxy a(engine.urls(), args_a);
+  dplb_proxy b(engine.urls(), shared);
+  // One request in flight through b only (its first token comes after 4 s).
+  std::thread client([&] { http_post_json(b.port(), "/v1/completions", completion(2, false).body(), 30s); });
+  struct joined {
+    std::thread& t;
+    ~joined() { t.join(); }
+  } join_client{client};
+  const auto doc = await_until([&] { return ranks_of(a.admin_port()); }, [](const json& d) {
+    std::uint64_t all = 0;
+    for (const auto& r : d["ranks"]) {
+      if (r["inflight_all_replicas"].is_number()) all += r["inflight_all_replicas"].get<std::uint64_t>();
+    }
+    return d["shared_state"].is_object() && d["shared_state"]["replicas"] == 2 && all == 1;
+  }, 10s);
+  INFO(doc.dump());
+  REQUIRE(doc["shared_state"].is_object());
+  CHECK(doc["shared_state"]["up"] == true);
+  CHECK(doc["shared_state"]["replica"] == "replica-a");
+  CHECK(doc["shared_state"]["replicas"] == 2);
+  std::uint64_t own = 0, all = 0;
+  for (const auto& r : doc["ranks"]) {
+    own += r["inflight"].get<std::uint64_t>();
+    all += r["inflight_all_replicas"].get<std::uint64_t>();
+  }
+  CHECK(own == 0);
+  CHECK(all == 1);
+}
+
+TEST_CASE("GET /ranks has no shared state without --shared-state", "[admin][shared-state]") {
+  token_file file;
+  mock_engine engine(1);
+  dplb_proxy proxy(engine.urls(), with_admin(file, {}));
+  const auto doc = ranks_of(proxy.admin_port());
+  CHECK(doc["shared_state"].is_null());
+  CHECK_FALSE(doc["ranks"][0].contains("inflight_all_replicas"));
 }

@@ -31,6 +31,9 @@ class backend_registry;
 namespace dplb::tenants {
 class tenant_book;
 }
+namespace dplb::balancer {
+class replica_ledger;
+}
 
 namespace dplb::admin {
 
@@ -83,6 +86,10 @@ class admin_api {
     reload_tenants_ = std::move(reload);
   }
 
+  // The ledger shared with the other replicas (--shared-state): GET /ranks shows its view of every rank
+  // (every replica's requests in flight) next to this replica's own. `ledger` must outlive this. Before serving.
+  void show_shared_state(const balancer::replica_ledger& ledger) { ledger_ = &ledger; }
+
  private:
   enum class credential { none, bearer, basic };
   using handler = response (admin_api::*)(const call&) const;
@@ -118,6 +125,7 @@ class admin_api {
   token_digest token_;  // the token's digest: the token itself is not kept
   std::size_t default_cluster_;
   const tenants::tenant_book* tenants_ = nullptr;
+  const balancer::replica_ledger* ledger_ = nullptr;
   std::function<std::string()> reload_tenants_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();  // for uptime_seconds
 };

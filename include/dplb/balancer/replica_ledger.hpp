@@ -15,6 +15,9 @@
 // each by the thread that owns the object. Callbacks run on the ledger's thread and must not block.
 
 #include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -62,6 +65,15 @@ class replica_ledger final : public release_listener {
   // The ledger's own view (every replica's counts), for the admin API and the status page; `done` runs on
   // the ledger's thread.
   void view(std::function<void(const ledger::ledger_view&)> done);
+
+  // The ledger's view as of its last refresh (every second): every replica's requests in flight per rank,
+  // and the live replicas. Empty before the first answer; kept while Redis is down (see its age).
+  struct view_snapshot {
+    std::uint32_t replicas = 0;
+    std::map<std::size_t, std::uint32_t> inflight;  // ranks with requests in flight over all replicas
+    std::chrono::steady_clock::time_point taken{};
+  };
+  std::optional<view_snapshot> last_view() const;
 
   void released(std::size_t rank, request_cost held) noexcept override;
   void prompt_done(std::size_t rank, std::uint32_t prompt) noexcept override;

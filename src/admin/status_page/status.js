@@ -121,6 +121,11 @@ function renderRank(r, clusters, maxInflight) {
   fill.style.width = `${maxInflight > 0 ? Math.round((100 * r.inflight) / maxInflight) : 0}%`;
   meter.append(fill);
   cells.inflight.replaceChildren(document.createTextNode(integer(r.inflight)), meter);
+  // With a shared ledger (--shared-state): every replica's requests on the rank, as the ledger last said.
+  if (r.inflight_all_replicas !== undefined) {
+    const all = r.inflight_all_replicas === null ? '–' : integer(r.inflight_all_replicas);
+    cells.inflight.append(make('div', 'sub', `all replicas: ${all}`));
+  }
   cells.requests.textContent = integer(r.requests_total);
   const rates = ratesOf(r.rank);
   cells.rate.textContent = rates.perSecond === null ? '–' : rates.perSecond.toFixed(1);
@@ -176,7 +181,20 @@ function render(doc, now) {
   byId('t-errors').textContent = percent(errorRate);
   byId('tile-errors').className = `tile${errorRate > 0 ? ' bad' : ''}`;
   byId('t-requests').textContent = integer(requests);
+  renderSharedState(doc);
   document.title = `dplb: ${usable}/${live.length} ranks usable`;
+}
+
+// The ledger shared with the other replicas: every replica's requests in flight, and how many replicas; hidden
+// without --shared-state, amber while the ledger does not answer (each replica then counts alone).
+function renderSharedState(doc) {
+  const shared = doc.shared_state;
+  byId('tile-shared').hidden = !shared;
+  if (!shared) return;
+  const total = doc.ranks.reduce((sum, r) => sum + (r.inflight_all_replicas ?? 0), 0);
+  const replicas = shared.replicas === null ? '' : ` · ${shared.replicas} replica${shared.replicas === 1 ? '' : 's'}`;
+  byId('t-shared').textContent = shared.up ? `${integer(total)}${replicas}` : 'ledger down';
+  byId('tile-shared').className = `tile${shared.up ? '' : ' warn'}`;
 }
 
 // The tenants' table, rebuilt whole at each poll (a handful of rows); hidden while only the default tenant exists.
