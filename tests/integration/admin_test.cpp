@@ -614,3 +614,47 @@ TEST_CASE("GET /ranks has no shared state without --shared-state", "[admin][shar
   CHECK(doc["shared_state"].is_null());
   CHECK_FALSE(doc["ranks"][0].contains("inflight_all_replicas"));
 }
+
+TEST_CASE("Redis restarted empty: within 5 s the replicas put their requests in flight back in the ledger",
+          "[admin][shared-state]") {
+  token_file file;
+  auto redis = std::make_unique<redis_server>();
+  const auto port = redis->port();
+  mock_engine engine(4, {"--ttft-ms", "20000"});
+  const std::vector<std::string> shared{"--shared-state", "redis://127.0.0.1:" + std::to_string(port)};
+  dplb_proxy a(engine.urls(), with_admin(file, shared));
+  dplb_proxy b(engine.urls(), shared);
+  const auto total_in_view = [](const json& d) {
+    std::uint64_t all = 0;
+    for (const auto& r : d["ranks"]) {
+      if (r["inflight_all_replicas"].is_number()) all += r["inflight_all_replicas"].get<std::uint64_t>();
+    }
+    return all;
+  };
+  // Three requests in flight through b, one through a, until their first token (20 s away).
+  std::vector<std::thread> clients;
+  struct joined {
+    std::vector<std::thread>& threads;
+    ~joined() {
+      for (auto& t : threads) t.join();
+    }
+  } join_clients{clients};
+  for (const auto port_of : {b.port(), b.port(), b.port(), a.port()}) {
+    clients.emplace_back([port_of] { http_post_json(port_of, "/v1/completions", completion(2, false).body(), 60s); });
+  }
+  auto doc = await_until([&] { return ranks_of(a.admin_port()); },
+                         [&](const json& d) { return total_in_view(d) == 4; }, 10s);
+  REQUIRE(total_in_view(doc) == 4);
+
+  redis.reset();  // gone with every count it held
+  redis = std::make_unique<redis_server>(port);  // back, empty
+  const auto back = std::chrono::steady_clock::now();
+  doc = await_until([&] { return ranks_of(a.admin_port()); },
+                    [&](const json& d) { return d["shared_state"]["up"] == true && total_in_view(d) == 4; }, 10s);
+  INFO(doc.dump());
+  CHECK(total_in_view(doc) == 4);
+  CHECK(doc["shared_state"]["replicas"] == 2);
+  CHECK(std::chrono::steady_clock::now() - back < scaled(5s));
+  // The clients are not kept for their 20 s: the engines go first.
+  engine.process().stop(SIGKILL);
+}
