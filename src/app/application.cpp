@@ -427,6 +427,12 @@ void application::await_reload_signal() {
         const auto summary = s.registry.reload(backends_for_reload(s.settings, *fresh));
         spdlog::info("SIGHUP: backends reloaded: {} added, {} removed, {} reweighted", summary.added.size(),
                      summary.removed.size(), summary.reweighted.size());
+        if (s.ledger && (!summary.added.empty() || !summary.removed.empty())) {
+          // The ledger's keys and rank numbers are those of the backend list this replica started with.
+          spdlog::warn("SIGHUP: backends added or removed while --shared-state shares a ledger: replicas agree on "
+                       "rank numbers only with the same backend list; give every replica the new list and restart "
+                       "them one by one (each restarted replica joins the ledger of the new list)");
+        }
       } catch (const std::exception& e) {
         spdlog::error("SIGHUP: backends not (fully) reloaded: {}; fix the configuration and send SIGHUP again",
                       e.what());

@@ -188,7 +188,8 @@ std::optional<std::size_t> balancer::pick_locked(const pick_context& request, re
 }
 
 // Incremented while the lock is held: the next pick, on any thread, already sees this request.
-void balancer::count_pick_locked(std::size_t rank, const pick_context& request, request_cost& cost) noexcept {
+void balancer::count_pick_locked(std::size_t rank, const pick_context& request, request_cost& cost,
+                                 bool by_ledger) noexcept {
   auto& r = ranks_[rank];
   r.inflight.fetch_add(1, std::memory_order_relaxed);
   r.picks.fetch_add(1, std::memory_order_relaxed);
@@ -196,6 +197,7 @@ void balancer::count_pick_locked(std::size_t rank, const pick_context& request, 
   if (cost.prompt > 0) r.prompt_cost.fetch_add(cost.prompt, std::memory_order_relaxed);
   cost.long_prompt = prefills_long(request);
   if (cost.long_prompt) r.long_prefills.fetch_add(1, std::memory_order_relaxed);
+  if (listener_ && !by_ledger) listener_->picked(rank, cost);
 }
 
 // Every request costs at least one token: one whose cost is unknown still weighs on its rank.
@@ -239,7 +241,7 @@ rank_lease balancer::acquire_chosen(std::size_t rank, const pick_context& reques
   std::lock_guard lock(pick_mutex_);
   if (rank >= rank_count() || ranks_[rank].flags.load(std::memory_order_relaxed) != 0) return {};
   if (request.pinned_rank ? *request.pinned_rank != rank : ranks_[rank].cluster != request.cluster) return {};
-  count_pick_locked(rank, request, cost);
+  count_pick_locked(rank, request, cost, /*by_ledger=*/true);
   return rank_lease(this, rank, cost);
 }
 

@@ -5,9 +5,11 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <thread>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -38,17 +40,28 @@ constexpr std::chrono::seconds view_every{1};
 struct replica_ledger::impl {
   impl(balancer& b, replica_ledger_options o)
       : owner(b), options(std::move(o)), view_timer(io),
-        ledger(io, options.ledger, [this] { return in_flight(); }, [](std::size_t) {}) {}
+        ledger(io, options.ledger, [this] { return in_flight(); }, [this](std::size_t rank) { serve(rank); }) {}
 
-  // This replica's requests in flight per rank, as the balancer counts them (its registrations).
-  std::map<std::size_t, ledger::rank_load> in_flight() const {
-    std::map<std::size_t, ledger::rank_load> out;
-    for (std::size_t r = 0; r < owner.rank_count(); ++r) {
-      if (const auto n = owner.inflight(r); n > 0) {
-        out[r] = ledger::rank_load{n, owner.prompt_inflight(r), owner.cost_inflight(r)};
-      }
-    }
-    return out;
+  // This replica's requests in flight per rank, as it has told the ledger of them: the mirror, changed only
+  // on this thread, in the order the calls go to Redis (a pick answered, a pick made here, a release, a first
+  // byte), whether Redis is up or not. So a registration (sent from this thread) is exact however picks and
+  // releases race on other threads, and puts back what was picked while Redis was away.
+  std::map<std::size_t, ledger::rank_load> in_flight() const { return mirror; }
+
+  void mirror_add(std::size_t rank, request_cost cost) {
+    auto& m = mirror[rank];
+    ++m.requests;
+    m.prompt_tokens += cost.prompt;
+    m.cost_tokens += std::uint64_t{cost.prompt} + cost.decode;
+  }
+  void mirror_take(std::size_t rank, std::uint32_t requests, std::uint64_t prompt, std::uint64_t cost) {
+    const auto it = mirror.find(rank);
+    if (it == mirror.end()) return;
+    auto& m = it->second;
+    m.requests -= std::min(m.requests, requests);
+    m.prompt_tokens -= std::min(m.prompt_tokens, prompt);
+    m.cost_tokens -= std::min(m.cost_tokens, cost);
+    if (m.requests == 0) mirror.erase(it);
   }
 
   void refresh_view() {
@@ -66,12 +79,116 @@ struct replica_ledger::impl {
     });
   }
 
+  // --- the waiters (all on the ledger's thread) ---
+  struct waiter {
+    pick_context request;  // without the caller's views
+    request_cost cost;
+    std::function<void(rank_lease)> deliver;
+  };
+  using waiter_key = std::pair<std::int64_t, std::uint64_t>;  // priority, then arrival (the id)
+
+  ledger::ledger_policy rule_for(const pick_context& request) const {
+    const bool has_rule = request.cluster < options.rules.size() && options.rules[request.cluster];
+    return has_rule ? *options.rules[request.cluster] : ledger::ledger_policy::least_inflight;
+  }
+
+  std::vector<ledger::ledger_candidate> candidates_for(const pick_context& request) const {
+    std::vector<weighted_rank> ranks;
+    owner.candidates(request, ranks);
+    std::vector<ledger::ledger_candidate> out;
+    out.reserve(ranks.size());
+    for (const auto& r : ranks) out.push_back({r.rank, r.weight, r.floor});
+    return out;
+  }
+
+  // Asks the ledger for a slot for one waiter: the first whose candidates include the freed rank, or the
+  // first of all when no rank is named (a tick, a grant that may leave more room). One ask at a time: an
+  // event during it asks again once it is answered.
+  void serve(std::optional<std::size_t> freed) {
+    if (asking) {
+      ask_again = true;
+      return;
+    }
+    for (auto it = waiters.begin(); it != waiters.end(); ++it) {
+      auto candidates = candidates_for(it->second.request);
+      if (candidates.empty()) {  // its ranks are gone here: the local queue turns it away
+        fall_back(it);
+        serve(freed);
+        return;
+      }
+      if (freed && std::ranges::none_of(candidates, [&](const auto& c) { return c.rank == *freed; })) continue;
+      ask(it->first, std::move(candidates));
+      return;
+    }
+  }
+
+  void ask(waiter_key key, std::vector<ledger::ledger_candidate> candidates) {
+    asking = true;
+    const auto& w = waiters.at(key);
+    const auto cost = w.cost;
+    ledger.pick(candidates, rule_for(w.request), owner.limits().max_inflight_per_rank,
+                ledger::request_tokens{cost.prompt, cost.decode}, w.request.cluster,
+                [this, key, cost](const ledger::ledger_pick& answer) {
+                  asking = false;
+                  const auto found = waiters.find(key);
+                  if (!answer.ok) {  // the ledger stopped answering: every waiter waits locally
+                    while (!waiters.empty()) fall_back(waiters.begin());
+                    return;
+                  }
+                  replicas.store(answer.replicas, std::memory_order_relaxed);
+                  bool more = std::exchange(ask_again, false);
+                  if (answer.rank) {
+                    rank_lease lease;
+                    if (found != waiters.end()) lease = owner.acquire_chosen(*answer.rank, found->second.request, cost);
+                    if (lease) {
+                      mirror_add(*answer.rank, cost);
+                      shared.fetch_add(1, std::memory_order_relaxed);
+                      auto deliver = std::move(found->second.deliver);
+                      waiters.erase(found);
+                      waiter_count.store(waiters.size(), std::memory_order_relaxed);
+                      deliver(std::move(lease));
+                    } else {  // cancelled meanwhile, or the rank is no longer usable here: the slot goes back
+                      ledger.release(*answer.rank, cost.prompt, std::uint64_t{cost.prompt} + cost.decode);
+                    }
+                    more = true;  // there may be more room
+                  }
+                  if (more) serve(std::nullopt);
+                });
+  }
+
+  void fall_back(std::map<waiter_key, waiter>::iterator it) {
+    auto deliver = std::move(it->second.deliver);
+    waiters.erase(it);
+    waiter_count.store(waiters.size(), std::memory_order_relaxed);
+    local.fetch_add(1, std::memory_order_relaxed);
+    deliver({});
+  }
+
+  // While anyone waits, the head asks every 50 ms: no waiter depends on the freed-slot channel alone.
+  void tick() {
+    if (ticking || waiters.empty()) return;
+    ticking = true;
+    tick_timer.expires_after(std::chrono::milliseconds(50));
+    tick_timer.async_wait([this](const boost::system::error_code& ec) {
+      ticking = false;
+      if (ec) return;
+      serve(std::nullopt);
+      tick();
+    });
+  }
+
   balancer& owner;
   const replica_ledger_options options;
+  std::map<std::size_t, ledger::rank_load> mirror;  // in_flight()
   // Declared before what runs on it, so destroyed after it.
   asio::io_context io;
   asio::executor_work_guard<asio::io_context::executor_type> work = asio::make_work_guard(io);
   asio::steady_timer view_timer;
+  asio::steady_timer tick_timer{io};
+  std::map<waiter_key, waiter> waiters;
+  bool asking = false, ask_again = false, ticking = false;
+  std::atomic<std::size_t> waiter_count{0};
+  std::atomic<std::uint64_t> next_waiter{1};
   ledger::shared_ledger ledger;
   std::thread thread;
   std::atomic<bool> running{false};
@@ -113,72 +230,139 @@ void replica_ledger::stop() noexcept {
 
 bool replica_ledger::picks(const pick_context& request) const noexcept {
   if (!impl_->running.load(std::memory_order_acquire) || !impl_->ledger.up()) return false;
-  if (impl_->owner.queueing() || request.avoid != nullptr || !request.session_key.empty()) return false;
+  if (request.avoid != nullptr || !request.session_key.empty()) return false;
   if (request.pinned_rank) return true;
   return request.cluster < impl_->options.rules.size() && impl_->options.rules[request.cluster].has_value();
 }
 
-void replica_ledger::pick(const pick_context& request, request_cost cost, std::function<void(rank_lease)> done) {
-  std::vector<weighted_rank> ranks;
-  impl_->owner.candidates(request, ranks);
-  if (ranks.empty()) {
-    impl_->local.fetch_add(1, std::memory_order_relaxed);
-    done({});
-    return;
-  }
-  std::vector<ledger::ledger_candidate> candidates;
-  candidates.reserve(ranks.size());
-  for (const auto& r : ranks) candidates.push_back({r.rank, r.weight, r.floor});
-  const auto rule = request.cluster < impl_->options.rules.size() && impl_->options.rules[request.cluster]
-                        ? *impl_->options.rules[request.cluster]
-                        : ledger::ledger_policy::least_inflight;
-  // What the balancer counts of the request, kept here: the caller's views may be gone when the answer comes.
+namespace {
+
+// What the balancer counts of a request, kept by the ledger's thread: the caller's views (prefix chains, a
+// session key, tried ranks) may be gone by the time the answer comes.
+pick_context counted_part(const pick_context& request) {
   pick_context counted;
   counted.cluster = request.cluster;
   counted.pinned_rank = request.pinned_rank;
   counted.prompt_tokens = request.prompt_tokens;
   counted.decode_tokens = request.decode_tokens;
   counted.prefilled_elsewhere = request.prefilled_elsewhere;
+  return counted;
+}
+
+request_cost as_counted(request_cost cost) {
   if (cost.prompt == 0 && cost.decode == 0) cost.decode = 1;  // as the balancer counts it
+  return cost;
+}
+
+}  // namespace
+
+void replica_ledger::pick(const pick_context& request, request_cost cost,
+                          std::function<void(rank_lease, pick_outcome)> done) {
+  auto candidates = impl_->candidates_for(request);
+  if (candidates.empty()) {
+    impl_->local.fetch_add(1, std::memory_order_relaxed);
+    done({}, pick_outcome::unanswered);
+    return;
+  }
+  const auto rule = impl_->rule_for(request);
+  const auto counted = counted_part(request);
+  cost = as_counted(cost);
   const auto asked = std::chrono::steady_clock::now();
   asio::post(impl_->io, [this, candidates = std::move(candidates), rule, counted, cost, asked,
                          done = std::move(done)]() mutable {
-    impl_->ledger.pick(candidates, rule, 0, ledger::request_tokens{cost.prompt, cost.decode},
+    const auto limit = impl_->owner.limits().max_inflight_per_rank;
+    impl_->ledger.pick(candidates, rule, limit, ledger::request_tokens{cost.prompt, cost.decode}, counted.cluster,
                        [this, counted, cost, asked, done = std::move(done)](const ledger::ledger_pick& answer) {
                          impl_->pick_seconds.observe(
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count());
                          if (answer.ok) impl_->replicas.store(answer.replicas, std::memory_order_relaxed);
+                         if (answer.ok && !answer.rank) {
+                           done({}, pick_outcome::full);
+                           return;
+                         }
                          rank_lease lease;
-                         if (answer.ok && answer.rank) {
+                         if (answer.ok) {
                            lease = impl_->owner.acquire_chosen(*answer.rank, counted, cost);
-                           // Chosen but gone here (drained, down): the ledger's count goes back at once.
-                           if (!lease) impl_->ledger.release(*answer.rank, cost.prompt, std::uint64_t{cost.prompt} + cost.decode);
+                           if (lease) {
+                             impl_->mirror_add(*answer.rank, cost);
+                           } else {  // chosen but gone here (drained, down): the ledger's count goes back
+                             impl_->ledger.release(*answer.rank, cost.prompt, std::uint64_t{cost.prompt} + cost.decode);
+                           }
                          }
                          (lease ? impl_->shared : impl_->local).fetch_add(1, std::memory_order_relaxed);
-                         done(std::move(lease));
+                         const auto outcome = lease ? pick_outcome::chosen : pick_outcome::unanswered;
+                         done(std::move(lease), outcome);
                        });
   });
 }
 
+std::uint64_t replica_ledger::wait(const pick_context& request, request_cost cost, std::int64_t priority,
+                                   std::function<void(rank_lease)> deliver) {
+  if (impl_->waiter_count.load(std::memory_order_relaxed) >= impl_->owner.limits().max_waiting) return 0;
+  const auto id = impl_->next_waiter.fetch_add(1, std::memory_order_relaxed);
+  impl_->waiter_count.fetch_add(1, std::memory_order_relaxed);  // counted at once: the bound holds
+  asio::post(impl_->io, [this, id, priority, counted = counted_part(request), cost = as_counted(cost),
+                         deliver = std::move(deliver)]() mutable {
+    impl_->waiters.emplace(impl::waiter_key{priority, id}, impl::waiter{counted, cost, std::move(deliver)});
+    impl_->waiter_count.store(impl_->waiters.size(), std::memory_order_relaxed);
+    impl_->serve(std::nullopt);  // a slot may have freed since the pick that found none
+    impl_->tick();
+  });
+  return id;
+}
+
+void replica_ledger::cancel(std::uint64_t id) {
+  asio::post(impl_->io, [this, id] {
+    const auto it = std::ranges::find_if(impl_->waiters, [id](const auto& w) { return w.first.second == id; });
+    if (it == impl_->waiters.end()) return;  // served already: the caller releases the lease where it lands
+    impl_->waiters.erase(it);
+    impl_->waiter_count.store(impl_->waiters.size(), std::memory_order_relaxed);
+  });
+}
+
+std::size_t replica_ledger::waiting() const noexcept { return impl_->waiter_count.load(std::memory_order_relaxed); }
+
 void replica_ledger::view(std::function<void(const ledger::ledger_view&)> done) {
   asio::post(impl_->io, [this, done = std::move(done)]() mutable { impl_->ledger.view(std::move(done)); });
+}
+
+// A request picked here (a policy the ledger does not pick for, an affinity header, a retry, or Redis away):
+// recorded in the ledger as a pick with that one candidate and no limit, so that every release matches a
+// count the ledger had. (Out of memory, a post is lost: the mirror then misses it, and so does Redis.)
+void replica_ledger::picked(std::size_t rank, request_cost counted) noexcept {
+  if (!impl_->running.load(std::memory_order_acquire)) return;
+  try {
+    const auto group = impl_->owner.cluster_of(rank);
+    asio::post(impl_->io, [this, rank, counted, group] {
+      impl_->mirror_add(rank, counted);
+      const ledger::ledger_candidate only{rank, 1, 0};
+      impl_->ledger.pick(std::span(&only, 1), ledger::ledger_policy::least_inflight, 0,
+                         ledger::request_tokens{counted.prompt, counted.decode}, group,
+                         [](const ledger::ledger_pick&) {});
+    });
+  } catch (...) {
+  }
 }
 
 void replica_ledger::released(std::size_t rank, request_cost held) noexcept {
   if (!impl_->running.load(std::memory_order_acquire)) return;
   try {
     asio::post(impl_->io, [this, rank, held] {
-      impl_->ledger.release(rank, held.prompt, std::uint64_t{held.prompt} + held.decode);
+      const std::uint64_t cost = std::uint64_t{held.prompt} + held.decode;
+      impl_->mirror_take(rank, 1, held.prompt, cost);
+      impl_->ledger.release(rank, held.prompt, cost);
     });
   } catch (...) {
-    // Out of memory: the next registration puts the count right.
   }
 }
 
 void replica_ledger::prompt_done(std::size_t rank, std::uint32_t prompt) noexcept {
   if (!impl_->running.load(std::memory_order_acquire)) return;
   try {
-    asio::post(impl_->io, [this, rank, prompt] { impl_->ledger.prompt_done(rank, prompt); });
+    asio::post(impl_->io, [this, rank, prompt] {
+      impl_->mirror_take(rank, 0, prompt, prompt);
+      impl_->ledger.prompt_done(rank, prompt);
+    });
   } catch (...) {
   }
 }

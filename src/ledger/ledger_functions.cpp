@@ -8,11 +8,12 @@ namespace dplb::ledger {
 // hashes (when it expires them) by name under that same tag.
 //
 // KEYS (every function): 1 `{..}:replicas` (ZSET: replica -> its lease's expiry, Redis server time in ms),
-// 2 `{..}:total` (HASH: rank -> requests in flight over all live replicas), 3 `{..}:rr` (the shared rotation
-// cursor: the rank a tie starts from), 4 `{..}:r:<replica>` (HASH: rank -> the caller's requests in flight).
+// 2 `{..}:total` (HASH: rank -> requests in flight over all live replicas), 3 `{..}:rr` (with a group's
+// number appended, that group's shared rotation cursor: the rank a tie starts from), 4 `{..}:r:<replica>`
+// (HASH: rank -> the caller's requests in flight).
 // ARGV starts with the caller's name and its lease in ms; every call expires dead replicas (their counts
 // leave the total) and renews the caller's lease.
-const std::string_view ledger_function_library = R"lua(#!lua name=dplb_ledger
+const std::string_view ledger_function_library = R"lua(#!lua name=dplb_ledger_2
 
 -- How long a ledger's keys outlive the last registration.
 local abandoned_after_ms = 600000
@@ -53,9 +54,16 @@ end
 
 -- Among the ranks for which `tied(i)` holds, the first at or after the cursor, wrapping; the cursor
 -- then moves past it. Ranks are compared by number, so replicas that see different candidates still
--- share one rotation.
+-- share one rotation. Each group of ranks (a cluster, a pool) has its cursor, `{..}:rr` followed by the
+-- group's number: one cluster's picks never move another's turn. A pick with one candidate (a pinned
+-- request) has no turn to take and moves nothing.
+local rotation_key
 local function in_rotation(keys, ranks, tied)
-  local cursor = tonumber(redis.call('GET', keys[3]) or 0)
+  if #ranks == 1 then
+    if tied(1) then return 1 end
+    return nil
+  end
+  local cursor = tonumber(redis.call('GET', rotation_key) or 0)
   local best, best_distance = nil, nil
   for i = 1, #ranks do
     if tied(i) then
@@ -64,7 +72,8 @@ local function in_rotation(keys, ranks, tied)
       if best == nil or distance < best_distance then best, best_distance = i, distance end
     end
   end
-  if best ~= nil then redis.call('SET', keys[3], ranks[best] + 1, 'KEEPTTL') end
+  -- (It outlives the last pick as long as the ledger's other keys outlive the last registration.)
+  if best ~= nil then redis.call('SET', rotation_key, ranks[best] + 1, 'PX', abandoned_after_ms) end
   return best
 end
 
@@ -116,7 +125,8 @@ end
 
 -- ARGV: replica, lease ms, policy ('least-inflight', 'round-robin', 'least-tokens' or 'least-load'),
 -- per-rank limit (0: none), the request's prompt and decode tokens, least-tokens' band, slot tokens and
--- decode share, then rank, weight, floor for each candidate (least-load weighs max(requests, floor): what the
+-- decode share, the group of ranks whose rotation it takes a turn of, then rank, weight, floor for each
+-- candidate (least-load weighs max(requests, floor): what the
 -- rank's engine reports raises its load, never lowers it below every replica's requests). Records the pick
 -- (the request and its tokens) and returns {rank or -1, live replicas, the candidates' global counts before
 -- the pick, in the order given}.
@@ -124,8 +134,9 @@ local function pick(keys, args)
   expire_and_renew(keys, args[1], tonumber(args[2]))
   local policy, limit = args[3], tonumber(args[4])
   local prompt, decode = tonumber(args[5]), tonumber(args[6])
+  rotation_key = keys[3] .. ':' .. args[10]
   local ranks, weights, floors, counts = {}, {}, {}, {}
-  for i = 10, #args - 2, 3 do
+  for i = 11, #args - 2, 3 do
     local n = #ranks + 1
     ranks[n] = tonumber(args[i])
     weights[n] = tonumber(args[i + 1])
@@ -152,7 +163,7 @@ local function pick(keys, args)
     end
     chosen = in_rotation(keys, ranks, function(i) return open(i) and counts[i] / weights[i] == lowest end)
   else
-    return redis.error_reply('dplb_pick: unknown policy ' .. tostring(policy))
+    return redis.error_reply('dplb_pick_2: unknown policy ' .. tostring(policy))
   end
   local reply = {-1, redis.call('ZCARD', keys[1])}
   if chosen ~= nil then
@@ -260,7 +271,7 @@ local function bucket(keys, args)
   elseif op == 'charge' then
     tokens = math.max(-burst, tokens - units)
   else
-    return redis.error_reply('dplb_bucket: unknown op ' .. tostring(op))
+    return redis.error_reply('dplb_bucket_2: unknown op ' .. tostring(op))
   end
   if tokens >= burst then
     redis.call('DEL', keys[1])
@@ -271,12 +282,12 @@ local function bucket(keys, args)
   return reply
 end
 
-redis.register_function('dplb_pick', pick)
-redis.register_function('dplb_release', release)
-redis.register_function('dplb_prompt_done', prompt_done)
-redis.register_function('dplb_register', register)
-redis.register_function('dplb_view', view)
-redis.register_function('dplb_bucket', bucket)
+redis.register_function('dplb_pick_2', pick)
+redis.register_function('dplb_release_2', release)
+redis.register_function('dplb_prompt_done_2', prompt_done)
+redis.register_function('dplb_register_2', register)
+redis.register_function('dplb_view_2', view)
+redis.register_function('dplb_bucket_2', bucket)
 )lua";
 
 }  // namespace dplb::ledger

@@ -54,8 +54,9 @@ std::string redacted_url(std::string_view url) {
   std::string shown(url);
   const auto scheme_end = shown.find("://");
   const auto authority = scheme_end == std::string::npos ? 0 : scheme_end + 3;
-  const auto at = shown.find('@', authority);
-  if (at == std::string::npos) return shown;
+  // The last '@': a password with an '@' of its own (not percent-encoded) must not show its tail.
+  const auto at = shown.rfind('@');
+  if (at == std::string::npos || at < authority) return shown;
   const auto colon = shown.find(':', authority);
   if (colon < at) shown.replace(colon + 1, at - colon - 1, "***");
   else shown.replace(authority, at - authority, "***");  // no colon: the user part may be a password

@@ -142,7 +142,7 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
 
   void send_registration() {
     register_due = false;
-    auto argv = fcall("dplb_register");
+    auto argv = fcall("dplb_register_2");
     if (in_flight) {
       for (const auto& [rank, load] : in_flight()) {
         const auto r = std::to_string(rank);
@@ -164,8 +164,8 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
   }
 
   void pick(std::span<const ledger_candidate> candidates, ledger_policy policy, std::uint32_t limit,
-            request_tokens tokens, std::function<void(const ledger_pick&)> done) {
-    auto argv = fcall("dplb_pick");
+            request_tokens tokens, std::size_t group, std::function<void(const ledger_pick&)> done) {
+    auto argv = fcall("dplb_pick_2");
     argv.push_back(policy == ledger_policy::round_robin    ? "round-robin"
                    : policy == ledger_policy::least_tokens ? "least-tokens"
                    : policy == ledger_policy::least_load   ? "least-load"
@@ -176,6 +176,7 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
     argv.push_back(number(options.least_tokens.request_band));
     argv.push_back(number(options.least_tokens.slot_tokens));
     argv.push_back(number(options.least_tokens.decode_share));
+    argv.push_back(std::to_string(group));
     for (const auto& c : candidates) {
       argv.push_back(std::to_string(c.rank));
       argv.push_back(number(c.weight));
@@ -183,11 +184,10 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
     }
     ++picks_waiting;
     commands.command("pick", argv, [weak = weak_from_this(), done = std::move(done)](const redis_result& r) {
-      done(read_pick(r));
       auto s = weak.lock();
-      if (!s) return;
-      --s->picks_waiting;
-      if (s->register_due && s->picks_waiting == 0 && s->commands.up()) s->send_registration();
+      if (s) --s->picks_waiting;  // first: should `done` throw, later registrations are not held back for good
+      done(read_pick(r));  // the caller counts the pick here: before any registration below
+      if (s && s->register_due && s->picks_waiting == 0 && s->commands.up()) s->send_registration();
     });
   }
 
@@ -201,7 +201,7 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
     const auto rank = e.size() >= 2 ? number_of<long long>(e[0]) : std::nullopt;
     const auto replicas = e.size() >= 2 ? number_of<std::uint32_t>(e[1]) : std::nullopt;
     if (!rank || !replicas) {
-      out.error = "unexpected answer to dplb_pick";
+      out.error = "unexpected answer to dplb_pick_2";
       return out;
     }
     out.ok = true;
@@ -212,7 +212,7 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
   }
 
   void release(std::size_t rank, std::uint64_t prompt_left, std::uint64_t cost) {
-    auto argv = fcall("dplb_release");
+    auto argv = fcall("dplb_release_2");
     argv.push_back(std::to_string(rank));
     argv.push_back(std::to_string(prompt_left));
     argv.push_back(std::to_string(cost));
@@ -220,14 +220,14 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
   }
 
   void prompt_done(std::size_t rank, std::uint64_t prompt) {
-    auto argv = fcall("dplb_prompt_done");
+    auto argv = fcall("dplb_prompt_done_2");
     argv.push_back(std::to_string(rank));
     argv.push_back(std::to_string(prompt));
     commands.command("release", argv, [](const redis_result&) {});
   }
 
   void view(std::function<void(const ledger_view&)> done) {
-    commands.command("view", fcall("dplb_view"), [done = std::move(done)](const redis_result& r) {
+    commands.command("view", fcall("dplb_view_2"), [done = std::move(done)](const redis_result& r) {
       ledger_view v;
       v.error = r.error;
       const auto& e = r.reply.elements;
@@ -255,7 +255,7 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
           }
         }
       } else if (r.ok) {
-        v.error = "unexpected answer to dplb_view";
+        v.error = "unexpected answer to dplb_view_2";
       }
       done(v);
     });
@@ -268,7 +268,7 @@ std::vector<std::string> bucket_call(const std::string& prefix, const shared_led
                                      std::uint64_t units) {
   char rate[32];
   std::snprintf(rate, sizeof rate, "%.17g", b.rate);
-  return {"FCALL", "dplb_bucket", "1", prefix + ":bucket:" + b.name, rate, std::to_string(b.burst), std::string(op),
+  return {"FCALL", "dplb_bucket_2", "1", prefix + ":bucket:" + b.name, rate, std::to_string(b.burst), std::string(op),
           std::to_string(units)};
 }
 
@@ -287,7 +287,7 @@ void shared_ledger::take(const bucket_spec& bucket, std::uint64_t units, std::fu
                               a.taken = *taken == 1;
                               if (!a.taken && *wait >= 0) a.retry_after = std::chrono::milliseconds(*wait);
                             } else if (r.ok) {
-                              a.error = "unexpected answer to dplb_bucket";
+                              a.error = "unexpected answer to dplb_bucket_2";
                             }
                             done(a);
                           });
@@ -311,11 +311,15 @@ shared_ledger::~shared_ledger() { impl_->renew_timer.cancel(); }
 void shared_ledger::start() { impl_->start(); }
 void shared_ledger::pick(std::span<const ledger_candidate> candidates, ledger_policy policy, std::uint32_t limit,
                          std::function<void(const ledger_pick&)> done) {
-  impl_->pick(candidates, policy, limit, {}, std::move(done));
+  impl_->pick(candidates, policy, limit, {}, 0, std::move(done));
 }
 void shared_ledger::pick(std::span<const ledger_candidate> candidates, ledger_policy policy, std::uint32_t limit,
                          request_tokens tokens, std::function<void(const ledger_pick&)> done) {
-  impl_->pick(candidates, policy, limit, tokens, std::move(done));
+  impl_->pick(candidates, policy, limit, tokens, 0, std::move(done));
+}
+void shared_ledger::pick(std::span<const ledger_candidate> candidates, ledger_policy policy, std::uint32_t limit,
+                         request_tokens tokens, std::size_t group, std::function<void(const ledger_pick&)> done) {
+  impl_->pick(candidates, policy, limit, tokens, group, std::move(done));
 }
 void shared_ledger::release(std::size_t rank) { impl_->release(rank, 0, 0); }
 void shared_ledger::release(std::size_t rank, std::uint64_t prompt_left, std::uint64_t cost) {

@@ -18,34 +18,46 @@
 
 namespace dplb::server {
 
-// Nullopt when the caller must pick by its own counts.
-inline io::task<std::optional<slot_result>> slot_from_ledger(const io::executor& executor, shared_state& shared,
-                                                             const balancer::pick_context& request,
-                                                             balancer::request_cost cost) {
+struct ledger_answer {
+  std::optional<slot_result> slot;  // none: pick by the replica's own counts, unless `full`
+  bool full = false;  // every candidate is at --max-inflight-per-rank over all replicas: wait for a slot
+};
+
+inline io::task<ledger_answer> slot_from_ledger(const io::executor& executor, shared_state& shared,
+                                                const balancer::pick_context& request, balancer::request_cost cost) {
+  using outcome = balancer::replica_ledger::pick_outcome;
   struct answer_state {
     explicit answer_state(const io::executor& ex) : timer(ex) {}
     io::steady_timer timer;
     balancer::rank_lease lease;
+    outcome said = outcome::unanswered;
     bool answered = false;
     bool gave_up = false;
   };
   auto state = std::make_shared<answer_state>(executor);
   state->timer.expires_after(2 * shared.settings.shared_state_timeout + std::chrono::milliseconds(50));
-  shared.ledger->pick(request, cost, [state, executor](balancer::rank_lease lease) {
-    boost::asio::post(executor, [state, lease = std::move(lease)]() mutable {
-      if (state->gave_up) return;  // too late: the lease is released right here
+  // The ledger holds the state weakly: at shutdown its pending callbacks outlive the workers, and the last
+  // owner of the state (and of its timer, of a worker's loop) must be the session.
+  shared.ledger->pick(request, cost, [weak = std::weak_ptr(state), executor](balancer::rank_lease lease, outcome said) {
+    if (weak.expired()) return;  // the session is gone: the lease is released right here
+    boost::asio::post(executor, [weak, said, lease = std::move(lease)]() mutable {
+      const auto state = weak.lock();
+      if (!state || state->gave_up) return;  // too late: the lease is released right here
       state->answered = true;
+      state->said = said;
       state->lease = std::move(lease);
       state->timer.cancel();
     });
   });
   if (!state->answered) co_await state->timer.async_wait(io::as_result);
+  ledger_answer answer;
   if (!state->answered) {
     state->gave_up = true;
-    co_return std::nullopt;
+    co_return answer;
   }
-  if (!state->lease) co_return std::nullopt;
-  co_return slot_result{std::move(state->lease)};
+  answer.full = state->said == outcome::full;
+  if (state->lease) answer.slot = slot_result{std::move(state->lease)};
+  co_return answer;
 }
 
 }  // namespace dplb::server

@@ -313,13 +313,17 @@ class session {
       // (Not a conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among
       // them.)
       std::optional<slot_result> slot;
+      bool full_everywhere = false;  // every replica's requests fill the candidates: wait through the ledger
       if (shared_.ledger != nullptr && shared_.ledger->picks(request)) {
-        slot = co_await slot_from_ledger(client_.get_executor(), shared_, request, cost);
+        const auto executor = client_.get_executor();  // a named value, not a temporary, across co_await
+        auto answer = co_await slot_from_ledger(executor, shared_, request, cost);
+        slot = std::move(answer.slot);
+        full_everywhere = answer.full;
       }
-      if (!slot) slot = slot_without_queue(shared_, request, cost);
+      if (!slot && !full_everywhere) slot = slot_without_queue(shared_, request, cost);
       if (!slot) {
         ticket_ = ticket_for(tenant_, priority_, tenant_tokens_, settings_);
-        slot = co_await wait_for_slot(client_, shared_, request, cost, ticket_);
+        slot = co_await wait_for_slot(client_, shared_, request, cost, ticket_, nullptr, full_everywhere);
       }
       lease = std::move(slot->lease);
       if (slot->refusal == slot_refusal::client_gone) {

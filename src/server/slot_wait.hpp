@@ -16,6 +16,7 @@
 #include <string>
 
 #include "dplb/balancer/balancer.hpp"
+#include "dplb/balancer/replica_ledger.hpp"
 #include "dplb/server/proxy_context.hpp"
 #include "dplb/support/io_types.hpp"
 #include "client_watch.hpp"
@@ -62,9 +63,13 @@ inline queue_ticket ticket_for(tenant_pass& tenant, std::int64_t priority, std::
 // tried ranks): they stay put while the session is suspended here, and the balancer reads them only until it
 // delivers a lease or cancel_wait() returns. Nothing else may be pending on the client's socket, unless
 // `leg` is given: the watch of the leg a retry comes from, which then tells of the client's leaving.
+// `through_ledger`: the shared ledger found every candidate full over all replicas; the request waits in the
+// ledger's line (replica_ledger::wait: the limit counts every replica's requests), in the order of its
+// priority, and in dplb's own queue only if the ledger stops answering meanwhile.
 inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state& shared,
                                            const balancer::pick_context& request, balancer::request_cost cost,
-                                           const queue_ticket& ticket, client_watch* leg = nullptr) {
+                                           const queue_ticket& ticket, client_watch* leg = nullptr,
+                                           bool through_ledger = false) {
   namespace asio = boost::asio;
   using clock_type = std::chrono::steady_clock;
   struct wait_state {
@@ -75,6 +80,7 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
     bool waking = false;       // the wait is over: the client watch must not touch it any more
     bool client_gone = false;  // the client closed or reset its connection while queued
     bool turned_away = false;  // the balancer can never serve it (removed ranks)
+    bool fell_back = false;    // the ledger stopped answering: wait in dplb's own queue
     char probe = 0;            // where the watch's MSG_PEEK copies a byte (nothing is consumed)
   };
   // The wait ends at --queue-timeout-ms (503), or sooner at the request's own limit (429: before any engine
@@ -92,23 +98,47 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
       state->timer.cancel();
     });
   };
-  auto outcome = shared.balancer.acquire_or_wait(request, cost, ticket.share, deliver);
-  switch (outcome.state) {
-    case balancer::wait_state::served: co_return slot_result{std::move(outcome.lease)};
-    case balancer::wait_state::queued: break;
-    // Refused at once: the queue (or the tenant's part of it) is full, or no rank (the pinned one, for a
-    // pinned request) is usable.
-    case balancer::wait_state::queue_full: co_return slot_result{{}, slot_refusal::queue_full};
-    case balancer::wait_state::tenant_queue_full: co_return slot_result{{}, slot_refusal::tenant_queue_full};
-    case balancer::wait_state::no_usable_rank: co_return slot_result{{}, slot_refusal::no_usable_rank};
+  std::uint64_t waiter_id = 0;
+  if (through_ledger) {
+    // Held weakly, as in slot_from_ledger: the ledger's waiters may outlive the workers at shutdown.
+    auto weak = std::weak_ptr(state);
+    waiter_id = shared.ledger->wait(request, cost, ticket.share.priority, [weak, executor](balancer::rank_lease lease) {
+      if (weak.expired()) return;  // the session is gone: the lease is released right here
+      asio::post(executor, [weak, lease = std::move(lease)]() mutable {
+        const auto state = weak.lock();
+        if (!state || state->gave_up) return;  // too late: the lease is released right here
+        state->fell_back = !lease;
+        state->lease = std::move(lease);
+        state->timer.cancel();
+      });
+    });
+    if (waiter_id == 0) co_return slot_result{{}, slot_refusal::queue_full};
+  } else {
+    auto outcome = shared.balancer.acquire_or_wait(request, cost, ticket.share, deliver);
+    switch (outcome.state) {
+      case balancer::wait_state::served: co_return slot_result{std::move(outcome.lease)};
+      case balancer::wait_state::queued: break;
+      // Refused at once: the queue (or the tenant's part of it) is full, or no rank (the pinned one, for a
+      // pinned request) is usable.
+      case balancer::wait_state::queue_full: co_return slot_result{{}, slot_refusal::queue_full};
+      case balancer::wait_state::tenant_queue_full: co_return slot_result{{}, slot_refusal::tenant_queue_full};
+      case balancer::wait_state::no_usable_rank: co_return slot_result{{}, slot_refusal::no_usable_rank};
+    }
+    waiter_id = outcome.waiter_id;
   }
-  const std::uint64_t waiter_id = outcome.waiter_id;
+  const auto give_up_place = [&shared, through_ledger](std::uint64_t id) {
+    if (through_ledger) {
+      shared.ledger->cancel(id);
+    } else {
+      shared.balancer.cancel_wait(id);
+    }
+  };
   const auto waiting_since = clock_type::now();
   if (ticket.tenant) ticket.tenant->set_queued(true);
   // Should the wait below throw (an allocation under the balancer's lock), the waiter must not outlive this
   // frame: the balancer would go on reading the views it keeps (prefix chain, tried ranks) and hand it a slot.
   struct leave_on_unwind {
-    shared_state& shared;
+    const decltype(give_up_place)& give_up;
     std::shared_ptr<wait_state>& state;
     std::uint64_t id;
     const queue_ticket& ticket;
@@ -120,11 +150,11 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
       if (ticket.tenant) ticket.tenant->set_queued(false);
       state->gave_up = true;  // a lease already on its way is released where it lands
       try {
-        shared.balancer.cancel_wait(id);
+        give_up(id);
       } catch (...) {
       }
     }
-  } unwind_guard{shared, state, waiter_id, ticket, leg};
+  } unwind_guard{give_up_place, state, waiter_id, ticket, leg};
   // A waiter holding out for its own full rank stops after the balancer's placement_wait, and a long prompt
   // passing over ranks still prefilling one after its long_prompt_hold; no other event may come by then (no
   // release, no arrival), so it wakes itself at each to be served anew, then waits out its queue timeout.
@@ -133,8 +163,9 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
   const auto wake_at = [&](clock_type::duration after) {
     if (after.count() > 0 && after < queue_timeout) wakes[wake_count++] = after;
   };
-  if (shared.balancer.spreads(request)) wake_at(shared.balancer.long_prompt_hold());
-  wake_at(shared.balancer.placement_wait(ticket.share));
+  // (The ledger's line has no places to hold out for, nor long prompts to pass over.)
+  if (!through_ledger && shared.balancer.spreads(request)) wake_at(shared.balancer.long_prompt_hold());
+  if (!through_ledger) wake_at(shared.balancer.placement_wait(ticket.share));
   std::sort(wakes.begin(), wakes.begin() + static_cast<std::ptrdiff_t>(wake_count));
   std::size_t woken = 0;
   state->timer.expires_after(wake_count > 0 ? wakes[0] : clock_type::duration(queue_timeout));
@@ -157,7 +188,9 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
   for (;;) {
     if (client_gone()) break;  // (a retry's client may have left before its wait began)
     auto [wait_ec] = co_await state->timer.async_wait(io::as_result);
-    if (wait_ec || woken == wake_count || state->lease || client_gone() || state->turned_away) break;
+    if (wait_ec || woken == wake_count || state->lease || client_gone() || state->turned_away || state->fell_back) {
+      break;
+    }
     ++woken;
     state->timer.expires_at(waiting_since + (woken < wake_count ? wakes[woken] : clock_type::duration(queue_timeout)));
     shared.balancer.reconsider();  // may deliver to this waiter: the hand-over is posted, then cancels the timer
@@ -175,7 +208,10 @@ inline io::task<slot_result> wait_for_slot(io::tcp_stream& client, shared_state&
   if (ticket.tenant) ticket.tenant->set_queued(false);
   if (state->lease && !state->client_gone) co_return slot_result{std::move(state->lease)};
   state->gave_up = true;
-  shared.balancer.cancel_wait(waiter_id);  // if it was served meanwhile, the posted lease is released
+  give_up_place(waiter_id);  // if it was served meanwhile, the posted lease is released
+  if (state->fell_back && !state->client_gone) {
+    co_return co_await wait_for_slot(client, shared, request, cost, ticket, leg);  // in dplb's own queue
+  }
   state->lease.release();                  // served, but the client has left: the slot goes on
   co_return slot_result{{}, state->client_gone   ? slot_refusal::client_gone
                             : state->turned_away ? slot_refusal::no_usable_rank

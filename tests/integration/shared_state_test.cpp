@@ -4,15 +4,20 @@
 
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "await.hpp"
-#include "free_ports.hpp"
 #include "http_client.hpp"
 #include "loadgen.hpp"
 #include "processes.hpp"
@@ -91,8 +96,33 @@ TEST_CASE("a burst split between two replicas that share a ledger lands exactly 
   CHECK(metric_sum(m, "dplb_shared_state_errors_total{", {"op=\"pick\""}) == 0);
 }
 
+// A loopback port bound and never listened on: a connection to it is refused, and no other test's server
+// can take it meanwhile (as one could a free port that nobody holds).
+class refused_port {
+ public:
+  refused_port() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t size = sizeof addr;
+    REQUIRE(fd_ >= 0);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &size) == 0);
+    port_ = ntohs(addr.sin_port);
+  }
+  ~refused_port() { ::close(fd_); }
+  refused_port(const refused_port&) = delete;
+  refused_port& operator=(const refused_port&) = delete;
+  std::uint16_t port() const { return port_; }
+
+ private:
+  int fd_;
+  std::uint16_t port_ = 0;
+};
+
 TEST_CASE("without a Redis that answers, a replica starts and serves by its own counts", "[shared-state]") {
-  const auto nothing_there = free_port_range(1);
+  const refused_port nothing_there_holder;
+  const auto nothing_there = nothing_there_holder.port();
   mock_engine engine(4);
   dplb_proxy proxy(engine.urls(), {"--shared-state", redis_url(nothing_there), "--policy", "round-robin"});
   auto report = dplb::loadgen::run(burst_of(8, proxy.port()));
@@ -125,6 +155,10 @@ TEST_CASE("Redis paused: every request is still served, and once resumed the rep
                    {"--shared-state", redis_url(redis.port()), "--shared-state-timeout-ms", "50", "--threads", "2"});
   REQUIRE(shared_state_up(proxy.port()));
   REQUIRE(::kill(redis.pid(), SIGSTOP) == 0);
+  struct resumed_at_exit {  // whatever fails below, Redis is not left stopped (its teardown would wait)
+    pid_t pid;
+    ~resumed_at_exit() { ::kill(pid, SIGCONT); }
+  } resume{redis.pid()};
   // Each request waits for one pick at most (50 ms), then goes by the replica's own counts.
   auto report = dplb::loadgen::run(burst_of(16, proxy.port()));
   const auto paused = scrape_metrics(proxy.port());
@@ -153,4 +187,48 @@ TEST_CASE("a replica that dies leaves the ledger within 5 s", "[shared-state]") 
   CHECK(metric_sum(m, "dplb_shared_state_replicas") == 1);
   // Its lease (3 s) ran out, and b's view (every second) saw it.
   CHECK(std::chrono::steady_clock::now() - killed_at < scaled(5s));
+}
+
+TEST_CASE("a per-rank limit (--max-inflight-per-rank) bounds every rank's requests over the replicas together",
+          "[shared-state][queue]") {
+  redis_server redis;
+  const auto ttft_ms = std::to_string(static_cast<int>(300 * timing_slack()));
+  mock_engine engine(2, {"--ttft-ms", ttft_ms, "--itl-ms", "5"});
+  auto args = [&](const std::string& name) {
+    auto a = replica_args(redis.port(), name, "least-inflight");
+    a.insert(a.end(), {"--max-inflight-per-rank", "2", "--queue-timeout-ms", "60000"});
+    return a;
+  };
+  dplb_proxy a(engine.urls(), args("a"));
+  dplb_proxy b(engine.urls(), args("b"));
+  REQUIRE(shared_state_up(a.port()));
+  REQUIRE(shared_state_up(b.port()));
+
+  // What each engine holds, sampled while 12 requests come through each replica: 4 slots in all, so 24
+  // requests wait their turn in six waves. Alone, each replica would allow 2 per rank of its own: 4 per rank.
+  std::atomic<bool> done{false};
+  std::vector<double> most(2, 0);
+  std::thread sampler([&] {
+    while (!done.load()) {
+      for (std::size_t rank = 0; rank < 2; ++rank) {
+        const auto m = scrape_metrics(engine.ports()[rank]);
+        most[rank] = std::max(most[rank], metric_sum(m, "vllm:num_requests_running") +
+                                              metric_sum(m, "vllm:num_requests_waiting"));
+      }
+    }
+  });
+  dplb::loadgen::run_report report_a, report_b;
+  std::thread client_b([&] { report_b = dplb::loadgen::run(burst_of(12, b.port())); });
+  report_a = dplb::loadgen::run(burst_of(12, a.port()));
+  client_b.join();
+  done = true;
+  sampler.join();
+  INFO(report_a.error << report_b.error);
+  CHECK(report_a.succeeded() == 12);
+  CHECK(report_b.succeeded() == 12);
+  for (std::size_t rank = 0; rank < 2; ++rank) {
+    INFO("rank " << rank);
+    CHECK(most[rank] == 2);  // reached, never passed
+    CHECK(metric_sum(scrape_metrics(engine.ports()[rank]), "vllm:request_success_total") == 12);
+  }
 }

@@ -79,12 +79,15 @@ struct engine_status {
   std::chrono::steady_clock::duration age{};
 };
 
-// What this replica's requests do, told to the ledger replicas share (replica_ledger.hpp): each release and
-// each first byte, with what the request still holds. Called on the thread that releases, without the
-// balancer's lock; must not block.
+// What this replica's requests do, told to the ledger replicas share (replica_ledger.hpp): each pick made
+// here, each release and each first byte, with what the request holds. Called on the thread that picks or
+// releases; must not block.
 class release_listener {
  public:
   virtual ~release_listener() = default;
+  // A request this replica picked by its own counts (not through acquire_chosen), as counted; called
+  // under the balancer's lock.
+  virtual void picked(std::size_t rank, request_cost counted) noexcept = 0;
   virtual void released(std::size_t rank, request_cost held) noexcept = 0;
   virtual void prompt_done(std::size_t rank, std::uint32_t prompt) noexcept = 0;
 };
@@ -129,7 +132,8 @@ class balancer {
   // Counts the request on `rank`, which the ledger chose: an empty lease when the rank is no longer usable
   // (or not the request's). The policy is not asked.
   rank_lease acquire_chosen(std::size_t rank, const pick_context& request, request_cost cost);
-  // Hears every release and first byte from now on (null: none). Set before serving; outlives every lease.
+  // Hears every pick made here, release and first byte from now on (null: none). Set before serving;
+  // outlives every lease.
   void set_release_listener(release_listener* listener) noexcept { listener_ = listener; }
 
   // Rank state: flags (rank_flag bits, each set or cleared on its own), weight.
@@ -165,6 +169,7 @@ class balancer {
 
   // Queueing (only with max_inflight_per_rank > 0).
   bool queueing() const noexcept { return limits_.max_inflight_per_rank > 0; }
+  const queue_limits& limits() const noexcept { return limits_; }
   // Whether a queued request may pass over ranks still prefilling a long prompt (queue_limits): its own
   // pick_context::prompt_tokens make it long.
   bool spreads(const pick_context& request) const noexcept { return queueing() && prefills_long(request); }
@@ -217,7 +222,9 @@ class balancer {
   std::optional<place> preferred_locked(const pick_context& request, clock::time_point hold_until,
                                         clock::time_point now);
   // Counts the request on `rank` (the second half of a pick).
-  void count_pick_locked(std::size_t rank, const pick_context& request, request_cost& cost) noexcept;
+  // `by_ledger`: the shared ledger chose and counted it already (acquire_chosen), so the listener is not told.
+  void count_pick_locked(std::size_t rank, const pick_context& request, request_cost& cost,
+                         bool by_ledger = false) noexcept;
   // A waiter of `rank`'s preferring line takes its slot, its place judged when it joined the line.
   void take_place_locked(std::size_t rank, waiter& w);
   bool untried_usable_locked(const pick_context& request) const noexcept;

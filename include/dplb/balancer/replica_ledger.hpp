@@ -4,12 +4,14 @@
 // releases and first bytes told to it.
 //
 // A pick through the ledger is one atomic step in Redis over every live replica's counts (the rule of the
-// request's cluster: least-inflight, round-robin, least-tokens or least-load), then counted here on the rank it chose,
-// on the ledger's thread before anyone hears the answer: so this replica's registrations, sent from that
-// thread, always include every pick the ledger answered. A pick the ledger does not answer within
-// --shared-state-timeout-ms (Redis down, paused or slow) comes back empty, and the caller picks by this
-// replica's own counts; so do requests whose pick stays local (see picks()). Either way they count in the
-// ledger from this replica's next registration (every second, and on every reconnect).
+// request's cluster: least-inflight, round-robin, least-tokens or least-load, under --max-inflight-per-rank
+// counted over all replicas), then counted here on the rank it chose, on the ledger's thread before anyone
+// hears the answer. A pick the ledger does not answer within --shared-state-timeout-ms (Redis down, paused
+// or slow) comes back empty, and the caller picks by this replica's own counts; so do requests whose pick
+// stays local (see picks()). Those are recorded in the ledger as they are made (a pick with one candidate),
+// so that every release gives back a count the ledger had. What this replica has told the ledger is
+// mirrored on the ledger's thread, in the order of the calls, and that mirror is what it registers (every
+// second and on every reconnect): exact whatever races on other threads, and what puts a fresh Redis right.
 //
 // Threading contract: every member may be called from any thread, except start() and stop(), called once
 // each by the thread that owns the object. Callbacks run on the ledger's thread and must not block.
@@ -55,12 +57,30 @@ class replica_ledger final : public release_listener {
 
   // Whether the ledger picks this request: it is up, the request's cluster has a rule (or the request is
   // pinned: the ledger then records it), it follows no session (--affinity-header picks here) and it is
-  // no retry; and there is no --max-inflight-per-rank queue (whose limits are still per replica).
+  // no retry.
   bool picks(const pick_context& request) const noexcept;
-  // Asks the ledger; `done` gets the lease on the rank it chose, counted in the balancer, or an empty one
-  // when the ledger did not answer in time (or chose a rank that is no longer usable): then pick locally.
-  // Called once, on the ledger's thread (or on the caller's, at once, when the request has no candidate).
-  void pick(const pick_context& request, request_cost cost, std::function<void(rank_lease)> done);
+
+  enum class pick_outcome {
+    chosen,      // the lease is on the rank the ledger chose, counted in the balancer
+    full,        // every candidate is at --max-inflight-per-rank over all replicas: wait()
+    unanswered,  // no answer in time, or a rank that is no longer usable here, or no candidate: pick locally
+  };
+  // Asks the ledger (under --max-inflight-per-rank, counted over all replicas). `done` is called once, on
+  // the ledger's thread (or on the caller's, at once, when the request has no candidate); its lease is
+  // empty unless the outcome is `chosen`.
+  void pick(const pick_context& request, request_cost cost, std::function<void(rank_lease, pick_outcome)> done);
+
+  // Under --max-inflight-per-rank: waits for a slot freed on any candidate by any replica, in the order of
+  // priority (lowest first), then arrival. A slot freed anywhere is heard through the ledger's channel and,
+  // so that nothing rests on that channel alone, the head waiter asks again every 50 ms. `deliver` is
+  // called once on the ledger's thread with the lease, counted in the balancer, or with an empty one when
+  // the ledger stopped answering (then wait locally) — unless cancel() came first. Returns the waiter's
+  // id, 0 when --max-queued-requests waiters wait already (refused).
+  std::uint64_t wait(const pick_context& request, request_cost cost, std::int64_t priority,
+                     std::function<void(rank_lease)> deliver);
+  // The waiter gave up; a lease delivered meanwhile is the caller's to release.
+  void cancel(std::uint64_t id);
+  std::size_t waiting() const noexcept;
 
   // The ledger's own view (every replica's counts), for the admin API and the status page; `done` runs on
   // the ledger's thread.
@@ -75,6 +95,7 @@ class replica_ledger final : public release_listener {
   };
   std::optional<view_snapshot> last_view() const;
 
+  void picked(std::size_t rank, request_cost counted) noexcept override;
   void released(std::size_t rank, request_cost held) noexcept override;
   void prompt_done(std::size_t rank, std::uint32_t prompt) noexcept override;
 

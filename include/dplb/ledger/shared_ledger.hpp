@@ -120,6 +120,10 @@ class shared_ledger {
   // The same, recording the request's tokens (least-tokens weighs them; any policy may record them).
   void pick(std::span<const ledger_candidate> candidates, ledger_policy policy, std::uint32_t limit,
             request_tokens tokens, std::function<void(const ledger_pick&)> done);
+  // The same, taking a turn of group `group`'s rotation (a cluster's: ties and round-robin rotate within
+  // each group of ranks on its own; the overloads above use group 0).
+  void pick(std::span<const ledger_candidate> candidates, ledger_policy policy, std::uint32_t limit,
+            request_tokens tokens, std::size_t group, std::function<void(const ledger_pick&)> done);
   // Gives back one of this replica's requests on the rank (dropped while down: the registration after
   // the reconnect sends the counts as they are then).
   void release(std::size_t rank);

@@ -44,10 +44,10 @@ replica_ledger_options options_for(std::uint16_t port, const std::string& name) 
   return o;
 }
 
-// One dplb replica: its balancer over 4 ranks and its link to the ledger.
+// One dplb replica: its balancer over `ranks` ranks and its link to the ledger.
 struct replica {
-  replica(std::uint16_t port, const std::string& name)
-      : counts(4, std::make_unique<least_inflight>()), ledger(counts, options_for(port, name)) {
+  replica(std::uint16_t port, const std::string& name, std::size_t ranks = 4, queue_limits limits = {})
+      : counts(ranks, std::make_unique<least_inflight>(), limits), ledger(counts, options_for(port, name)) {
     ledger.start();
     counts.set_release_listener(&ledger);
   }
@@ -56,12 +56,16 @@ struct replica {
     ledger.stop();
   }
 
-  // A pick through the ledger, its lease handed over (empty: the caller would pick alone).
-  rank_lease pick() {
-    std::promise<rank_lease> answer;
+  // A pick through the ledger, its lease handed over (empty: the caller would pick alone, or wait).
+  rank_lease pick(replica_ledger::pick_outcome* said = nullptr) {
+    std::promise<std::pair<rank_lease, replica_ledger::pick_outcome>> answer;
     auto got = answer.get_future();
-    ledger.pick(pick_context{}, request_cost{}, [&](rank_lease lease) { answer.set_value(std::move(lease)); });
-    return got.get();
+    ledger.pick(pick_context{}, request_cost{}, [&](rank_lease lease, replica_ledger::pick_outcome outcome) {
+      answer.set_value({std::move(lease), outcome});
+    });
+    auto [lease, outcome] = got.get();
+    if (said) *said = outcome;
+    return std::move(lease);
   }
 
   balancer counts;
@@ -107,7 +111,7 @@ TEST_CASE("two replicas' picks through one ledger spread a burst exactly, and re
   }));
 }
 
-TEST_CASE("a replica whose ledger is gone picks alone, and a rank the ledger chose that is gone here is not taken",
+TEST_CASE("the ledger offers only the ranks usable here, and a replica whose ledger is gone picks alone",
           "[ledger][balancer]") {
   auto redis = std::make_unique<redis_server>();
   replica a(redis->port(), "a");
@@ -124,4 +128,41 @@ TEST_CASE("a replica whose ledger is gone picks alone, and a rank the ledger cho
   redis.reset();  // Redis gone: no pick is asked of it any more
   REQUIRE(eventually([&] { return !a.ledger.up(); }));
   CHECK_FALSE(a.ledger.picks(pick_context{}));
+}
+
+TEST_CASE("a per-rank limit holds over the replicas together, and a slot freed by one serves the other's waiter",
+          "[ledger][balancer]") {
+  redis_server redis;
+  queue_limits one_each;
+  one_each.max_inflight_per_rank = 1;
+  replica a(redis.port(), "a", 2, one_each);
+  replica b(redis.port(), "b", 2, one_each);
+  REQUIRE(eventually([&] { return a.ledger.up() && b.ledger.up(); }));
+
+  // Two ranks, one slot each over both replicas: a takes one, b the other, and b's next finds both full.
+  auto first = a.pick();
+  auto second = b.pick();
+  REQUIRE(first);
+  REQUIRE(second);
+  CHECK(first.rank() != second.rank());
+  replica_ledger::pick_outcome said{};
+  CHECK_FALSE(b.pick(&said));
+  CHECK(said == replica_ledger::pick_outcome::full);
+
+  // b waits; a's request ends: the slot it frees goes to b's waiter, counted in b's balancer.
+  std::promise<rank_lease> delivered;
+  auto got = delivered.get_future();
+  const auto id = b.ledger.wait(pick_context{}, request_cost{}, 0,
+                                [&](rank_lease lease) { delivered.set_value(std::move(lease)); });
+  REQUIRE(id != 0);
+  CHECK(got.wait_for(scaled(200ms)) == std::future_status::timeout);  // nothing is free yet
+  const auto freed = first.rank();
+  first.release();
+  REQUIRE(got.wait_for(scaled(5000ms)) == std::future_status::ready);
+  auto lease = got.get();
+  REQUIRE(lease);
+  CHECK(lease.rank() == freed);
+  CHECK(b.counts.inflight(freed) == 1);
+  CHECK(a.counts.inflight(freed) == 0);
+  CHECK(b.ledger.waiting() == 0);
 }

@@ -63,3 +63,16 @@ TEST_CASE("a URL that is not redis:// is refused naming --shared-state, never sh
     CHECK(message.find('\n') == std::string::npos);
   }
 }
+
+TEST_CASE("a URL is shown without its password, whatever it holds", "[ledger]") {
+  using dplb::ledger::redacted_url;
+  using dplb::ledger::shown_endpoint;
+  CHECK(redacted_url("redis://dplb:s3cret@redis:6379/2") == "redis://dplb:***@redis:6379/2");
+  CHECK(redacted_url("redis://:s3cret@redis:6379") == "redis://:***@redis:6379");
+  // An '@' of the password's own, not percent-encoded: none of it shows.
+  CHECK(redacted_url("http://admin:p@ss@h:1") == "http://admin:***@h:1");
+  // No colon: what stands before the '@' may be a password.
+  CHECK(redacted_url("redis://s3cret@redis:6379") == "redis://***@redis:6379");
+  CHECK(redacted_url("redis://redis:6379") == "redis://redis:6379");
+  CHECK(shown_endpoint(parse_redis_url("redis://dplb:s3cret@redis:6380/3")) == "redis://dplb@redis:6380/3");
+}

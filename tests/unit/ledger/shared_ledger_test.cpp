@@ -306,8 +306,8 @@ TEST_CASE("registrations give a server flushed or restarted empty every replica'
   }
 
   SECTION("the keys expire once no replica registers any more") {
-    pick_now(io, a, equal_ranks(4), ledger_policy::round_robin);  // the cursor too, from the next registration
-    for (const char* key : {"{dplb:restart}:replicas", "{dplb:restart}:total", "{dplb:restart}:rr", "{dplb:restart}:r:b"}) {
+    pick_now(io, a, equal_ranks(4), ledger_policy::round_robin);  // group 0's cursor: it expires with its picks
+    for (const char* key : {"{dplb:restart}:replicas", "{dplb:restart}:total", "{dplb:restart}:rr:0", "{dplb:restart}:r:b"}) {
       INFO(key);
       long long ttl = -1;
       CHECK(run_until(io, [&] {
@@ -560,4 +560,30 @@ TEST_CASE("least-load weighs the larger of every replica's requests and the engi
   REQUIRE(run_until(io, [&] { return p.has_value(); }));
   REQUIRE(p->rank);
   CHECK(*p->rank == 0);  // 1 on rank 0 against 4 elsewhere
+}
+
+TEST_CASE("each group of ranks rotates on its own, and a pick with one candidate takes no turn", "[ledger]") {
+  redis_server redis;
+  boost::asio::io_context io;
+  replica a(io, redis.port(), "a", "groups");
+  REQUIRE(run_until(io, [&] { return a.ledger->up(); }));
+  const std::vector<ledger_candidate> first{{0, 1.0}, {1, 1.0}};   // cluster 0's ranks
+  const std::vector<ledger_candidate> second{{2, 1.0}, {3, 1.0}};  // cluster 1's
+  const std::vector<ledger_candidate> pinned{{1, 1.0}};
+  const auto pick_in = [&](const std::vector<ledger_candidate>& ranks, std::size_t group) {
+    std::optional<ledger_pick> p;
+    a.ledger->pick(ranks, ledger_policy::round_robin, 0, {}, group, [&](const ledger_pick& got) { p = got; });
+    REQUIRE(run_until(io, [&] { return p.has_value(); }));
+    REQUIRE(p->rank);
+    return *p->rank;
+  };
+  std::vector<std::size_t> got;
+  for (int i = 0; i < 4; ++i) {
+    got.push_back(pick_in(first, 0));
+    got.push_back(pick_in(second, 1));
+    got.push_back(pick_in(pinned, 0));  // a pinned request in between: no turn of cluster 0's taken
+  }
+  // With one cursor for all, cluster 1's picks would leave it past rank 1, and cluster 0 would get rank 0
+  // every time.
+  CHECK(got == std::vector<std::size_t>{0, 2, 1, 1, 3, 1, 0, 2, 1, 1, 3, 1});
 }
