@@ -240,13 +240,11 @@ namespace {
 // What the balancer counts of a request, kept by the ledger's thread: the caller's views (prefix chains, a
 // session key, tried ranks) may be gone by the time the answer comes.
 pick_context counted_part(const pick_context& request) {
-  pick_context counted;
-  counted.cluster = request.cluster;
-  counted.pinned_rank = request.pinned_rank;
-  counted.prompt_tokens = request.prompt_tokens;
-  counted.decode_tokens = request.decode_tokens;
-  counted.prefilled_elsewhere = request.prefilled_elsewhere;
-  return counted;
+  return pick_context{.prompt_tokens = request.prompt_tokens,
+                      .decode_tokens = request.decode_tokens,
+                      .pinned_rank = request.pinned_rank,
+                      .cluster = request.cluster,
+                      .prefilled_elsewhere = request.prefilled_elsewhere};
 }
 
 request_cost as_counted(request_cost cost) {
