@@ -1,7 +1,7 @@
-"""Helpers shared by the Python benchmark drivers (imbalance.py, scale.py, replicas.py, tokens.py, prefix.py): child
-processes that log to a file and are stopped by their own pid, sums over Prometheus text, a simulated engine
-and dplb started on ephemeral ports, dplb-bench runs, and a sampler of the engines' gauges. Standard library
-only."""
+"""Helpers shared by the Python benchmark drivers (imbalance.py, scale.py, replicas.py, tokens.py, prefix.py,
+service.py): child processes that log to a file and are stopped by their own pid, sums and histogram quantiles
+over Prometheus text, a simulated engine, dplb and a redis-server started on ephemeral ports, dplb-bench runs,
+and a sampler of the engines' gauges. Standard library only."""
 
 import contextlib
 import json
@@ -212,6 +212,60 @@ def free_port_block(count, avoid=(), low=20000, high=30000, tries=200):
             continue
         return first
     raise RuntimeError(f"no {count} free consecutive ports in [{low}, {high})")
+
+
+def start_redis(log_path, attempts=3):
+    """A redis-server of its own on 127.0.0.1 (no persistence, nothing written to disk): (process, its port),
+    stopped by its pid like any Process. The port is drawn free; should another process take it first, another
+    is drawn."""
+    for _ in range(attempts):
+        port = free_port_block(1)
+        proc = Process(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                        "--logfile", ""], log_path)
+        try:
+            proc.await_line(r"Ready to accept connections")
+            return proc, port
+        except RuntimeError:
+            proc.stop()
+            if "Address already in use" not in proc.log_text():
+                raise
+    raise RuntimeError(f"redis-server found no free port in {attempts} attempts; see {log_path}")
+
+
+def histogram_buckets(text, name):
+    """[(upper bound, cumulative count)] of a Prometheus histogram in `text`, summed over its label sets, in the
+    order of the bounds (+Inf last); [] when the histogram is absent."""
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith(name + "_bucket{"):
+            bound = re.search(r'le="([^"]+)"', line).group(1)
+            counts[float(bound)] = counts.get(float(bound), 0.0) + float(line.rsplit(" ", 1)[1])
+    return sorted(counts.items())
+
+
+def add_buckets(a, b):
+    """The sum of two histograms' buckets (as histogram_buckets gives them; either may be [])."""
+    total = dict(a)
+    for bound, count in b:
+        total[bound] = total.get(bound, 0.0) + count
+    return sorted(total.items())
+
+
+def histogram_quantile(buckets, q):
+    """The q-quantile (0..1) of a histogram's cumulative buckets, as Prometheus' histogram_quantile estimates it:
+    linear within the bucket the rank falls in (from 0 for the first); the last finite bound when it falls in
+    +Inf. None for an empty histogram."""
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            return lower + (bound - lower) * ((rank - below) / (count - below) if count > below else 1.0)
+        lower, below = bound, count
+    return lower
 
 
 def start_bench(bench, port, args, result_path, log_path, timeout_s=300):
