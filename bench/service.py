@@ -42,6 +42,7 @@ exact (the smoke's check). Standard library only; every process is stopped by it
 """
 
 import argparse
+import math
 import random
 import shutil
 import statistics
@@ -184,7 +185,9 @@ class Cell:
             for op in LEDGER_OPS:
                 errors[op] += int(labelled_sum(text, "dplb_shared_state_errors_total", f'op="{op}"'))
             seen.append(int(metric_sum(text, "dplb_shared_state_replicas")))
-        return {"pick_buckets": buckets, "ledger_errors": errors, "replicas_seen": seen}
+        # Bounds as Prometheus writes them ("+Inf" last), so that the results file stays strict JSON.
+        return {"pick_buckets": [["+Inf" if math.isinf(bound) else f"{bound:g}", count] for bound, count in buckets],
+                "ledger_errors": errors, "replicas_seen": seen}
 
 
 def run_one(opts, workdir, scenario, setup, repeat):
@@ -427,7 +430,7 @@ def ledger_report(setups, measured):
             buckets = []
             errors = {}
             for r in runs:
-                buckets = add_buckets(buckets, [tuple(b) for b in r["pick_buckets"]])
+                buckets = add_buckets(buckets, [(float(bound), count) for bound, count in r["pick_buckets"]])
                 for op, n in r["ledger_errors"].items():
                     errors[op] = errors.get(op, 0) + n
             picks = buckets[-1][1] if buckets else 0
