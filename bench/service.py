@@ -128,9 +128,8 @@ class Cell:
     """The processes of one cell: a mock engine, a Redis for a shared-ledger setup, the replicas; stopped by their
     pids on leaving, the replicas first and Redis last (so no replica loses the ledger while it still serves)."""
 
-    def __init__(self, opts, workdir, tag, setup, mock_args, policy=None):
-        self.opts, self.workdir, self.tag, self.setup = opts, workdir, tag, setup
-        self.mock_args, self.policy = mock_args, policy or setup.policy
+    def __init__(self, opts, workdir, tag, setup, mock_args):
+        self.opts, self.workdir, self.tag, self.setup, self.mock_args = opts, workdir, tag, setup, mock_args
         self.redis = self.mock = None
         self.procs = []
         self.ports = []
@@ -144,7 +143,7 @@ class Cell:
                 extra += ["--shared-state", f"redis://127.0.0.1:{redis_port}"]
             for i in range(self.setup.replicas):
                 names = ["--replica-name", f"replica-{i}"] if self.setup.shared else []
-                replica, port = start_dplb(self.opts.dplb, self.policy, backends,
+                replica, port = start_dplb(self.opts.dplb, self.setup.policy, backends,
                                            self.workdir / f"{self.tag}.dplb-{i}.log", extra + names)
                 self.procs.append(replica)
                 self.ports.append(port)
