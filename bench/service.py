@@ -141,6 +141,8 @@ class Cell:
             if self.setup.shared:
                 self.redis, redis_port = start_redis(self.workdir / f"{self.tag}.redis.log")
                 extra += ["--shared-state", f"redis://127.0.0.1:{redis_port}"]
+                if self.opts.ledger_timeout_ms:
+                    extra += ["--shared-state-timeout-ms", str(self.opts.ledger_timeout_ms)]
             for i in range(self.setup.replicas):
                 names = ["--replica-name", f"replica-{i}"] if self.setup.shared else []
                 replica, port = start_dplb(self.opts.dplb, self.setup.policy, backends,
@@ -314,6 +316,8 @@ def main():
     parser.add_argument("--no-steady", action="store_true", help="bursts only")
     parser.add_argument("--ledger-wait-s", type=float, default=10.0,
                         help="a shared-ledger cell fails unless every replica has the ledger up within this")
+    parser.add_argument("--ledger-timeout-ms", type=int, default=0,
+                        help="the replicas' --shared-state-timeout-ms (0: dplb's default)")
     parser.add_argument("--throughput-prompts", type=int, default=20000,
                         help="requests per replica in the throughput run (0: no throughput run)")
     parser.add_argument("--throughput-concurrency", type=int, default=32, help="each throughput client's requests in flight")
@@ -353,8 +357,9 @@ def report(opts, scenarios, setups, records, elapsed):
     out.append(f"# dplb behind a Service: 1, 2 or 3 replicas, alone or sharing one ledger in Redis, in front of {RANKS} "
                f"lockstep ranks (mock --simulate --dp-lockstep --time-scale {opts.time_scale:g} --max-num-seqs "
                f"{opts.max_num_seqs}); {opts.input_len} prompt / {opts.output_len} output tokens; stats every "
-               f"{opts.stats_interval_ms} ms; {opts.repeats} runs per cell, {opts.random_splits} random splits, "
-               f"{elapsed:.0f} s")
+               f"{opts.stats_interval_ms} ms; shared-state timeout "
+               f"{f'{opts.ledger_timeout_ms} ms' if opts.ledger_timeout_ms else 'default (20 ms)'}; {opts.repeats} runs per "
+               f"cell, {opts.random_splits} random splits, {elapsed:.0f} s")
     out.append("")
     out.append("Engine totals: requests each rank's engine served (its own counter), max - min over the ranks, every run. "
                "Output tok/s: simulated, exact; ratio to 1 replica in the same scenario (medians).")
@@ -396,8 +401,12 @@ def random_report(opts, setups, measured):
     out = ["", f"Random splits: {opts.random_splits} bursts of {opts.burst_size}, each request's replica drawn uniformly "
            f"(seed {opts.seed}; the same splits for every setup of as many replicas). Exact: max-min "
            f"{exact_bound(opts.burst_size)}. Output tok/s ratio: median, against 1 replica's bursts of {opts.burst_size}.",
-           "", "| setup | policy | splits (most uneven) | exact | worst max-min | mean max-min | padded/real | output tok/s ratio |",
-           "|---|---|---|---:|---:|---:|---:|---:|"]
+           "Picks timed out: bursts in which a replica's pick got no answer from the ledger in time "
+           "(dplb_shared_state_errors_total{op=\"pick\"}) and was made by that replica's own counts; exact among the "
+           "other bursts.",
+           "", "| setup | policy | splits (most uneven) | exact | worst max-min | mean max-min | padded/real | "
+           "output tok/s ratio | picks timed out in | exact among the rest |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for setup in setups:
         runs = [r for r in randoms if r["setup"] == setup.label and r["policy"] == setup.policy]
         if not runs:
@@ -405,9 +414,12 @@ def random_report(opts, setups, measured):
         uneven = max(runs, key=lambda r: max(r["shares"]) - min(r["shares"]))["shares"]
         spreads = [r["totals_spread"] for r in runs]
         ratio = f"{med(r['output_tok_s'] for r in runs) / ref:.3f}" if ref else "n/a"
+        timed_out = [r for r in runs if r.get("ledger_errors", {}).get("pick")]
+        rest = [r for r in runs if r not in timed_out]
+        ledger = (f"{len(timed_out)} | {sum(r['exact'] for r in rest)}/{len(rest)}" if setup.shared else " | ")
         out.append(f"| {setup.label} | {setup.policy} | {len(runs)} ({':'.join(map(str, uneven))}) | "
                    f"{sum(r['exact'] for r in runs)}/{len(runs)} | {max(spreads)} | {statistics.mean(spreads):.2f} | "
-                   f"{med(r['padding'] for r in runs):.3f} | {ratio} |")
+                   f"{med(r['padding'] for r in runs):.3f} | {ratio} | {ledger} |")
     return out
 
 
