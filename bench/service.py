@@ -37,6 +37,9 @@ The scenarios, each on fresh engines, replicas and Redis:
     sending P requests; requests per second per replica, with and without the shared ledger, alternately over
     --throughput-rounds rounds (a slow moment of the machine hits both alike). Everything shares this machine's
     cores (engines, replicas, clients, Redis): the ratio is the figure, not the absolute rate.
+  - sequential (--sequential-prompts P, 0: off): the same, each client with one request in flight at a time, so
+    that a pick never waits behind another: the latency the ledger adds to a request (the clients' end-to-end
+    p50/p99 with the ledger less without it), next to the pick histogram of these cells alone.
 Ratios are against the 1-replica reference. With --require-exact the run exits 1 when a shared-ledger burst was not
 exact (the smoke's check). Standard library only; every process is stopped by its pid.
 """
@@ -196,8 +199,8 @@ def run_one(opts, workdir, scenario, setup, repeat):
     record = {"scenario": scenario, "setup": setup.label, "replicas": setup.replicas, "policy": setup.policy,
               "shared": setup.shared, "repeat": repeat}
     try:
-        if scenario == "throughput":
-            record.update(run_throughput(opts, workdir, tag, setup))
+        if scenario in ("throughput", "sequential"):
+            record.update(run_requests(opts, workdir, tag, setup, scenario))
         else:
             record.update(run_load(opts, workdir, tag, scenario, setup, repeat))
     except LedgerDown as down:
@@ -261,10 +264,13 @@ def run_load(opts, workdir, tag, scenario, setup, repeat):
     return record
 
 
-def run_throughput(opts, workdir, tag, setup):
-    """Requests per second through each replica, in front of plain mock ranks answering at once."""
+def run_requests(opts, workdir, tag, setup, scenario):
+    """Requests per second and end-to-end latency through each replica, in front of plain mock ranks answering at
+    once: many requests in flight (throughput) or one at a time (sequential)."""
+    prompts, concurrency = ((opts.throughput_prompts, opts.throughput_concurrency) if scenario == "throughput"
+                            else (opts.sequential_prompts, 1))
     with Cell(opts, workdir, tag, setup, ["--ranks", str(RANKS), "--threads", "1"]) as cell:
-        load = ["--num-prompts", str(opts.throughput_prompts), "--max-concurrency", str(opts.throughput_concurrency),
+        load = ["--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
                 "--no-stream", "--random-input-len", "16", "--random-output-len", "1", "--seed", str(opts.seed)]
         clients = []
         try:
@@ -276,7 +282,8 @@ def run_throughput(opts, workdir, tag, setup):
             for proc, _ in clients:
                 proc.stop()
         ledger = cell.ledger_figures() if setup.shared else {}
-    return {"rps": [r["request_throughput"] for r in results], "failed": sum(r["failed"] for r in results), **ledger}
+    return {"rps": [r["request_throughput"] for r in results], "e2el_p50_ms": [r["median_e2el_ms"] for r in results],
+            "e2el_p99_ms": [r["p99_e2el_ms"] for r in results], "failed": sum(r["failed"] for r in results), **ledger}
 
 
 def chosen_setups(opts, policies):
@@ -321,7 +328,9 @@ def main():
     parser.add_argument("--throughput-prompts", type=int, default=20000,
                         help="requests per replica in the throughput run (0: no throughput run)")
     parser.add_argument("--throughput-concurrency", type=int, default=32, help="each throughput client's requests in flight")
-    parser.add_argument("--throughput-rounds", type=int, default=3)
+    parser.add_argument("--throughput-rounds", type=int, default=3, help="rounds of the throughput and sequential runs")
+    parser.add_argument("--sequential-prompts", type=int, default=3000,
+                        help="requests per replica, one at a time, in the sequential run (0: no sequential run)")
     parser.add_argument("--require-exact", action="store_true", help="exit 1 if a shared-ledger burst was not exact")
     add_run_arguments(parser, repeats=2)
     opts = parser.parse_args()
@@ -333,12 +342,13 @@ def main():
     # The random splits are repeats of their own: each runs once on every setup, one split after the other.
     cells += [(f"random {k}", setup, 0) for k in range(opts.random_splits) for setup in setups if applies("random", setup)]
     pair = [s for s in setups if s.replicas == 2 and s.policy == "least-inflight"]
-    if opts.throughput_prompts and len(pair) == 2:
-        cells += [("throughput", setup, round_) for round_ in range(opts.throughput_rounds) for setup in pair]
+    if len(pair) == 2:
+        runs = [kind for kind, prompts in (("sequential", opts.sequential_prompts), ("throughput", opts.throughput_prompts))
+                if prompts]
+        cells += [(kind, setup, round_) for round_ in range(opts.throughput_rounds) for kind in runs for setup in pair]
     records = run_cells("service", cells, lambda workdir, scenario, setup, repeat: run_one(opts, workdir, scenario, setup, repeat),
                         opts, lambda records, elapsed: report(opts, scenarios, setups, records, elapsed))
-    inexact = [r for r in records if r["shared"] and r["scenario"] != "steady" and r["scenario"] != "throughput"
-               and not r.get("exact")]
+    inexact = [r for r in records if r["shared"] and r["scenario"].startswith(("burst ", "random ")) and not r.get("exact")]
     if opts.require_exact and inexact:
         raise SystemExit("service: shared-ledger bursts not exact: " + "; ".join(
             f"{r['scenario']} {r['setup']} {r['policy']}: {r.get('error') or '/'.join(map(str, r['totals']))}"
@@ -382,7 +392,7 @@ def report(opts, scenarios, setups, records, elapsed):
                        f"{ratio} |")
     out.extend(random_report(opts, setups, measured))
     out.extend(ledger_report(setups, measured))
-    out.extend(throughput_report(opts, measured))
+    out.extend(requests_report(opts, measured))
     out.append("")
     errors = [r for r in records if "error" in r]
     out.append(f"Failed requests: {sum(r['failed'] for r in records if 'error' not in r)}. Failed cells: {len(errors)}"
@@ -432,7 +442,8 @@ def ledger_report(setups, measured):
            "dplb_shared_state_errors_total by op (a pick error is a pick made by the replica's own counts).", "",
            "| cells | setup | policy | picks | p50 ms | p99 ms | picks > 1 ms | ledger errors |",
            "|---|---|---|---:|---:|---:|---:|---|"]
-    for kind, match in (("bursts + steady", lambda r: r["scenario"] != "throughput"),
+    for kind, match in (("bursts, steady", lambda r: r["scenario"] not in ("throughput", "sequential")),
+                        ("sequential", lambda r: r["scenario"] == "sequential"),
                         ("throughput", lambda r: r["scenario"] == "throughput")):
         for setup in setups:
             runs = [r for r in shared if match(r) and r["setup"] == setup.label and r["policy"] == setup.policy]
@@ -452,20 +463,32 @@ def ledger_report(setups, measured):
     return out
 
 
-def throughput_report(opts, measured):
-    runs = [r for r in measured if r["scenario"] == "throughput"]
-    per_replica = {shared: [statistics.mean(r["rps"]) for r in runs if r["shared"] == shared] for shared in (False, True)}
-    if not per_replica[False] or not per_replica[True]:
-        return []
-    local, shared = (statistics.median(per_replica[s]) for s in (False, True))
-    return ["", f"Throughput: 2 replicas least-inflight in front of {RANKS} plain mock ranks answering at once, each "
-            f"replica fed by its own closed-loop client ({opts.throughput_prompts} 1-token non-streaming completions, "
-            f"{opts.throughput_concurrency} in flight); requests per second per replica (mean of the two), median over "
-            f"{opts.throughput_rounds} alternating rounds. Engines, replicas, clients and Redis share this machine's cores.",
-            "", "| setup | req/s per replica | every round | ratio to alone |", "|---|---:|---|---:|",
-            f"| 2 replicas | {local:,.0f} | {', '.join(f'{v:,.0f}' for v in per_replica[False])} | 1.000 |",
-            f"| 2 replicas + shared ledger | {shared:,.0f} | {', '.join(f'{v:,.0f}' for v in per_replica[True])} | "
-            f"{shared / local:.3f} |"]
+def requests_report(opts, measured):
+    """The throughput and sequential runs: per replica, the mean of the two replicas' clients, median over rounds."""
+    med = statistics.median
+    out = []
+    for kind, prompts, concurrency in (("sequential", opts.sequential_prompts, 1),
+                                       ("throughput", opts.throughput_prompts, opts.throughput_concurrency)):
+        runs = {shared: [r for r in measured if r["scenario"] == kind and r["shared"] == shared] for shared in (False, True)}
+        if not runs[False] or not runs[True]:
+            continue
+        figure = {shared: {key: med(statistics.mean(r[key]) for r in runs[shared]) for key in ("rps", "e2el_p50_ms", "e2el_p99_ms")}
+                  for shared in (False, True)}
+        alone, shared = figure[False], figure[True]
+        out += ["", f"{kind.capitalize()}: 2 replicas least-inflight in front of {RANKS} plain mock ranks answering at once, "
+                f"each replica fed by its own closed-loop client ({prompts} 1-token non-streaming completions, {concurrency} "
+                f"in flight); per replica (mean of the two clients), median over {opts.throughput_rounds} alternating "
+                "rounds. Engines, replicas, clients and Redis share this machine's cores.",
+                "", "| setup | req/s per replica | every round | ratio to alone | end-to-end p50 ms | p99 ms |",
+                "|---|---:|---|---:|---:|---:|"]
+        for label, shared_ in (("2 replicas", False), ("2 replicas + shared ledger", True)):
+            f = figure[shared_]
+            rounds = ", ".join(f"{statistics.mean(r['rps']):,.0f}" for r in runs[shared_])
+            out.append(f"| {label} | {f['rps']:,.0f} | {rounds} "
+                       f"| {f['rps'] / alone['rps']:.3f} | {f['e2el_p50_ms']:.3f} | {f['e2el_p99_ms']:.3f} |")
+        out.append(f"| added by the ledger | | | | {shared['e2el_p50_ms'] - alone['e2el_p50_ms']:+.3f} | "
+                   f"{shared['e2el_p99_ms'] - alone['e2el_p99_ms']:+.3f} |")
+    return out
 
 
 if __name__ == "__main__":
