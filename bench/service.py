@@ -442,7 +442,8 @@ def ledger_report(setups, measured):
            "dplb_shared_state_errors_total by op (a pick error is a pick made by the replica's own counts).", "",
            "| cells | setup | policy | picks | p50 ms | p99 ms | picks > 1 ms | ledger errors |",
            "|---|---|---|---:|---:|---:|---:|---|"]
-    for kind, match in (("bursts, steady", lambda r: r["scenario"] not in ("throughput", "sequential")),
+    loads = "bursts, steady" if any(r["scenario"] == "steady" for r in shared) else "bursts"
+    for kind, match in ((loads, lambda r: r["scenario"] not in ("throughput", "sequential")),
                         ("sequential", lambda r: r["scenario"] == "sequential"),
                         ("throughput", lambda r: r["scenario"] == "throughput")):
         for setup in setups:
