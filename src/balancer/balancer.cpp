@@ -135,7 +135,7 @@ void balancer::refresh_view_locked(const pick_context& request, bool room_matter
     auto& v = view_[i];
     const auto& r = ranks_[i];
     auto& d = detail_[i];
-    v.inflight = r.inflight.load(std::memory_order_relaxed);
+    v.inflight = r.inflight.load(std::memory_order_relaxed) + r.others.load(std::memory_order_relaxed);
     v.cost_inflight = r.cost.load(std::memory_order_relaxed);
     v.prompt_inflight = r.prompt_cost.load(std::memory_order_relaxed);
     v.flags = r.flags.load(std::memory_order_relaxed);

@@ -69,7 +69,19 @@ struct replica_ledger::impl {
     view_timer.async_wait([this](const boost::system::error_code& ec) {
       if (ec) return;
       ledger.view([this](const ledger::ledger_view& v) {
-        if (!v.ok) return;
+        if (!v.ok) {
+          // Redis away for a few seconds: the others' requests then seen have mostly ended.
+          if (++views_failed == 5) forget_others();
+          return;
+        }
+        views_failed = 0;
+        std::vector<std::size_t> ranks(owner.rank_count());
+        std::vector<std::uint32_t> counts(ranks.size());
+        for (std::size_t r = 0; r < ranks.size(); ++r) {
+          ranks[r] = r;
+          counts[r] = v.total.contains(r) ? v.total.at(r) : 0;
+        }
+        learn_others(ranks, counts);
         replicas.store(v.replicas, std::memory_order_relaxed);
         view_snapshot seen{v.replicas, v.total, std::chrono::steady_clock::now()};
         const std::lock_guard lock(view_mutex);
@@ -126,9 +138,12 @@ struct replica_ledger::impl {
     asking = true;
     const auto& w = waiters.at(key);
     const auto cost = w.cost;
+    const auto tokens = sent(cost);
+    std::vector<std::size_t> ranks;
+    for (const auto& c : candidates) ranks.push_back(c.rank);
     ledger.pick(candidates, rule_for(w.request), owner.limits().max_inflight_per_rank,
-                ledger::request_tokens{cost.prompt, cost.decode}, w.request.cluster,
-                [this, key, cost](const ledger::ledger_pick& answer) {
+                ledger::request_tokens{tokens.prompt, tokens.decode}, w.request.cluster,
+                [this, key, cost, tokens, ranks = std::move(ranks)](const ledger::ledger_pick& answer) {
                   asking = false;
                   const auto found = waiters.find(key);
                   if (!answer.ok) {  // the ledger stopped answering: every waiter waits locally
@@ -136,19 +151,20 @@ struct replica_ledger::impl {
                     return;
                   }
                   replicas.store(answer.replicas, std::memory_order_relaxed);
+                  learn_others(ranks, answer.counts);
                   bool more = std::exchange(ask_again, false);
                   if (answer.rank) {
                     rank_lease lease;
                     if (found != waiters.end()) lease = owner.acquire_chosen(*answer.rank, found->second.request, cost);
                     if (lease) {
-                      mirror_add(*answer.rank, cost);
+                      mirror_add(*answer.rank, tokens);
                       shared.fetch_add(1, std::memory_order_relaxed);
                       auto deliver = std::move(found->second.deliver);
                       waiters.erase(found);
                       waiter_count.store(waiters.size(), std::memory_order_relaxed);
                       deliver(std::move(lease));
                     } else {  // cancelled meanwhile, or the rank is no longer usable here: the slot goes back
-                      ledger.release(*answer.rank, cost.prompt, std::uint64_t{cost.prompt} + cost.decode);
+                      ledger.release(*answer.rank, tokens.prompt, std::uint64_t{tokens.prompt} + tokens.decode);
                     }
                     more = true;  // there may be more room
                   }
@@ -177,9 +193,28 @@ struct replica_ledger::impl {
     });
   }
 
+  // The tokens of a request: only least-tokens weighs them in the ledger. Without it none are sent, and the
+  // first byte needs no call at all.
+  request_cost sent(request_cost cost) const { return weigh_tokens ? cost : request_cost{}; }
+
+  // The other replicas' requests per rank, from the ledger's counts (which include this replica's: the
+  // mirror). `counts` in the order of `ranks`.
+  void learn_others(std::span<const std::size_t> ranks, std::span<const std::uint32_t> counts) {
+    for (std::size_t i = 0; i < ranks.size() && i < counts.size(); ++i) {
+      const auto own = mirror.contains(ranks[i]) ? mirror.at(ranks[i]).requests : 0;
+      owner.set_others(ranks[i], counts[i] > own ? counts[i] - own : 0);
+    }
+  }
+  void forget_others() {
+    for (std::size_t r = 0; r < owner.rank_count(); ++r) owner.set_others(r, 0);
+  }
+
   balancer& owner;
   const replica_ledger_options options;
+  const bool weigh_tokens = std::ranges::any_of(
+      options.rules, [](const auto& rule) { return rule == ledger::ledger_policy::least_tokens; });
   std::map<std::size_t, ledger::rank_load> mirror;  // in_flight()
+  int views_failed = 0;  // in a row: after a few, the others' counts are too old to weigh
   // Declared before what runs on it, so destroyed after it.
   asio::io_context io;
   asio::executor_work_guard<asio::io_context::executor_type> work = asio::make_work_guard(io);
@@ -269,11 +304,18 @@ void replica_ledger::pick(const pick_context& request, request_cost cost,
   asio::post(impl_->io, [this, candidates = std::move(candidates), rule, counted, cost, asked,
                          done = std::move(done)]() mutable {
     const auto limit = impl_->owner.limits().max_inflight_per_rank;
-    impl_->ledger.pick(candidates, rule, limit, ledger::request_tokens{cost.prompt, cost.decode}, counted.cluster,
-                       [this, counted, cost, asked, done = std::move(done)](const ledger::ledger_pick& answer) {
+    const auto tokens = impl_->sent(cost);
+    std::vector<std::size_t> ranks;
+    for (const auto& c : candidates) ranks.push_back(c.rank);
+    impl_->ledger.pick(candidates, rule, limit, ledger::request_tokens{tokens.prompt, tokens.decode}, counted.cluster,
+                       [this, counted, cost, asked, ranks = std::move(ranks),
+                        done = std::move(done)](const ledger::ledger_pick& answer) {
                          impl_->pick_seconds.observe(
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count());
-                         if (answer.ok) impl_->replicas.store(answer.replicas, std::memory_order_relaxed);
+                         if (answer.ok) {
+                           impl_->replicas.store(answer.replicas, std::memory_order_relaxed);
+                           impl_->learn_others(ranks, answer.counts);
+                         }
                          if (answer.ok && !answer.rank) {
                            done({}, pick_outcome::full);
                            return;
@@ -282,9 +324,11 @@ void replica_ledger::pick(const pick_context& request, request_cost cost,
                          if (answer.ok) {
                            lease = impl_->owner.acquire_chosen(*answer.rank, counted, cost);
                            if (lease) {
-                             impl_->mirror_add(*answer.rank, cost);
+                             impl_->mirror_add(*answer.rank, impl_->sent(cost));
                            } else {  // chosen but gone here (drained, down): the ledger's count goes back
-                             impl_->ledger.release(*answer.rank, cost.prompt, std::uint64_t{cost.prompt} + cost.decode);
+                             const auto tokens = impl_->sent(cost);
+                             impl_->ledger.release(*answer.rank, tokens.prompt,
+                                                   std::uint64_t{tokens.prompt} + tokens.decode);
                            }
                          }
                          (lease ? impl_->shared : impl_->local).fetch_add(1, std::memory_order_relaxed);
@@ -332,10 +376,11 @@ void replica_ledger::picked(std::size_t rank, request_cost counted) noexcept {
   try {
     const auto group = impl_->owner.cluster_of(rank);
     asio::post(impl_->io, [this, rank, counted, group] {
-      impl_->mirror_add(rank, counted);
+      const auto tokens = impl_->sent(counted);
+      impl_->mirror_add(rank, tokens);
       const ledger::ledger_candidate only{rank, 1, 0};
       impl_->ledger.pick(std::span(&only, 1), ledger::ledger_policy::least_inflight, 0,
-                         ledger::request_tokens{counted.prompt, counted.decode}, group,
+                         ledger::request_tokens{tokens.prompt, tokens.decode}, group,
                          [](const ledger::ledger_pick&) {});
     });
   } catch (...) {
@@ -346,16 +391,17 @@ void replica_ledger::released(std::size_t rank, request_cost held) noexcept {
   if (!impl_->running.load(std::memory_order_acquire)) return;
   try {
     asio::post(impl_->io, [this, rank, held] {
-      const std::uint64_t cost = std::uint64_t{held.prompt} + held.decode;
-      impl_->mirror_take(rank, 1, held.prompt, cost);
-      impl_->ledger.release(rank, held.prompt, cost);
+      const auto tokens = impl_->sent(held);
+      const std::uint64_t cost = std::uint64_t{tokens.prompt} + tokens.decode;
+      impl_->mirror_take(rank, 1, tokens.prompt, cost);
+      impl_->ledger.release(rank, tokens.prompt, cost);
     });
   } catch (...) {
   }
 }
 
 void replica_ledger::prompt_done(std::size_t rank, std::uint32_t prompt) noexcept {
-  if (!impl_->running.load(std::memory_order_acquire)) return;
+  if (!impl_->running.load(std::memory_order_acquire) || !impl_->weigh_tokens) return;
   try {
     asio::post(impl_->io, [this, rank, prompt] {
       impl_->mirror_take(rank, 0, prompt, prompt);

@@ -132,6 +132,15 @@ class balancer {
   // Counts the request on `rank`, which the ledger chose: an empty lease when the rank is no longer usable
   // (or not the request's). The policy is not asked.
   rank_lease acquire_chosen(std::size_t rank, const pick_context& request, request_cost cost);
+  // The other replicas' requests in flight on the rank, as the shared ledger last said (0 without one): the
+  // policies that pick here (prefix-aware, an affinity header, any pick while Redis is away) weigh every
+  // replica's load by it, this replica's own live count plus this estimate. Any thread.
+  void set_others(std::size_t rank, std::uint32_t requests) noexcept {
+    if (rank < rank_count()) ranks_[rank].others.store(requests, std::memory_order_relaxed);
+  }
+  std::uint32_t others(std::size_t rank) const noexcept {
+    return rank < rank_count() ? ranks_[rank].others.load(std::memory_order_relaxed) : 0;
+  }
   // Hears every pick made here, release and first byte from now on (null: none). Set before serving;
   // outlives every lease.
   void set_release_listener(release_listener* listener) noexcept { listener_ = listener; }
@@ -254,6 +263,7 @@ class balancer {
   // on one line would make the threads serving different ranks invalidate each other's reads.
   struct alignas(64) rank_state {
     std::atomic<std::uint32_t> inflight{0};
+    std::atomic<std::uint32_t> others{0};  // the other replicas' requests, as the shared ledger last said
     std::atomic<std::uint64_t> picks{0};
     std::atomic<std::uint64_t> cost{0};         // tokens: prompts not yet prefilled plus generation
     std::atomic<std::uint64_t> prompt_cost{0};  // the prompt part of `cost`

@@ -99,6 +99,12 @@ TEST_CASE("two replicas' picks through one ledger spread a burst exactly, and re
   }
   CHECK(a.ledger.shared_picks() + b.ledger.shared_picks() == 16);
   CHECK(a.ledger.replicas() == 2);
+  // Each replica's last answer told it the others' requests: what the picks it makes alone weigh.
+  for (std::size_t rank = 0; rank < 4; ++rank) {
+    INFO("rank " << rank);
+    CHECK(b.counts.others(rank) + b.counts.inflight(rank) >= 3);  // as of b's last answer (the 14th, 15th pick)
+    CHECK(b.counts.others(rank) <= 4 - b.counts.inflight(rank));
+  }
 
   // Every lease released: the ledger holds nothing.
   held.clear();
