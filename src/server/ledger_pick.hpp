@@ -60,4 +60,25 @@ inline io::task<ledger_answer> slot_from_ledger(const io::executor& executor, sh
   co_return answer;
 }
 
+// A request's slot: from the shared ledger when it picks the request, else by this replica's own counts;
+// when none is free, after a wait in the ledger's line (every candidate full over all replicas) or in dplb's
+// queue. `ticket` is set by make_ticket() only for a wait; the waiter keeps it, so it must outlive this.
+// (Not a conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among them.)
+template <class MakeTicket>
+io::task<slot_result> take_slot(io::tcp_stream& client, shared_state& shared, const balancer::pick_context& request,
+                                balancer::request_cost cost, queue_ticket& ticket, MakeTicket make_ticket) {
+  std::optional<slot_result> slot;
+  bool full_everywhere = false;  // every replica's requests fill the candidates: wait through the ledger
+  if (shared.ledger != nullptr && shared.ledger->picks(request)) {
+    const auto executor = client.get_executor();  // a named value, not a temporary, across co_await
+    auto answer = co_await slot_from_ledger(executor, shared, request, cost);
+    slot = std::move(answer.slot);
+    full_everywhere = answer.full;
+  }
+  if (!slot && !full_everywhere) slot = slot_without_queue(shared, request, cost);
+  if (slot) co_return std::move(*slot);
+  ticket = make_ticket();
+  co_return co_await wait_for_slot(client, shared, request, cost, ticket, nullptr, full_everywhere);
+}
+
 }  // namespace dplb::server

@@ -310,23 +310,10 @@ class session {
       request.prefilled_elsewhere = two_legs && settings_.clusters[request.cluster].disaggregated();
       // A disaggregated cluster's completion takes its decode rank once its prefill has answered.
       if (request.prefilled_elsewhere) co_return co_await run_two_legs(request, cost, client_keep_alive);
-      // (Not a conditional expression around co_await: GCC 12 destroys its temporaries twice, a lease among
-      // them.)
-      std::optional<slot_result> slot;
-      bool full_everywhere = false;  // every replica's requests fill the candidates: wait through the ledger
-      if (shared_.ledger != nullptr && shared_.ledger->picks(request)) {
-        const auto executor = client_.get_executor();  // a named value, not a temporary, across co_await
-        auto answer = co_await slot_from_ledger(executor, shared_, request, cost);
-        slot = std::move(answer.slot);
-        full_everywhere = answer.full;
-      }
-      if (!slot && !full_everywhere) slot = slot_without_queue(shared_, request, cost);
-      if (!slot) {
-        ticket_ = ticket_for(tenant_, priority_, tenant_tokens_, settings_);
-        slot = co_await wait_for_slot(client_, shared_, request, cost, ticket_, nullptr, full_everywhere);
-      }
-      lease = std::move(slot->lease);
-      if (slot->refusal == slot_refusal::client_gone) {
+      auto slot = co_await take_slot(client_, shared_, request, cost, ticket_,
+                                     [&] { return ticket_for(tenant_, priority_, tenant_tokens_, settings_); });
+      lease = std::move(slot.lease);
+      if (slot.refusal == slot_refusal::client_gone) {
         // Counted as nginx counts a client that closes first (499), among the rejected: it never had a
         // rank to be counted on in dplb_requests_total. Nobody is left to answer.
         shared_.metrics.rejected(499);
@@ -335,7 +322,7 @@ class session {
         co_return false;
       }
       if (!lease) {
-        refusal_ = {refusal_status(slot->refusal), refusal_message(slot->refusal, request, shared_.models.by_model())};
+        refusal_ = {refusal_status(slot.refusal), refusal_message(slot.refusal, request, shared_.models.by_model())};
         refusal_.retry_after = 1;
       }
     }
