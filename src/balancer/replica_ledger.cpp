@@ -129,47 +129,61 @@ struct replica_ledger::impl {
         return;
       }
       if (freed && std::ranges::none_of(candidates, [&](const auto& c) { return c.rank == *freed; })) continue;
-      ask(it->first, std::move(candidates));
+      ask_for(it->first, std::move(candidates));
       return;
     }
   }
 
-  void ask(waiter_key key, std::vector<ledger::ledger_candidate> candidates) {
-    asking = true;
-    const auto& w = waiters.at(key);
-    const auto cost = w.cost;
+  // One pick asked of the ledger under --max-inflight-per-rank, for an arriving request or a waiter, on this
+  // thread. The answer teaches the others' counts; a rank chosen is counted in the balancer (and mirrored), or,
+  // no longer usable here, given back at once. `then` gets the answer and the lease (empty unless counted).
+  void ask(const pick_context& counted, request_cost cost, std::vector<ledger::ledger_candidate> candidates,
+           std::function<void(const ledger::ledger_pick&, rank_lease)> then) {
     const auto tokens = sent(cost);
     std::vector<std::size_t> ranks;
     for (const auto& c : candidates) ranks.push_back(c.rank);
-    ledger.pick(candidates, rule_for(w.request), owner.limits().max_inflight_per_rank,
-                ledger::request_tokens{tokens.prompt, tokens.decode}, w.request.cluster,
-                [this, key, cost, tokens, ranks = std::move(ranks)](const ledger::ledger_pick& answer) {
-                  asking = false;
-                  const auto found = waiters.find(key);
-                  if (!answer.ok) {  // the ledger stopped answering: every waiter waits locally
-                    while (!waiters.empty()) fall_back(waiters.begin());
-                    return;
+    ledger.pick(candidates, rule_for(counted), owner.limits().max_inflight_per_rank,
+                ledger::request_tokens{tokens.prompt, tokens.decode}, counted.cluster,
+                [this, counted, cost, tokens, ranks = std::move(ranks),
+                 then = std::move(then)](const ledger::ledger_pick& answer) {
+                  rank_lease lease;
+                  if (answer.ok) {
+                    replicas.store(answer.replicas, std::memory_order_relaxed);
+                    learn_others(ranks, answer.counts);
                   }
-                  replicas.store(answer.replicas, std::memory_order_relaxed);
-                  learn_others(ranks, answer.counts);
-                  bool more = std::exchange(ask_again, false);
-                  if (answer.rank) {
-                    rank_lease lease;
-                    if (found != waiters.end()) lease = owner.acquire_chosen(*answer.rank, found->second.request, cost);
+                  if (answer.ok && answer.rank) {
+                    lease = owner.acquire_chosen(*answer.rank, counted, cost);
                     if (lease) {
                       mirror_add(*answer.rank, tokens);
-                      shared.fetch_add(1, std::memory_order_relaxed);
-                      auto deliver = std::move(found->second.deliver);
-                      waiters.erase(found);
-                      waiter_count.store(waiters.size(), std::memory_order_relaxed);
-                      deliver(std::move(lease));
-                    } else {  // cancelled meanwhile, or the rank is no longer usable here: the slot goes back
+                    } else {  // chosen but gone here (drained, down): the ledger's count goes back
                       ledger.release(*answer.rank, tokens.prompt, std::uint64_t{tokens.prompt} + tokens.decode);
                     }
-                    more = true;  // there may be more room
                   }
-                  if (more) serve(std::nullopt);
+                  then(answer, std::move(lease));
                 });
+  }
+
+  // A waiter's ask. A lease for a waiter that gave up meanwhile is released where it is dropped here.
+  void ask_for(waiter_key key, std::vector<ledger::ledger_candidate> candidates) {
+    asking = true;
+    const auto& w = waiters.at(key);
+    ask(w.request, w.cost, std::move(candidates), [this, key](const ledger::ledger_pick& answer, rank_lease lease) {
+      asking = false;
+      if (!answer.ok) {  // the ledger stopped answering: every waiter waits locally
+        while (!waiters.empty()) fall_back(waiters.begin());
+        return;
+      }
+      const auto found = waiters.find(key);
+      if (lease && found != waiters.end()) {
+        shared.fetch_add(1, std::memory_order_relaxed);
+        auto deliver = std::move(found->second.deliver);
+        waiters.erase(found);
+        waiter_count.store(waiters.size(), std::memory_order_relaxed);
+        deliver(std::move(lease));
+      }
+      // A rank was chosen: there may be more room. Or an event came while this ask was out.
+      if (std::exchange(ask_again, false) || answer.rank) serve(std::nullopt);
+    });
   }
 
   void fall_back(std::map<waiter_key, waiter>::iterator it) {
@@ -282,11 +296,6 @@ pick_context counted_part(const pick_context& request) {
                       .prefilled_elsewhere = request.prefilled_elsewhere};
 }
 
-request_cost as_counted(request_cost cost) {
-  if (cost.prompt == 0 && cost.decode == 0) cost.decode = 1;  // as the balancer counts it
-  return cost;
-}
-
 }  // namespace
 
 void replica_ledger::pick(const pick_context& request, request_cost cost,
@@ -297,44 +306,21 @@ void replica_ledger::pick(const pick_context& request, request_cost cost,
     done({}, pick_outcome::unanswered);
     return;
   }
-  const auto rule = impl_->rule_for(request);
-  const auto counted = counted_part(request);
-  cost = as_counted(cost);
   const auto asked = std::chrono::steady_clock::now();
-  asio::post(impl_->io, [this, candidates = std::move(candidates), rule, counted, cost, asked,
-                         done = std::move(done)]() mutable {
-    const auto limit = impl_->owner.limits().max_inflight_per_rank;
-    const auto tokens = impl_->sent(cost);
-    std::vector<std::size_t> ranks;
-    for (const auto& c : candidates) ranks.push_back(c.rank);
-    impl_->ledger.pick(candidates, rule, limit, ledger::request_tokens{tokens.prompt, tokens.decode}, counted.cluster,
-                       [this, counted, cost, asked, ranks = std::move(ranks),
-                        done = std::move(done)](const ledger::ledger_pick& answer) {
-                         impl_->pick_seconds.observe(
-                             std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count());
-                         if (answer.ok) {
-                           impl_->replicas.store(answer.replicas, std::memory_order_relaxed);
-                           impl_->learn_others(ranks, answer.counts);
-                         }
-                         if (answer.ok && !answer.rank) {
-                           done({}, pick_outcome::full);
-                           return;
-                         }
-                         rank_lease lease;
-                         if (answer.ok) {
-                           lease = impl_->owner.acquire_chosen(*answer.rank, counted, cost);
-                           if (lease) {
-                             impl_->mirror_add(*answer.rank, impl_->sent(cost));
-                           } else {  // chosen but gone here (drained, down): the ledger's count goes back
-                             const auto tokens = impl_->sent(cost);
-                             impl_->ledger.release(*answer.rank, tokens.prompt,
-                                                   std::uint64_t{tokens.prompt} + tokens.decode);
-                           }
-                         }
-                         (lease ? impl_->shared : impl_->local).fetch_add(1, std::memory_order_relaxed);
-                         const auto outcome = lease ? pick_outcome::chosen : pick_outcome::unanswered;
-                         done(std::move(lease), outcome);
-                       });
+  asio::post(impl_->io, [this, candidates = std::move(candidates), counted = counted_part(request),
+                         cost = balancer::at_least_one_token(cost), asked, done = std::move(done)]() mutable {
+    impl_->ask(counted, cost, std::move(candidates),
+               [this, asked, done = std::move(done)](const ledger::ledger_pick& answer, rank_lease lease) {
+                 impl_->pick_seconds.observe(
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count());
+                 const auto outcome = lease                         ? pick_outcome::chosen
+                                      : answer.ok && !answer.rank ? pick_outcome::full
+                                                                  : pick_outcome::unanswered;
+                 if (outcome != pick_outcome::full) {
+                   (lease ? impl_->shared : impl_->local).fetch_add(1, std::memory_order_relaxed);
+                 }
+                 done(std::move(lease), outcome);
+               });
   });
 }
 
@@ -343,7 +329,7 @@ std::uint64_t replica_ledger::wait(const pick_context& request, request_cost cos
   if (impl_->waiter_count.load(std::memory_order_relaxed) >= impl_->owner.limits().max_waiting) return 0;
   const auto id = impl_->next_waiter.fetch_add(1, std::memory_order_relaxed);
   impl_->waiter_count.fetch_add(1, std::memory_order_relaxed);  // counted at once: the bound holds
-  asio::post(impl_->io, [this, id, priority, counted = counted_part(request), cost = as_counted(cost),
+  asio::post(impl_->io, [this, id, priority, counted = counted_part(request), cost = balancer::at_least_one_token(cost),
                          deliver = std::move(deliver)]() mutable {
     impl_->waiters.emplace(impl::waiter_key{priority, id}, impl::waiter{counted, cost, std::move(deliver)});
     impl_->waiter_count.store(impl_->waiters.size(), std::memory_order_relaxed);

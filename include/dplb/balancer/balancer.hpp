@@ -179,6 +179,9 @@ class balancer {
   // Queueing (only with max_inflight_per_rank > 0).
   bool queueing() const noexcept { return limits_.max_inflight_per_rank > 0; }
   const queue_limits& limits() const noexcept { return limits_; }
+  // A request's cost as it is counted: every request costs at least one token, so that one whose cost is
+  // unknown still weighs on its rank.
+  static request_cost at_least_one_token(request_cost cost) noexcept;
   // Whether a queued request may pass over ranks still prefilling a long prompt (queue_limits): its own
   // pick_context::prompt_tokens make it long.
   bool spreads(const pick_context& request) const noexcept { return queueing() && prefills_long(request); }
@@ -211,7 +214,6 @@ class balancer {
  private:
   friend class rank_lease;
   using clock = std::chrono::steady_clock;
-  static request_cost at_least_one_token(request_cost cost) noexcept;
   void release(std::size_t rank, request_cost cost) noexcept;
   void release_cost(std::size_t rank, request_cost cost) noexcept;
   void prompt_done(std::size_t rank, request_cost prefilled) noexcept;
