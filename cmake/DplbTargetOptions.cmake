@@ -57,3 +57,19 @@ function(dplb_use_ccache)
         ${DPLB_CCACHE} PARENT_SCOPE)
   endif()
 endfunction()
+
+# With DPLB_UNITY_BUILD, `target` compiles as a unity build. Two GCC 12 warnings are false there: it takes a
+# .cpp included into another for a header, and warns that a coroutine frame holds a type of that file's
+# anonymous namespace (-Wsubobject-linkage); and with more inlined it follows a coroutine frame from Asio's
+# recycling allocator to the frame's operator delete, which hands the block back to that same allocator
+# (-Wmismatched-new-delete, as under the sanitizers). The test programs stay one translation unit per
+# file: their helpers of the same name in different files' anonymous namespaces would collide.
+function(dplb_unity_build target)
+  if(NOT DPLB_UNITY_BUILD)
+    return()
+  endif()
+  set_target_properties(${target} PROPERTIES UNITY_BUILD ON)
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    target_compile_options(${target} PRIVATE -Wno-subobject-linkage -Wno-mismatched-new-delete)
+  endif()
+endfunction()

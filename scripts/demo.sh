@@ -5,7 +5,8 @@
 # (build-demo: optimised, no debug information, no tests), so that a fresh machine gets there in
 # minutes; scripts/test.sh installs and builds the rest. Each step says what it does, then how long it took.
 # Environment: DEMO_POLICY (least-inflight), DEMO_PROMPTS (256), DEMO_BUILD_DIR (build-demo),
-# DPLB_BUILD_JOBS (2), DEMO_KEEP=1 keeps everything running afterwards so you can curl /metrics yourself
+# DPLB_BUILD_JOBS (2), DEMO_PREBUILT=1 runs the binaries already in DEMO_BUILD_DIR without configuring or
+# building it (CI: the plain build's, which its unity builds stand in for), DEMO_KEEP=1 keeps everything running afterwards so you can curl /metrics yourself
 # (Ctrl-C stops it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,26 +24,28 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-step_begin "Installing the Debian packages that building and running the demo need (scripts/setup.sh demo)"
-./scripts/setup.sh demo
-step_end
+if [[ ${DEMO_PREBUILT:-0} != 1 ]]; then
+  step_begin "Installing the Debian packages that building and running the demo need (scripts/setup.sh demo)"
+  ./scripts/setup.sh demo
+  step_end
 
-# The demo's own build, for a cold build in minutes (docs/benchmarks.md §8): -O2 without debug information,
-# and dplb_core as a unity build (DPLB_UNITY_BUILD: its sources compiled 8 to a translation unit, so that
-# the Asio and Beast templates they share are compiled once per group rather than once per file). The
-# tests' builds (scripts/build.sh) keep RelWithDebInfo and one translation unit per file.
-step_begin "Configuring $build_dir (CMake: Release at -O2, dplb_core as a unity build, no tests)"
-log=$build_dir/demo-build.log
-mkdir -p "$build_dir"
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
-  -DDPLB_UNITY_BUILD=ON -DDPLB_BUILD_TESTS=OFF >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
-step_end
+  # The demo's own build, for a cold build in minutes (docs/benchmarks.md §8): -O2 without debug information,
+  # and dplb_core as a unity build (DPLB_UNITY_BUILD: its sources compiled 8 to a translation unit, so that
+  # the Asio and Beast templates they share are compiled once per group rather than once per file). The
+  # tests' builds (scripts/build.sh) keep RelWithDebInfo and one translation unit per file.
+  step_begin "Configuring $build_dir (CMake: Release at -O2, dplb_core as a unity build, no tests)"
+  log=$build_dir/demo-build.log
+  mkdir -p "$build_dir"
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
+    -DDPLB_UNITY_BUILD=ON -DDPLB_BUILD_TESTS=OFF >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
+  step_end
 
-step_begin "Building dplb, dplb-mock-engine and dplb-bench (about 3 min the first time on 2 cores, seconds after; log: $log)"
-# Two jobs at most: each Beast translation unit needs ~1 GB and a core.
-cmake --build "$build_dir" -j "${DPLB_BUILD_JOBS:-2}" --target dplb dplb-mock-engine dplb-bench >>"$log" 2>&1 ||
-  { tail -n 60 "$log" >&2; echo "demo: the build failed; the whole log is $log" >&2; exit 1; }
-step_end
+  step_begin "Building dplb, dplb-mock-engine and dplb-bench (about 3 min the first time on 2 cores, seconds after; log: $log)"
+  # Two jobs at most: each Beast translation unit needs ~1 GB and a core.
+  cmake --build "$build_dir" -j "${DPLB_BUILD_JOBS:-2}" --target dplb dplb-mock-engine dplb-bench >>"$log" 2>&1 ||
+    { tail -n 60 "$log" >&2; echo "demo: the build failed; the whole log is $log" >&2; exit 1; }
+  step_end
+fi
 
 step_begin "Starting 4 simulated vLLM ranks (dplb-mock-engine: 50 ms to the first token, then a token every 10 ms)"
 "$build_dir"/tools/mock_engine/dplb-mock-engine --host 127.0.0.1 --port 0 --ranks 4 --ttft-ms 50 --itl-ms 10 \

@@ -281,8 +281,10 @@ std::string parse_backend(std::string_view text, backend_spec& spec) {
   // The options after '#' are read apart from the URL: a kv-events endpoint may hold an IPv6 literal in
   // brackets, which RFC 3986 does not allow in a fragment.
   const std::size_t hash = text.find('#');
-  const std::optional<std::string_view> fragment =
-      hash == std::string_view::npos ? std::nullopt : std::optional(text.substr(hash + 1));
+  // A flag beside a plain view, not an optional one: GCC 12 sees the optional's payload as maybe
+  // uninitialised once this is inlined into a unity build's translation unit (-Wmaybe-uninitialized).
+  const bool has_fragment = hash != std::string_view::npos;
+  const std::string_view fragment = has_fragment ? text.substr(hash + 1) : std::string_view{};
   text = text.substr(0, hash);
   const auto parsed = boost::urls::parse_uri(text);
   if (!parsed) return std::string(example);
@@ -326,9 +328,9 @@ std::string parse_backend(std::string_view text, backend_spec& spec) {
     port = *p;
   }
   out = "http://" + host + ":" + std::to_string(port);
-  if (fragment) {
-    if (fragment->empty()) return "an empty '#' is not supported; expected #dp=N, #weight=W or #kv-events=tcp://HOST:PORT";
-    return parse_backend_options(*fragment, spec);
+  if (has_fragment) {
+    if (fragment.empty()) return "an empty '#' is not supported; expected #dp=N, #weight=W or #kv-events=tcp://HOST:PORT";
+    return parse_backend_options(fragment, spec);
   }
   return {};
 }
