@@ -354,6 +354,34 @@ void replica_ledger::view(std::function<void(const ledger::ledger_view&)> done) 
   asio::post(impl_->io, [this, done = std::move(done)]() mutable { impl_->ledger.view(std::move(done)); });
 }
 
+void replica_ledger::take(std::vector<bucket_take> takes, std::function<void(const ledger::bucket_answer&)> done) {
+  if (!impl_->running.load(std::memory_order_acquire)) {
+    ledger::bucket_answer stopped;
+    stopped.error = "the shared state is stopped";
+    done(stopped);
+    return;
+  }
+  asio::post(impl_->io, [this, takes = std::move(takes), done = std::move(done)]() mutable {
+    impl_->ledger.take(takes, std::move(done));
+  });
+}
+
+void replica_ledger::give_back(bucket_spec bucket, std::uint64_t units) noexcept {
+  if (!impl_->running.load(std::memory_order_acquire) || units == 0) return;
+  try {
+    asio::post(impl_->io, [this, bucket = std::move(bucket), units] { impl_->ledger.give_back(bucket, units); });
+  } catch (...) {
+  }
+}
+
+void replica_ledger::charge(bucket_spec bucket, std::uint64_t units) noexcept {
+  if (!impl_->running.load(std::memory_order_acquire) || units == 0) return;
+  try {
+    asio::post(impl_->io, [this, bucket = std::move(bucket), units] { impl_->ledger.charge(bucket, units); });
+  } catch (...) {
+  }
+}
+
 // A request picked here (a policy the ledger does not pick for, an affinity header, a retry, or Redis away):
 // recorded in the ledger as a pick with that one candidate and no limit, so that every release matches a
 // count the ledger had. (Out of memory, a post is lost: the mirror then misses it, and so does Redis.)

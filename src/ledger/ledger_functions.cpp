@@ -13,7 +13,7 @@ namespace dplb::ledger {
 // (HASH: rank -> the caller's requests in flight).
 // ARGV starts with the caller's name and its lease in ms; every call expires dead replicas (their counts
 // leave the total) and renews the caller's lease.
-const std::string_view ledger_function_library = R"lua(#!lua name=dplb_ledger_2
+const std::string_view ledger_function_library = R"lua(#!lua name=dplb_ledger_3
 
 -- How long a ledger's keys outlive the last registration.
 local abandoned_after_ms = 600000
@@ -163,7 +163,7 @@ local function pick(keys, args)
     end
     chosen = in_rotation(keys, ranks, function(i) return open(i) and counts[i] / weights[i] == lowest end)
   else
-    return redis.error_reply('dplb_pick_2: unknown policy ' .. tostring(policy))
+    return redis.error_reply('dplb_pick_3: unknown policy ' .. tostring(policy))
   end
   local reply = {-1, redis.call('ZCARD', keys[1])}
   if chosen ~= nil then
@@ -243,51 +243,57 @@ local function view(keys, args)
   return reply
 end
 
--- A rate limit all replicas share (a tenant's requests_per_second or tokens_per_minute): a token bucket
--- in KEYS[1], a HASH {tokens, at} (Redis server time in ms), full when absent. ARGV: rate (units a second),
--- burst, op, units. 'take': takes the units if they are there; returns {1, 0} or {0, the ms until they are
--- (-1: never, more than the burst)}. 'give': units a reservation did not use, back (never above the burst).
--- 'charge': units used beyond a reservation, taken regardless, down to one burst in debt. The key expires
--- once the bucket would be full again, which is what its absence means.
+-- Rate limits all replicas share (a tenant's requests_per_second and tokens_per_minute): token buckets, one
+-- per key, each a HASH {tokens, at} (Redis server time in ms), full when absent. ARGV: op, then for each key
+-- its rate (units a second), burst and units. 'take': takes every bucket's units if every bucket holds them,
+-- else none (a refused request takes nothing from any limit); returns {1, 0, 0}, or {0, the 1-based index of
+-- the first bucket that refused, the ms until its units are there (-1: never, more than its burst)}.
+-- 'give': units a reservation did not use, back (never above the burst). 'charge': units used beyond a
+-- reservation, taken regardless, down to one burst in debt. A key expires once its bucket would be full
+-- again, which is what its absence means.
 local function bucket(keys, args)
-  local rate, burst, op, units = tonumber(args[1]), tonumber(args[2]), args[3], tonumber(args[4])
+  local op = args[1]
+  if op ~= 'take' and op ~= 'give' and op ~= 'charge' then
+    return redis.error_reply('dplb_bucket_3: unknown op ' .. tostring(op))
+  end
   local now = now_ms()
-  local state = redis.call('HMGET', keys[1], 'tokens', 'at')
-  local tokens = burst
-  if state[1] then
-    tokens = math.min(burst, tonumber(state[1]) + (now - tonumber(state[2])) * rate / 1000)
-  end
-  local reply = {1, 0}
-  if op == 'take' then
-    if units > burst then
-      reply = {0, -1}
-    elseif tokens >= units then
-      tokens = tokens - units
-    else
-      reply = {0, math.ceil((units - tokens) * 1000 / rate)}
+  local level = {}
+  for i = 1, #keys do
+    local rate, burst, units = tonumber(args[3 * i - 1]), tonumber(args[3 * i]), tonumber(args[3 * i + 1])
+    local state = redis.call('HMGET', keys[i], 'tokens', 'at')
+    local tokens = burst
+    if state[1] then
+      tokens = math.min(burst, tonumber(state[1]) + (now - tonumber(state[2])) * rate / 1000)
     end
-  elseif op == 'give' then
-    tokens = math.min(burst, tokens + units)
-  elseif op == 'charge' then
-    tokens = math.max(-burst, tokens - units)
-  else
-    return redis.error_reply('dplb_bucket_2: unknown op ' .. tostring(op))
+    if op == 'take' then
+      if units > burst then return {0, i, -1} end
+      if tokens < units then return {0, i, math.ceil((units - tokens) * 1000 / rate)} end
+      tokens = tokens - units
+    elseif op == 'give' then
+      tokens = math.min(burst, tokens + units)
+    else
+      tokens = math.max(-burst, tokens - units)
+    end
+    level[i] = {tokens, rate, burst}
   end
-  if tokens >= burst then
-    redis.call('DEL', keys[1])
-  else
-    redis.call('HSET', keys[1], 'tokens', tostring(tokens), 'at', tostring(now))
-    redis.call('PEXPIRE', keys[1], math.ceil((burst - tokens) * 1000 / rate) + 1000)
+  for i = 1, #keys do
+    local tokens, rate, burst = level[i][1], level[i][2], level[i][3]
+    if tokens >= burst then
+      redis.call('DEL', keys[i])
+    else
+      redis.call('HSET', keys[i], 'tokens', tostring(tokens), 'at', tostring(now))
+      redis.call('PEXPIRE', keys[i], math.ceil((burst - tokens) * 1000 / rate) + 1000)
+    end
   end
-  return reply
+  return {1, 0, 0}
 end
 
-redis.register_function('dplb_pick_2', pick)
-redis.register_function('dplb_release_2', release)
-redis.register_function('dplb_prompt_done_2', prompt_done)
-redis.register_function('dplb_register_2', register)
-redis.register_function('dplb_view_2', view)
-redis.register_function('dplb_bucket_2', bucket)
+redis.register_function('dplb_pick_3', pick)
+redis.register_function('dplb_release_3', release)
+redis.register_function('dplb_prompt_done_3', prompt_done)
+redis.register_function('dplb_register_3', register)
+redis.register_function('dplb_view_3', view)
+redis.register_function('dplb_bucket_3', bucket)
 )lua";
 
 }  // namespace dplb::ledger

@@ -142,7 +142,7 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
 
   void send_registration() {
     register_due = false;
-    auto argv = fcall("dplb_register_2");
+    auto argv = fcall("dplb_register_3");
     if (in_flight) {
       for (const auto& [rank, load] : in_flight()) {
         const auto r = std::to_string(rank);
@@ -165,7 +165,7 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
 
   void pick(std::span<const ledger_candidate> candidates, ledger_policy policy, std::uint32_t limit,
             request_tokens tokens, std::size_t group, std::function<void(const ledger_pick&)> done) {
-    auto argv = fcall("dplb_pick_2");
+    auto argv = fcall("dplb_pick_3");
     argv.push_back(policy == ledger_policy::round_robin    ? "round-robin"
                    : policy == ledger_policy::least_tokens ? "least-tokens"
                    : policy == ledger_policy::least_load   ? "least-load"
@@ -201,7 +201,7 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
     const auto rank = e.size() >= 2 ? number_of<long long>(e[0]) : std::nullopt;
     const auto replicas = e.size() >= 2 ? number_of<std::uint32_t>(e[1]) : std::nullopt;
     if (!rank || !replicas) {
-      out.error = "unexpected answer to dplb_pick_2";
+      out.error = "unexpected answer to dplb_pick_3";
       return out;
     }
     out.ok = true;
@@ -212,7 +212,7 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
   }
 
   void release(std::size_t rank, std::uint64_t prompt_left, std::uint64_t cost) {
-    auto argv = fcall("dplb_release_2");
+    auto argv = fcall("dplb_release_3");
     argv.push_back(std::to_string(rank));
     argv.push_back(std::to_string(prompt_left));
     argv.push_back(std::to_string(cost));
@@ -220,14 +220,14 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
   }
 
   void prompt_done(std::size_t rank, std::uint64_t prompt) {
-    auto argv = fcall("dplb_prompt_done_2");
+    auto argv = fcall("dplb_prompt_done_3");
     argv.push_back(std::to_string(rank));
     argv.push_back(std::to_string(prompt));
     commands.command("release", argv, [](const redis_result&) {});
   }
 
   void view(std::function<void(const ledger_view&)> done) {
-    commands.command("view", fcall("dplb_view_2"), [done = std::move(done)](const redis_result& r) {
+    commands.command("view", fcall("dplb_view_3"), [done = std::move(done)](const redis_result& r) {
       ledger_view v;
       v.error = r.error;
       const auto& e = r.reply.elements;
@@ -255,7 +255,7 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
           }
         }
       } else if (r.ok) {
-        v.error = "unexpected answer to dplb_view_2";
+        v.error = "unexpected answer to dplb_view_3";
       }
       done(v);
     });
@@ -264,42 +264,60 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
 
 namespace {
 
-std::vector<std::string> bucket_call(const std::string& prefix, const shared_ledger::bucket_spec& b, std::string_view op,
-                                     std::uint64_t units) {
-  char rate[32];
-  std::snprintf(rate, sizeof rate, "%.17g", b.rate);
-  return {"FCALL", "dplb_bucket_2", "1", prefix + ":bucket:" + b.name, rate, std::to_string(b.burst), std::string(op),
-          std::to_string(units)};
+std::vector<std::string> bucket_call(const std::string& prefix, std::string_view op,
+                                     std::span<const shared_ledger::bucket_take> takes) {
+  std::vector<std::string> argv{"FCALL", "dplb_bucket_3", std::to_string(takes.size())};
+  for (const auto& t : takes) argv.push_back(prefix + ":bucket:" + t.bucket.name);
+  argv.emplace_back(op);
+  for (const auto& t : takes) {
+    char rate[32];
+    std::snprintf(rate, sizeof rate, "%.17g", t.bucket.rate);
+    argv.emplace_back(rate);
+    argv.push_back(std::to_string(t.bucket.burst));
+    argv.push_back(std::to_string(t.units));
+  }
+  return argv;
 }
 
 }  // namespace
 
-void shared_ledger::take(const bucket_spec& bucket, std::uint64_t units, std::function<void(const bucket_answer&)> done) {
-  impl_->commands.command("bucket", bucket_call(prefix_of(impl_->options), bucket, "take", units),
-                          [done = std::move(done)](const redis_result& r) {
+void shared_ledger::take(std::span<const bucket_take> takes, std::function<void(const bucket_answer&)> done) {
+  impl_->commands.command("bucket", bucket_call(prefix_of(impl_->options), "take", takes),
+                          [done = std::move(done), count = takes.size()](const redis_result& r) {
                             bucket_answer a;
                             a.error = r.error;
                             const auto& e = r.reply.elements;
-                            const auto taken = e.size() == 2 ? number_of<long long>(e[0]) : std::nullopt;
-                            const auto wait = e.size() == 2 ? number_of<long long>(e[1]) : std::nullopt;
-                            if (r.ok && taken && wait) {
+                            const auto taken = e.size() == 3 ? number_of<long long>(e[0]) : std::nullopt;
+                            const auto which = e.size() == 3 ? number_of<long long>(e[1]) : std::nullopt;
+                            const auto wait = e.size() == 3 ? number_of<long long>(e[2]) : std::nullopt;
+                            const bool well_formed = taken && which && wait &&
+                                                     (*taken == 1 || (*which >= 1 && static_cast<std::size_t>(*which) <= count));
+                            if (r.ok && well_formed) {
                               a.ok = true;
                               a.taken = *taken == 1;
+                              if (!a.taken) a.refused = static_cast<std::size_t>(*which) - 1;
                               if (!a.taken && *wait >= 0) a.retry_after = std::chrono::milliseconds(*wait);
                             } else if (r.ok) {
-                              a.error = "unexpected answer to dplb_bucket_2";
+                              a.error = "unexpected answer to dplb_bucket_3";
                             }
                             done(a);
                           });
 }
 
+void shared_ledger::take(const bucket_spec& bucket, std::uint64_t units, std::function<void(const bucket_answer&)> done) {
+  const bucket_take one{bucket, units};
+  take(std::span(&one, 1), std::move(done));
+}
+
 void shared_ledger::give_back(const bucket_spec& bucket, std::uint64_t units) {
-  impl_->commands.command("bucket", bucket_call(prefix_of(impl_->options), bucket, "give", units),
+  const bucket_take one{bucket, units};
+  impl_->commands.command("bucket", bucket_call(prefix_of(impl_->options), "give", std::span(&one, 1)),
                           [](const redis_result&) {});
 }
 
 void shared_ledger::charge(const bucket_spec& bucket, std::uint64_t units) {
-  impl_->commands.command("bucket", bucket_call(prefix_of(impl_->options), bucket, "charge", units),
+  const bucket_take one{bucket, units};
+  impl_->commands.command("bucket", bucket_call(prefix_of(impl_->options), "charge", std::span(&one, 1)),
                           [](const redis_result&) {});
 }
 

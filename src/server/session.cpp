@@ -32,6 +32,7 @@
 #include "request_id.hpp"
 #include "response_relay.hpp"
 #include "slot_wait.hpp"
+#include "tenant_admission.hpp"
 #include "tenant_pass.hpp"
 #include "two_leg_request.hpp"
 #include "upstream_exchange.hpp"
@@ -303,8 +304,9 @@ class session {
     balancer::pick_context request;
     balancer::request_cost cost;
     balancer::rank_lease lease;
-    if (describe_request(pinned, request, cost) && leaves_kv_params_to_dplb(request) &&
-        admit_by_tenant()) {  // else refusal_ says why
+    bool admitted = describe_request(pinned, request, cost) && leaves_kv_params_to_dplb(request);
+    if (admitted) admitted = co_await admit_by_tenant();
+    if (admitted) {  // else refusal_ says why
       set_upstream_framing(upstream_head_, method, request_body_.size());  // the body is final (min_priority)
       if (kv_.awaits_tokens()) co_await kv_.tokenize(request_body_, shared_, request);
       request.prefilled_elsewhere = two_legs && settings_.clusters[request.cluster].disaggregated();
@@ -583,18 +585,19 @@ class session {
     if (access_.is_open()) access_.entry().tenant = tenant_.tenant().name();
   }
 
-  // The tenant's request rate and token budget (which reserves the request's tokens); false, with the
-  // refusal in refusal_, when either says no.
-  bool admit_by_tenant() {
-    const auto verdict = tenant_.admit(tenant_tokens_);
-    if (verdict.admitted()) return true;
+  // The tenant's request rate and token budget (which reserves the request's tokens), over all replicas with
+  // --shared-state; false, with the refusal in refusal_, when either says no.
+  io::task<bool> admit_by_tenant() {
+    const auto executor = client_.get_executor();  // a named value, not a temporary, across co_await
+    const auto verdict = co_await admit_by_tenant_limits(executor, shared_, tenant_, tenant_tokens_);
+    if (verdict.admitted()) co_return true;
     refusal_ = {429, tenant_refusal_text(verdict, tenant_.tenant().name())};
     refusal_.retry_after = verdict.retry_after_seconds;
     if (verdict.why == tenants::verdict::refusal::larger_than_budget) {
       refusal_.status = 400;  // no wait would ever let it through: not a 429 to retry
       refusal_.code = request_too_large_code;
     }
-    return false;
+    co_return false;
   }
 
   // The client's answer when the request got no response from an engine. A request that reached no engine

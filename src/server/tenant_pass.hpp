@@ -2,7 +2,7 @@
 // Private to the session: a request's standing with its tenant, from the moment its head names the tenant to
 // its answer. It counts the request once, by the status the client got (dplb_tenant_requests_total), keeps it
 // in its tenant's queued and in-flight counts while it is either, and settles its token reservation with what
-// the engine reported using. The session keeps one for the request in progress; end() (also from the
+// the engine reported using (in the shared ledger's budget when the ledger admitted it). The session keeps one for the request in progress; end() (also from the
 // destructor) undoes whatever is still counted, so that no exit path leaves a count behind.
 
 #include <chrono>
@@ -12,6 +12,7 @@
 #include <string_view>
 #include <utility>
 
+#include "dplb/balancer/replica_ledger.hpp"
 #include "dplb/tenants/tenant_book.hpp"
 
 namespace dplb::server {
@@ -41,6 +42,17 @@ class tenant_pass {
     if (verdict.admitted()) reserved_ = tokens;
     return verdict;
   }
+  // Admitted by the buckets every replica shares (--shared-state) instead: `tokens` stay reserved in the
+  // shared budget `budget` (none: the tenant has no token budget), and are settled there through `ledger`.
+  void admitted_by_ledger(std::uint64_t tokens, balancer::replica_ledger& ledger,
+                          std::optional<balancer::replica_ledger::bucket_spec> budget) {
+    if (!tenant_) return;
+    tenant_->count_admitted(clock_type::now());
+    if (!budget || tokens == 0) return;
+    reserved_ = tokens;
+    shared_budget_ = std::move(budget);
+    ledger_ = &ledger;
+  }
   // The prompt's tokens (estimated from the body): what a stream that reports no usage is charged besides
   // its events.
   void note_prompt(std::uint64_t prompt) noexcept { prompt_ = prompt; }
@@ -64,7 +76,7 @@ class tenant_pass {
   // No engine will see the request: its reservation comes back now, before the client reads its answer.
   void give_back_reservation() {
     if (!tenant_ || reserved_ == 0 || std::exchange(settled_, true)) return;
-    tenant_->settle(clock_type::now(), reserved_, 0);
+    settle(0);
   }
 
   // The client's answer: counted once (the first status given), and the request no longer holds a slot.
@@ -78,7 +90,7 @@ class tenant_pass {
   void used(std::uint64_t prompt, std::uint64_t completion) {
     if (!tenant_) return;
     tenant_->count_tokens(prompt, completion);
-    if (!std::exchange(settled_, true)) tenant_->settle(clock_type::now(), reserved_, prompt + completion);
+    if (!std::exchange(settled_, true)) settle(prompt + completion);
   }
   // Completion tokens streamed so far (the stream's events, counted as they pass): what a stream that
   // reports no usage is charged, with its prompt, when it ends or is cut short.
@@ -87,7 +99,7 @@ class tenant_pass {
   // what it did not use is back before the client reads its last bytes.
   void settle_streamed() {
     if (!tenant_ || reserved_ == 0 || streamed_ == 0 || std::exchange(settled_, true)) return;
-    tenant_->settle(clock_type::now(), reserved_, prompt_ + streamed_);
+    settle(prompt_ + streamed_);
   }
 
   // The request is over: whatever it still holds is given back. A reservation the engine never reported on
@@ -99,19 +111,33 @@ class tenant_pass {
     leave_slot();
     if (reserved_ > 0 && !settled_) {
       const auto used = !reached_engine_ ? 0 : streamed_ > 0 ? prompt_ + streamed_ : reserved_;
-      tenant_->settle(clock_type::now(), reserved_, used);
+      settle(used);
     }
     tenant_.reset();
+    shared_budget_.reset();
+    ledger_ = nullptr;
     reserved_ = prompt_ = streamed_ = 0;
     counted_ = settled_ = reached_engine_ = false;
   }
 
  private:
+  // The reservation corrected by what was used, in the budget it was taken from.
+  void settle(std::uint64_t used) {
+    if (ledger_ == nullptr) {
+      tenant_->settle(clock_type::now(), reserved_, used);
+    } else if (used < reserved_) {
+      ledger_->give_back(*shared_budget_, reserved_ - used);
+    } else if (used > reserved_) {
+      ledger_->charge(*shared_budget_, used - reserved_);
+    }
+  }
   void leave_slot() noexcept {
     if (std::exchange(in_flight_, false)) tenant_->add_in_flight(-1);
   }
 
   std::shared_ptr<tenants::tenant_state> tenant_;
+  std::optional<balancer::replica_ledger::bucket_spec> shared_budget_;  // admitted by the shared buckets
+  balancer::replica_ledger* ledger_ = nullptr;                          // ... through this ledger
   std::uint64_t reserved_ = 0;
   std::uint64_t prompt_ = 0;    // of the reservation
   std::uint64_t streamed_ = 0;  // completion tokens streamed (events), when no usage came

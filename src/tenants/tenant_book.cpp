@@ -82,6 +82,22 @@ verdict tenant_state::admit(clock::time_point now, std::uint64_t tokens) {
   return {};
 }
 
+tenant_state::shared_limits tenant_state::limits_to_share() const {
+  std::lock_guard lock(mutex_);
+  shared_limits out;
+  if (request_rate_) out.requests = bucket_terms{request_rate_->rate(), request_rate_->burst()};
+  if (token_budget_) out.tokens = bucket_terms{token_budget_->rate(), token_budget_->burst()};
+  return out;
+}
+
+verdict tenant_state::judge_size(std::uint64_t tokens) const {
+  std::lock_guard lock(mutex_);
+  if (token_budget_ && tokens > token_budget_->burst()) {
+    return {.why = verdict::refusal::larger_than_budget, .tokens = tokens, .budget = token_budget_->burst()};
+  }
+  return {};
+}
+
 void tenant_state::settle(clock::time_point now, std::uint64_t reserved, std::uint64_t used) {
   std::lock_guard lock(mutex_);
   if (!token_budget_) return;

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 #include <thread>
@@ -21,7 +22,9 @@
 #include "http_client.hpp"
 #include "loadgen.hpp"
 #include "processes.hpp"
+#include "raw_engine.hpp"
 #include "redis_server.hpp"
+#include "temp_file.hpp"
 #include "timing_slack.hpp"
 
 using namespace dplb::test;
@@ -231,4 +234,99 @@ TEST_CASE("a per-rank limit (--max-inflight-per-rank) bounds every rank's reques
     CHECK(most[rank] == 2);  // reached, never passed
     CHECK(metric_sum(scrape_metrics(engine.ports()[rank]), "vllm:request_success_total") == 12);
   }
+}
+
+namespace {
+
+// A completion of tenant `tenant` (named by X-Team) through the replica on `port`.
+http_response tenant_request(std::uint16_t port, const std::string& tenant, int max_tokens) {
+  bhttp::request<bhttp::string_body> r{bhttp::verb::post, "/v1/completions", 11};
+  r.set(bhttp::field::host, "dplb");
+  r.set(bhttp::field::content_type, "application/json");
+  r.set("X-Team", tenant);
+  r.body() = nlohmann::json{{"model", "mock-model"}, {"prompt", "x"}, {"max_tokens", max_tokens}}.dump();
+  r.prepare_payload();
+  http_connection c(port);
+  return c.send(r);
+}
+
+}  // namespace
+
+TEST_CASE("a tenant's requests_per_second and tokens_per_minute hold over the replicas together",
+          "[shared-state][tenants]") {
+  // "rate": 4 requests deep, one more every 100 s. "budget": 600 tokens a minute; a request reserves its
+  // prompt (1 token) and max_tokens, and the engine reports 50 used.
+  temp_file config(nlohmann::json{{"tenants", nlohmann::json::array({
+                                                  {{"name", "rate"}, {"requests_per_second", 0.01}, {"burst", 4}},
+                                                  {{"name", "budget"}, {"tokens_per_minute", 600}},
+                                              })}}
+                       .dump());
+  const std::string body = R"({"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"x"}],)"
+                           R"("usage":{"prompt_tokens":10,"completion_tokens":40,"total_tokens":50}})";
+  raw_engine engine([&](const raw_request&) {
+    return std::vector{write_bytes("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
+                                   std::to_string(body.size()) + "\r\n\r\n" + body)};
+  });
+  redis_server redis;
+  auto args = [&](const std::string& name) {
+    auto a = replica_args(redis.port(), name, "least-inflight");
+    a.insert(a.end(), {"--config", config.path(), "--tenant-header", "X-Team", "--health-check-interval-ms", "0"});
+    return a;
+  };
+  dplb_proxy a({engine.url()}, args("a"));
+  dplb_proxy b({engine.url()}, args("b"));
+  REQUIRE(shared_state_up(a.port()));
+  REQUIRE(shared_state_up(b.port()));
+
+  // Alternating between the replicas: 4 requests in all, not 4 through each.
+  int admitted = 0;
+  for (int i = 0; i < 10; ++i) {
+    const auto answer = tenant_request(i % 2 ? b.port() : a.port(), "rate", 1);
+    if (answer.status == 200) {
+      ++admitted;
+      continue;
+    }
+    INFO(answer.body);
+    CHECK(answer.status == 429);
+    CHECK_THAT(answer.body, Catch::Contains("requests_per_second"));
+    CHECK(std::stoi(std::string(answer.headers["retry-after"])) >= 1);
+  }
+  CHECK(admitted == 4);
+
+  // 600 tokens: each request reserves 241 and uses 50, the rest given back to the shared budget. So 8 fit
+  // (600 - 7 x 50 = 250 still holds 241; then 200 does not), through both replicas together; not 8 through
+  // each (16), nor 2 had the unused tokens not come back.
+  int within_budget = 0;
+  for (int i = 0; i < 20; ++i) {
+    const auto answer = tenant_request(i % 2 ? b.port() : a.port(), "budget", 240);
+    if (answer.status == 200) {
+      ++within_budget;
+      continue;
+    }
+    INFO(answer.body);
+    CHECK(answer.status == 429);
+    CHECK_THAT(answer.body, Catch::Contains("tokens_per_minute"));
+    // ~41 tokens missing at 10 a second.
+    CHECK(std::stoi(std::string(answer.headers["retry-after"])) >= 4);
+    CHECK(std::stoi(std::string(answer.headers["retry-after"])) <= 6);
+  }
+  CHECK(within_budget == 8);
+  // The whole budget is still refused for good by the replica itself (400, no Retry-After).
+  const auto too_large = tenant_request(b.port(), "budget", 700);
+  CHECK(too_large.status == 400);
+  CHECK(too_large.headers.count("retry-after") == 0);
+  CHECK(engine.request_count() == 12);
+  double counted = 0;
+  for (const auto port : {a.port(), b.port()}) {
+    counted += metric_sum(scrape_metrics(port), "dplb_tenant_requests_total{", {"tenant=\"rate\"", "code=\"429\""});
+  }
+  CHECK(counted == 6);
+
+  // Redis gone: each replica limits by its own buckets (full again), and nothing fails for want of Redis.
+  redis.stop();
+  const auto down = await_metrics(a.port(), [](const auto& m) { return metric_sum(m, "dplb_shared_state_up") == 0; }, 10s);
+  REQUIRE(metric_sum(down, "dplb_shared_state_up") == 0);
+  int alone = 0;
+  for (int i = 0; i < 6; ++i) alone += tenant_request(a.port(), "rate", 1).status == 200 ? 1 : 0;
+  CHECK(alone == 4);
 }

@@ -94,7 +94,8 @@ struct ledger_view {
 struct bucket_answer {
   bool ok = false;     // the ledger answered; if not, `error` says why and the caller limits alone
   bool taken = false;
-  std::optional<std::chrono::milliseconds> retry_after;  // not taken: when the units will be there (none: never)
+  std::size_t refused = 0;  // not taken: which bucket refused (its index among those taken from together)
+  std::optional<std::chrono::milliseconds> retry_after;  // not taken: when its units will be there (none: never)
   std::string error;
 };
 
@@ -144,6 +145,13 @@ class shared_ledger {
     double rate = 1;
     std::uint64_t burst = 1;
   };
+  struct bucket_take {
+    bucket_spec bucket;
+    std::uint64_t units = 0;
+  };
+  // Takes every bucket's units if every one holds them, else none (a request refused by one limit takes
+  // nothing from the others), in one step in Redis.
+  void take(std::span<const bucket_take> takes, std::function<void(const bucket_answer&)> done);
   void take(const bucket_spec& bucket, std::uint64_t units, std::function<void(const bucket_answer&)> done);
   void give_back(const bucket_spec& bucket, std::uint64_t units);
   void charge(const bucket_spec& bucket, std::uint64_t units);

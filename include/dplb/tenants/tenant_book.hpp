@@ -79,6 +79,24 @@ class tenant_state {
   // generated) until settle(). A refused request takes nothing from either. A tenant without either limit
   // takes no lock: the usual request only counts itself.
   verdict admit(clock::time_point now, std::uint64_t tokens);
+  // With --shared-state the rate and the budget are buckets every replica takes from (in the shared ledger):
+  // their terms, as this tenant's own buckets have them. No such limit: none.
+  struct bucket_terms {
+    double rate = 1;  // units a second
+    std::uint64_t burst = 1;
+  };
+  struct shared_limits {
+    std::optional<bucket_terms> requests;  // requests_per_second, burst
+    std::optional<bucket_terms> tokens;    // tokens_per_minute, a minute's worth deep
+  };
+  bool limited() const noexcept { return limited_.load(std::memory_order_relaxed); }
+  shared_limits limits_to_share() const;
+  // What only this replica judges of a request the shared buckets admit: a request larger than the whole
+  // budget (refused, larger_than_budget), else admitted.
+  verdict judge_size(std::uint64_t tokens) const;
+  // A request the shared buckets admitted: counted in requests_per_second as admit() counts its own.
+  void count_admitted(clock::time_point now) noexcept { note_admitted(now); }
+
   // The engine reported what an admitted request used, `used` tokens of the `reserved` ones (more or fewer):
   // the budget is corrected. Nothing used (a request that never reached an engine): the reservation comes back.
   void settle(clock::time_point now, std::uint64_t reserved, std::uint64_t used);

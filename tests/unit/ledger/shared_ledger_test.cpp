@@ -480,6 +480,30 @@ TEST_CASE("a rate limit shared by the replicas holds over all of them together",
     CHECK(in_debt.retry_after <= milliseconds(60));
   }
 
+  SECTION("buckets taken together: from every one or from none, naming the one that refused") {
+    const shared_ledger::bucket_spec requests{"tenant-z:requests", 0.01, 3};
+    const shared_ledger::bucket_spec tokens{"tenant-z:tokens", 0.01, 100};
+    const auto take_both = [&](replica& r, std::uint64_t token_units) {
+      const std::vector<shared_ledger::bucket_take> takes{{requests, 1}, {tokens, token_units}};
+      std::optional<bucket_answer> answer;
+      r.ledger->take(takes, [&](const bucket_answer& got) { answer = got; });
+      REQUIRE(run_until(io, [&] { return answer.has_value(); }));
+      REQUIRE(answer->ok);
+      return *answer;
+    };
+    CHECK(take_both(a, 60).taken);
+    const auto over_budget = take_both(b, 60);  // 40 tokens left
+    CHECK_FALSE(over_budget.taken);
+    CHECK(over_budget.refused == 1);
+    CHECK(over_budget.retry_after.has_value());
+    // That refusal took no request from the request bucket: two more fit, 20 tokens each.
+    CHECK(take_both(b, 20).taken);
+    CHECK(take_both(a, 20).taken);
+    const auto over_rate = take_both(b, 0);
+    CHECK_FALSE(over_rate.taken);
+    CHECK(over_rate.refused == 0);
+  }
+
   SECTION("the bucket refills at its rate") {
     const shared_ledger::bucket_spec fast{"tenant-y:requests", 50, 1};  // one every 20 ms
     CHECK(take(a, fast, 1).taken);
