@@ -12,6 +12,8 @@
 
 #include <atomic>
 #include <map>
+#include <memory>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -657,4 +659,64 @@ TEST_CASE("Redis restarted empty: within 5 s the replicas put their requests in 
   CHECK(std::chrono::steady_clock::now() - back < scaled(5s));
   // The clients are not kept for their 20 s: the engines go first.
   engine.process().stop(SIGKILL);
+}
+
+TEST_CASE("prefix-aware and --affinity-header weigh the requests other replicas hold on a rank",
+          "[admin][shared-state][affinity][prefix]") {
+  // Neither is picked by the ledger: each replica applies its rule over its own counts and the others' as
+  // the ledger last told it. A rank loaded through replica a is then loaded in b's eyes as well.
+  const bool affinity = GENERATE(false, true);
+  INFO((affinity ? "least-inflight with --affinity-header" : "prefix-aware"));
+  token_file file;
+  redis_server redis;
+  mock_engine engine(4, {"--ttft-ms", "60000"});  // every stream stays in flight until its client leaves
+  std::vector<std::string> args{"--shared-state", "redis://127.0.0.1:" + std::to_string(redis.port()), "--policy",
+                                affinity ? "least-inflight" : "prefix-aware"};
+  if (affinity) args.insert(args.end(), {"--affinity-header", "x-session-id"});
+  dplb_proxy a(engine.urls(), args);
+  dplb_proxy b(engine.urls(), with_admin(file, args));
+  std::vector<std::unique_ptr<http_connection>> held;
+  const auto hold = [&](std::uint16_t port, const std::string& session, std::optional<std::size_t> pinned) {
+    auto request = completion(4, true);
+    if (!session.empty()) request.set("x-session-id", session);
+    if (pinned) request.set("X-data-parallel-rank", std::to_string(*pinned));
+    std::ostringstream wire;
+    wire << request;
+    held.push_back(std::make_unique<http_connection>(port));
+    held.back()->write_raw(wire.str());
+  };
+  const auto await_in_flight = [](std::uint16_t port, double n) {
+    const auto m = await_metrics(port, [n](const auto& metrics) { return metric_sum(metrics, "dplb_rank_inflight{") == n; });
+    REQUIRE(metric_sum(m, "dplb_rank_inflight{") == n);
+    return m;
+  };
+  const auto on_rank = [](std::size_t rank) { return std::vector<std::string>{"rank=\"" + std::to_string(rank) + "\""}; };
+
+  // The rank in question: the session's own (its first request, through a), or rank 2.
+  std::size_t loaded = 2;
+  if (affinity) {
+    hold(a.port(), "s", std::nullopt);
+    const auto m = await_in_flight(a.port(), 1);
+    for (std::size_t r = 0; r < 4; ++r) {
+      if (metric_sum(m, "dplb_rank_inflight{", on_rank(r)) == 1) loaded = r;
+    }
+  }
+  // Through a, 8 requests on that rank in all (pinned: recorded in the ledger as they go).
+  for (std::size_t i = affinity ? 1 : 0; i < 8; ++i) hold(a.port(), "", loaded);
+  await_in_flight(a.port(), 8);
+  const auto view = await_until([&] { return ranks_of(b.admin_port()); }, [&](const json& d) {
+    return d["ranks"][loaded]["inflight_all_replicas"].is_number() && d["ranks"][loaded]["inflight_all_replicas"] == 8;
+  }, 10s);
+  INFO(view.dump());
+  REQUIRE(view["ranks"][loaded]["inflight_all_replicas"] == 8);
+
+  // Through b: the session's next request, or 4 requests that share no prefix. By b's own counts (none in
+  // flight) the session's rank is within the bound, and least-inflight would rotate over all four ranks;
+  // with a's 8 counted, b sends none there.
+  const double sent_through_b = affinity ? 1 : 4;
+  for (int i = 0; i < static_cast<int>(sent_through_b); ++i) hold(b.port(), affinity ? "s" : "", std::nullopt);
+  const auto m = await_in_flight(b.port(), sent_through_b);
+  CHECK(metric_sum(m, "dplb_rank_inflight{", on_rank(loaded)) == 0);
+  if (affinity) CHECK(metric_sum(m, "dplb_affinity_decisions_total{", {"outcome=\"overridden\""}) == 1);
+  engine.process().stop(SIGKILL);  // the held streams end with the engines
 }
