@@ -79,7 +79,7 @@ class Setup(namedtuple("Setup", "replicas policy shared")):
         return f"{self.label} {self.policy}"
 
 
-SETUPS = [Setup(1, "least-inflight", False),
+SETUPS = [Setup(1, "least-inflight", False), Setup(1, "least-inflight", True),
           Setup(2, "least-inflight", False), Setup(2, "least-inflight", True),
           Setup(2, "least-load", False), Setup(2, "least-load", True),
           Setup(3, "least-inflight", False), Setup(3, "least-inflight", True)]
