@@ -11,11 +11,13 @@ Run through bench/ledger_soak.sh (its header lists the environment). What runs, 
     from a config file (alpha and beta by API key, gamma by the X-Tenant header and rate-limited, and the default
     tenant) and --max-inflight-per-rank, so that some requests wait in the ledger's line; each on a port that stays
     the same across its restarts;
-  - a closed-loop client (--concurrency connections, in this process): each connection opens to a replica drawn at
-    random, sends 1 to 4 requests (half streaming; each as one of the tenants), then closes. --abandon-fraction of
+  - a closed-loop client (--concurrency connections, in this process): each connection opens to a replica (a and
+    b in turn), sends 1 to 4 requests (half streaming; each as one of the tenants, drawn), then closes. --abandon-fraction of
     the streams are closed by the client after their first chunk.
 The faults alternate: (1) Redis SIGKILLed, restarted empty on its port --redis-down-s later; (2) a replica (a, then
-b, ...) SIGKILLed, restarted under the same --replica-name on its port --replica-down-s later.
+b, ...) SIGKILLed, restarted under the same --replica-name on its port --replica-down-s later. Each down time
+is taken in turn from its list: by default Redis 1 then 4 s, a replica 2 s (its restart replaces its entry in the
+ledger) then 6 s (its lease runs out first).
 
 What is checked (exit status 0 only if everything holds):
   - No unexpected client error. Expected are: gamma's 429 (with Retry-After and an OpenAI-style error body); a
@@ -42,6 +44,7 @@ Standard library only; every process is stopped by its own pid, on failure and o
 import argparse
 import asyncio
 import collections
+import itertools
 import json
 import os
 import random
@@ -260,7 +263,7 @@ class Outcome:
 
 
 class Client:
-    """The closed-loop client: --concurrency connections, each to a replica drawn at random, 1 to 4 requests each."""
+    """The closed-loop client: --concurrency connections, each to a replica in turn, 1 to 4 requests each."""
 
     def __init__(self, opts, fleet, t0):
         self.opts, self.fleet, self.t0 = opts, fleet, t0
@@ -268,6 +271,10 @@ class Client:
         self.stop = asyncio.Event()
         self.count = collections.Counter()
         self.by_replica = collections.Counter()
+        self.connections = collections.Counter()
+        # Per replica: seconds from sending to the whole answer, less the engine's own time for it (ttft + tokens x
+        # itl): mostly the wait in the ledger's line (--max-inflight-per-rank), which a replica's share depends on.
+        self.waits = collections.defaultdict(list)
         self.samples = []
 
     def unexpected(self, reason, detail):
@@ -278,8 +285,12 @@ class Client:
 
     async def slot(self, index):
         rng = random.Random(f"{self.opts.seed}-{index}")
-        while not self.stop.is_set():
-            replica = self.fleet.replicas[rng.choice(REPLICAS)]
+        # Each connection to the other replica than the slot's last one (half the slots start with each): the
+        # replicas take even shares of connections, whatever the draws; one refused, the next goes to the other.
+        for turn in itertools.count(index):
+            if self.stop.is_set():
+                break
+            replica = self.fleet.replicas[REPLICAS[turn % len(REPLICAS)]]
             started = time.monotonic()
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", replica.port), 5)
@@ -290,6 +301,7 @@ class Client:
                     self.unexpected("connect_failed", f"replica {replica.name}: {e!r}")
                 await asyncio.sleep(0.05)  # a client backing off before it tries again
                 continue
+            self.connections[replica.name] += 1
             try:
                 for left in range(rng.randint(1, 4), 0, -1):
                     if self.stop.is_set():
@@ -373,6 +385,7 @@ class Client:
             return False
         self.count[Outcome.OK_STREAM if stream else Outcome.OK_PLAIN] += 1
         self.by_replica[replica.name] += 1
+        self.waits[replica.name].append(time.monotonic() - t0 - (o.ttft_ms + (max_tokens - 1) * o.itl_ms) / 1000)
         return connection != "close"
 
 
@@ -424,7 +437,7 @@ class Faults:
         """The fault times (seconds after the load's start) that leave each fault its whole window before the end."""
         o = self.opts
         times, t = [], o.fault_every_s
-        while t + max(o.redis_down_s, o.replica_down_s) + o.match_within_s + 1 <= o.duration_s:
+        while t + max(o.redis_down_s + o.replica_down_s) + o.match_within_s + 1 <= o.duration_s:
             times.append(t)
             t += o.fault_every_s
         return times
@@ -435,22 +448,24 @@ class Faults:
         for i, at in enumerate(times):
             await asyncio.sleep(max(0.0, self.t0 + at - time.monotonic()))
             if i % 2 == 0:
+                down = self.opts.redis_down_s[(i // 2) % len(self.opts.redis_down_s)]
                 killed = time.monotonic()
                 sigkill(self.fleet.redis)
-                log(f"fault {i + 1}: Redis (pid {self.fleet.redis.pid}) killed; back in {self.opts.redis_down_s:g} s, "
+                log(f"fault {i + 1}: Redis (pid {self.fleet.redis.pid}) killed; back in {down:g} s, "
                     f"empty, on port {self.fleet.redis_port}")
-                await asyncio.sleep(self.opts.redis_down_s)
+                await asyncio.sleep(down)
                 await loop.run_in_executor(None, self.fleet.start_redis)
                 back = time.monotonic()
                 self.done.append({"kind": "redis", "target": "redis", "killed": killed, "back": back, "clock": back})
             else:
                 replica = self.fleet.replicas[REPLICAS[next_replica % len(REPLICAS)]]
+                down = self.opts.replica_down_s[next_replica % len(self.opts.replica_down_s)]
                 next_replica += 1
                 replica.down_since = killed = time.monotonic()
                 sigkill(replica.proc)
                 log(f"fault {i + 1}: replica {replica.name} (pid {replica.proc.pid}) killed; back in "
-                    f"{self.opts.replica_down_s:g} s on port {replica.port}")
-                await asyncio.sleep(self.opts.replica_down_s)
+                    f"{down:g} s on port {replica.port}")
+                await asyncio.sleep(down)
                 await loop.run_in_executor(None, self.fleet.start_replica, replica)
                 back = time.monotonic()
                 replica.down_windows.append((killed, back))
@@ -621,6 +636,12 @@ def report(opts, client, sampler, faults, end, duration, hung):
         print(f"samples away from faults: {sum(s['match'] for s in quiet)}/{len(quiet)} matching "
               f"({100 * sum(s['match'] for s in quiet) / len(quiet):.0f}%; the rest saw a count move between reads); "
               f"{len(samples)} samples in all, one every {opts.sample_every_s:g} s")
+        # A figure, not a check: a pick the ledger does not answer within --shared-state-timeout-ms is made by the
+        # replica's own counts, which may pass the global bound.
+        most = max(max(s["engines"].values()) for s in quiet)
+        over = sum(1 for s in quiet if max(s["engines"].values()) > opts.max_inflight)
+        print(f"engines' in flight on a rank away from faults: at most {most} (--max-inflight-per-rank "
+              f"{opts.max_inflight}; {over} of {len(quiet)} samples above it)")
     extra_keys = {tuple(s["keys"]) for s in samples if len(s["keys"]) > 1}
     if extra_keys:
         failures.append(f"more than one ledger total in Redis: {sorted(extra_keys)}")
@@ -632,6 +653,10 @@ def report(opts, client, sampler, faults, end, duration, hung):
     print(f"requests:    {ok} served 200 (stream {c[Outcome.OK_STREAM]}, non-stream {c[Outcome.OK_PLAIN]}; "
           f"through a {client.by_replica['a']}, b {client.by_replica['b']}); by tenant "
           f"{ {t: c['sent_as_' + t] for t, _ in TENANTS} }")
+    print("per replica: " + "; ".join(
+        f"{n}: {client.connections[n]} connections, {client.by_replica[n]} served, wait beyond the engine's time "
+        f"mean {statistics.mean(client.waits[n]):.2f} s, p90 {sorted(client.waits[n])[int(0.9 * len(client.waits[n]))]:.2f} s"
+        for n in REPLICAS if client.waits[n]))
     print(f"expected:    {expected}")
     print(f"UNEXPECTED:  {unexpected or 0}")
     for s in client.samples[:10]:
@@ -662,13 +687,24 @@ def report(opts, client, sampler, faults, end, duration, hung):
     return summary
 
 
+def seconds_list(text):
+    values = [float(x) for x in text.split(",") if x.strip()]
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of seconds")
+    return values
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--build-dir", default="build")
     p.add_argument("--duration-s", type=float, default=300)
     p.add_argument("--fault-every-s", type=float, default=20)
-    p.add_argument("--redis-down-s", type=float, default=1.0, help="from Redis's kill to its restart")
-    p.add_argument("--replica-down-s", type=float, default=2.0, help="from a replica's kill to its restart")
+    p.add_argument("--redis-down-s", type=seconds_list, default=[1.0, 4.0],
+                   help="from Redis's kill to its restart: comma-separated seconds, taken in turn (4 s lets the "
+                        "replicas' reconnect back off to its longest pause)")
+    p.add_argument("--replica-down-s", type=seconds_list, default=[2.0, 6.0],
+                   help="from a replica's kill to its restart: comma-separated seconds, taken in turn (2 s: its "
+                        "restart replaces its entry; 6 s: its lease runs out first)")
     p.add_argument("--match-within-s", type=float, default=5.0)
     p.add_argument("--kill-notice-s", type=float, default=0.5,
                    help="after a replica's kill, samples count from this on (the engines have dropped its requests)")
