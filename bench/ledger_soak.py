@@ -12,8 +12,8 @@ Run through bench/ledger_soak.sh (its header lists the environment). What runs, 
     tenant) and --max-inflight-per-rank, so that some requests wait in the ledger's line; each on a port that stays
     the same across its restarts;
   - a closed-loop client (--concurrency connections, in this process): each connection opens to a replica (a and
-    b in turn), sends 1 to 4 requests (half streaming; each as one of the tenants, drawn), then closes. --abandon-fraction of
-    the streams are closed by the client after their first chunk.
+    b in turn), sends 1 to 4 requests (half streaming; each as one of the tenants, drawn), then closes;
+    --abandon-fraction of the streams are closed by the client after their first chunk.
 The faults alternate: (1) Redis SIGKILLed, restarted empty on its port --redis-down-s later; (2) a replica (a, then
 b, ...) SIGKILLed, restarted under the same --replica-name on its port --replica-down-s later. Each down time
 is taken in turn from its list: by default Redis 1 then 4 s, a replica 2 s (its restart replaces its entry in the
@@ -44,6 +44,7 @@ Standard library only; every process is stopped by its own pid, on failure and o
 import argparse
 import asyncio
 import collections
+import hashlib
 import itertools
 import json
 import os
@@ -208,7 +209,7 @@ class Fleet:
             self.workdir / "mock.log")
         self.backends = [f"http://127.0.0.1:{p}" for p in ports]
         self.start_redis()
-        beta_digest = __import__("hashlib").sha256(b"sk-ledger-soak-beta").hexdigest()
+        beta_digest = hashlib.sha256(b"sk-ledger-soak-beta").hexdigest()
         (self.workdir / "tenants.json").write_text(json.dumps({"tenants": [
             {"name": "alpha", "api_keys": ["sk-ledger-soak-alpha"], "weight": 3},
             {"name": "beta", "api_key_sha256": [beta_digest], "weight": 1, "max_queued": 1000},
@@ -639,9 +640,10 @@ def report(opts, client, sampler, faults, end, duration, hung):
         # A figure, not a check: a pick the ledger does not answer within --shared-state-timeout-ms is made by the
         # replica's own counts, which may pass the global bound.
         most = max(max(s["engines"].values()) for s in quiet)
-        over = sum(1 for s in quiet if max(s["engines"].values()) > opts.max_inflight)
+        over = [s for s in quiet if max(s["engines"].values()) > opts.max_inflight]
         print(f"engines' in flight on a rank away from faults: at most {most} (--max-inflight-per-rank "
-              f"{opts.max_inflight}; {over} of {len(quiet)} samples above it)")
+              f"{opts.max_inflight}; {len(over)} of {len(quiet)} samples above it"
+              + (", at t=" + ", ".join(f"{s['start'] - client.t0:.1f}" for s in over[:8]) + " s" if over else "") + ")")
     extra_keys = {tuple(s["keys"]) for s in samples if len(s["keys"]) > 1}
     if extra_keys:
         failures.append(f"more than one ledger total in Redis: {sorted(extra_keys)}")
@@ -653,10 +655,10 @@ def report(opts, client, sampler, faults, end, duration, hung):
     print(f"requests:    {ok} served 200 (stream {c[Outcome.OK_STREAM]}, non-stream {c[Outcome.OK_PLAIN]}; "
           f"through a {client.by_replica['a']}, b {client.by_replica['b']}); by tenant "
           f"{ {t: c['sent_as_' + t] for t, _ in TENANTS} }")
-    print("per replica: " + "; ".join(
-        f"{n}: {client.connections[n]} connections, {client.by_replica[n]} served, wait beyond the engine's time "
-        f"mean {statistics.mean(client.waits[n]):.2f} s, p90 {sorted(client.waits[n])[int(0.9 * len(client.waits[n]))]:.2f} s"
-        for n in REPLICAS if client.waits[n]))
+    for n in REPLICAS:
+        waits = sorted(client.waits[n]) or [0.0]
+        print(f"  replica {n}: {client.connections[n]} connections, {client.by_replica[n]} served; wait beyond the "
+              f"engine's own time mean {statistics.mean(waits):.2f} s, p90 {waits[int(0.9 * (len(waits) - 1))]:.2f} s")
     print(f"expected:    {expected}")
     print(f"UNEXPECTED:  {unexpected or 0}")
     for s in client.samples[:10]:
