@@ -44,6 +44,7 @@ Standard library only; every process is stopped by its own pid, on failure and o
 import argparse
 import asyncio
 import collections
+import datetime
 import hashlib
 import itertools
 import json
@@ -475,6 +476,28 @@ class Faults:
                                   "clock": killed})
 
 
+LOST_LINE = re.compile(r"^(\S+) warning dplb: shared state: lost the connection to Redis")
+
+
+def ledger_drops(workdir, faults, wall_minus_mono):
+    """Each replica's drops of its ledger connection outside the Redis faults (from a kill to 1 s after the restart):
+    a command's deadline (--shared-state-timeout-ms) missed. For that reconnection's 100 ms and more the replica
+    picks by its own counts, which may pass --max-inflight-per-rank over the replicas. {replica: [monotonic times]}"""
+    windows = [(f["killed"], f["back"] + 1.0) for f in faults if f["kind"] == "redis"]
+    out = {}
+    for name in REPLICAS:
+        times = []
+        for path in sorted(workdir.glob(f"dplb-{name}.*.log")):
+            for line in path.read_text(errors="replace").splitlines():
+                m = LOST_LINE.match(line)
+                if m:
+                    at = datetime.datetime.fromisoformat(m.group(1)).timestamp() - wall_minus_mono
+                    if not any(a <= at <= b for a, b in windows):
+                        times.append(at)
+        out[name] = sorted(times)
+    return out
+
+
 def time_to_match(fault, samples, horizon, notice_s):
     """Seconds from the fault's clock to the end of the first matching sample, looking up to `horizon` seconds on;
     (None, None) if none. After a replica's kill a sample counts only from `notice_s` on: the engines notice the
@@ -580,10 +603,11 @@ async def soak(opts, fleet):
     sampler.stop.set()
     await sampling
     end = await end_state(fleet, opts.settle_s)
-    return report(opts, client, sampler, faults, end, load_end - t0, bool(hung))
+    drops = ledger_drops(fleet.workdir, faults.done, time.time() - time.monotonic())
+    return report(opts, client, sampler, faults, end, load_end - t0, bool(hung), drops)
 
 
-def report(opts, client, sampler, faults, end, duration, hung):
+def report(opts, client, sampler, faults, end, duration, hung, drops):
     failures = []
     c = client.count
     samples = sampler.samples
@@ -641,9 +665,16 @@ def report(opts, client, sampler, faults, end, duration, hung):
         # replica's own counts, which may pass the global bound.
         most = max(max(s["engines"].values()) for s in quiet)
         over = [s for s in quiet if max(s["engines"].values()) > opts.max_inflight]
+        episodes = [s["start"] - client.t0 for i, s in enumerate(over)
+                    if i == 0 or s["start"] - over[i - 1]["end"] > 0.5]
         print(f"engines' in flight on a rank away from faults: at most {most} (--max-inflight-per-rank "
               f"{opts.max_inflight}; {len(over)} of {len(quiet)} samples above it"
-              + (", at t=" + ", ".join(f"{s['start'] - client.t0:.1f}" for s in over[:8]) + " s" if over else "") + ")")
+              + (f", in {len(episodes)} episodes from t=" + ", ".join(f"{t:.1f}" for t in episodes[:10]) + " s"
+                 if over else "") + ")")
+    print("ledger connection dropped outside Redis faults (a command past --shared-state-timeout-ms; the replica "
+          "then picks alone for 100 ms or more): " + "; ".join(
+              f"{n} {len(t)} times" + (" at t=" + ", ".join(f"{x - client.t0:.1f}" for x in t[:10]) + " s" if t else "")
+              for n, t in drops.items()))
     extra_keys = {tuple(s["keys"]) for s in samples if len(s["keys"]) > 1}
     if extra_keys:
         failures.append(f"more than one ledger total in Redis: {sorted(extra_keys)}")
@@ -682,7 +713,9 @@ def report(opts, client, sampler, faults, end, duration, hung):
         failures.append(f"not idle and up within {opts.settle_s:g} s of the load's end (see 'end' above)")
 
     print("RESULT: " + ("PASS" if not failures else "FAIL: " + "; ".join(failures)))
-    summary = {"duration_s": duration, "faults": rows, "time_to_match_max_s": max(times) if times else None,
+    summary = {"duration_s": duration, "faults": rows,
+               "ledger_drops_s": {n: [x - client.t0 for x in t] for n, t in drops.items()},
+               "time_to_match_max_s": max(times) if times else None,
                "time_to_match_median_s": statistics.median(times) if times else None,
                "counts": dict(c), "by_replica": dict(client.by_replica), "end": end, "failures": failures,
                "settings": {k: v for k, v in vars(opts).items() if k not in ("dplb", "mock")}}
@@ -736,10 +769,9 @@ def main():
     if not shutil.which("redis-server"):
         sys.exit("ledger_soak: needs redis-server (Debian redis-server)")
 
-    # SIGTERM ends the soak as Ctrl-C does: through the finally below, every process stopped by its pid.
-    def interrupted(*_):
-        raise KeyboardInterrupt()
-    signal.signal(signal.SIGTERM, interrupted)
+    # SIGTERM ends the soak as Ctrl-C does (asyncio.run cancels the soak's task on a SIGINT, then raises
+    # KeyboardInterrupt): through the finally below, every process stopped by its pid.
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
     workdir = Path(tempfile.mkdtemp(prefix="dplb-ledger-soak."))
     fleet = Fleet(opts, workdir)
     passed = False
