@@ -214,12 +214,14 @@ def free_port_block(count, avoid=(), low=20000, high=30000, tries=200):
     raise RuntimeError(f"no {count} free consecutive ports in [{low}, {high})")
 
 
-def start_redis(log_path, attempts=3):
+def start_redis(log_path, attempts=3, port=None):
     """A redis-server of its own on 127.0.0.1 (no persistence, nothing written to disk): (process, its port),
     stopped by its pid like any Process. The port is drawn free; should another process take it first, another
-    is drawn."""
-    for _ in range(attempts):
-        port = free_port_block(1)
+    is drawn. With `port`, on that port and no other (a Redis restarted where its clients look for it), one
+    attempt: raises if it cannot listen there."""
+    wanted = port
+    for _ in range(1 if wanted else attempts):
+        port = wanted or free_port_block(1)
         proc = Process(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                         "--logfile", ""], log_path)
         try:
@@ -227,7 +229,7 @@ def start_redis(log_path, attempts=3):
             return proc, port
         except RuntimeError:
             proc.stop()
-            if "Address already in use" not in proc.log_text():
+            if wanted or "Address already in use" not in proc.log_text():
                 raise
     raise RuntimeError(f"redis-server found no free port in {attempts} attempts; see {log_path}")
 
