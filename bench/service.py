@@ -32,7 +32,7 @@ The scenarios, each on fresh engines, replicas and Redis:
   - the ledger's pick: every shared-ledger replica's dplb_shared_state_pick_seconds (the round trip of each pick)
     and dplb_shared_state_errors_total are read before it stops; p50/p99 are estimated from the histogram's
     buckets summed over the replicas and the cells of a setup (linear within a bucket, as Prometheus does).
-  - throughput (--throughput-prompts P, 0: off): two replicas least-inflight in front of 4 plain mock ranks
+  - throughput (--throughput-prompts P, 0: off): one replica, and two, least-inflight in front of 4 plain mock ranks
     answering at once (no simulation, 1-token non-streaming completions), each fed by a closed-loop dplb-bench
     sending P requests; requests per second per replica, with and without the shared ledger, alternately over
     --throughput-rounds rounds (a slow moment of the machine hits both alike). Everything shares this machine's
@@ -45,6 +45,7 @@ exact (the smoke's check). Standard library only; every process is stopped by it
 """
 
 import argparse
+import itertools
 import math
 import random
 import shutil
@@ -341,11 +342,12 @@ def main():
              if applies(scenario, setup)]
     # The random splits are repeats of their own: each runs once on every setup, one split after the other.
     cells += [(f"random {k}", setup, 0) for k in range(opts.random_splits) for setup in setups if applies("random", setup)]
-    pair = [s for s in setups if s.replicas == 2 and s.policy == "least-inflight"]
-    if len(pair) == 2:
-        runs = [kind for kind, prompts in (("sequential", opts.sequential_prompts), ("throughput", opts.throughput_prompts))
-                if prompts]
-        cells += [(kind, setup, round_) for round_ in range(opts.throughput_rounds) for kind in runs for setup in pair]
+    runs = [kind for kind, prompts in (("sequential", opts.sequential_prompts), ("throughput", opts.throughput_prompts))
+            if prompts]
+    for replicas in (1, 2):  # each alone and with the ledger, when both setups run
+        pair = [s for s in setups if s.replicas == replicas and s.policy == "least-inflight"]
+        if len(pair) == 2:
+            cells += [(kind, setup, round_) for round_ in range(opts.throughput_rounds) for kind in runs for setup in pair]
     records = run_cells("service", cells, lambda workdir, scenario, setup, repeat: run_one(opts, workdir, scenario, setup, repeat),
                         opts, lambda records, elapsed: report(opts, scenarios, setups, records, elapsed))
     inexact = [r for r in records if r["shared"] and r["scenario"].startswith(("burst ", "random ")) and not r.get("exact")]
@@ -465,24 +467,27 @@ def ledger_report(setups, measured):
 
 
 def requests_report(opts, measured):
-    """The throughput and sequential runs: per replica, the mean of the two replicas' clients, median over rounds."""
+    """The throughput and sequential runs: per replica, the mean of the replicas' clients, median over rounds."""
     med = statistics.median
     out = []
-    for kind, prompts, concurrency in (("sequential", opts.sequential_prompts, 1),
-                                       ("throughput", opts.throughput_prompts, opts.throughput_concurrency)):
-        runs = {shared: [r for r in measured if r["scenario"] == kind and r["shared"] == shared] for shared in (False, True)}
+    for (kind, prompts, concurrency), replicas in itertools.product(
+            (("sequential", opts.sequential_prompts, 1), ("throughput", opts.throughput_prompts, opts.throughput_concurrency)),
+            (1, 2)):
+        runs = {shared: [r for r in measured if r["scenario"] == kind and r["shared"] == shared and r["replicas"] == replicas]
+                for shared in (False, True)}
         if not runs[False] or not runs[True]:
             continue
         figure = {shared: {key: med(statistics.mean(r[key]) for r in runs[shared]) for key in ("rps", "e2el_p50_ms", "e2el_p99_ms")}
                   for shared in (False, True)}
         alone, shared = figure[False], figure[True]
-        out += ["", f"{kind.capitalize()}: 2 replicas least-inflight in front of {RANKS} plain mock ranks answering at once, "
+        named = "1 replica" if replicas == 1 else f"{replicas} replicas"
+        out += ["", f"{kind.capitalize()}: {named} least-inflight in front of {RANKS} plain mock ranks answering at once, "
                 f"each replica fed by its own closed-loop client ({prompts} 1-token non-streaming completions, {concurrency} "
-                f"in flight); per replica (mean of the two clients), median over {opts.throughput_rounds} alternating "
+                f"in flight); per replica (mean of the replicas' clients), median over {opts.throughput_rounds} alternating "
                 "rounds. Engines, replicas, clients and Redis share this machine's cores.",
                 "", "| setup | req/s per replica | every round | ratio to alone | end-to-end p50 ms | p99 ms |",
                 "|---|---:|---|---:|---:|---:|"]
-        for label, shared_ in (("2 replicas", False), ("2 replicas + shared ledger", True)):
+        for label, shared_ in ((named, False), (f"{named} + shared ledger", True)):
             f = figure[shared_]
             rounds = ", ".join(f"{statistics.mean(r['rps']):,.0f}" for r in runs[shared_])
             out.append(f"| {label} | {f['rps']:,.0f} | {rounds} "
