@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Chaos soak of the shared ledger (issue 29): two dplb replicas share one ledger in Redis while Redis is killed and
+"""Chaos soak of the shared ledger (--shared-state): two dplb replicas share one ledger in Redis while Redis is killed and
 restarted empty, and a replica is SIGKILLed and restarted under its name, one fault every --fault-every-s seconds.
 
 Run through bench/ledger_soak.sh (its header lists the environment). What runs, all on 127.0.0.1, ephemeral ports:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Chaos soak of the shared ledger (issue 29; not CI, except the LEDGER_SOAK_QUICK=1 smoke): two dplb replicas,
+# Chaos soak of the shared ledger (--shared-state; not CI, except the LEDGER_SOAK_QUICK=1 smoke): two dplb replicas,
 # a and b, share one ledger in a redis-server of their own, in front of 4 mock ranks, with tenants on (alpha and
 # beta by API key, gamma by X-Tenant and rate-limited, the default tenant) and --max-inflight-per-rank, under a
 # closed-loop client spreading slow requests (streaming and not) over both. Every LEDGER_SOAK_FAULT_EVERY_S
