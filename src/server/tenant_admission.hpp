@@ -43,19 +43,28 @@ inline io::task<tenants::verdict> admit_by_tenant_limits(const io::executor& exe
     takes.push_back({shared_bucket(tenant.name(), "requests", *limits.requests), 1});
     refusal_of.push_back(tenants::verdict::refusal::request_rate);
   }
+  // The shared budget, even for a request that reserves nothing: what it uses is charged there.
   std::optional<balancer::replica_ledger::bucket_spec> budget;
-  if (limits.tokens && tokens > 0) {
-    budget = shared_bucket(tenant.name(), "tokens", *limits.tokens);
+  if (limits.tokens) budget = shared_bucket(tenant.name(), "tokens", *limits.tokens);
+  if (budget && tokens > 0) {
     takes.push_back({*budget, tokens});
     refusal_of.push_back(tenants::verdict::refusal::token_budget);
   }
   if (takes.empty()) co_return pass.admit(tokens);
   auto& ledger = *shared.ledger;
+  // A take answered after the session stopped waiting admitted nobody: its units go back. (One Redis ran but
+  // whose answer never came within the timeout stays taken until the bucket refills: the request was
+  // admitted by this replica's own buckets meanwhile.)
+  const auto give_back_unused = [&ledger, given = takes](ledger::bucket_answer&& late) {
+    if (!late.ok || !late.taken) return;
+    for (const auto& t : given) ledger.give_back(t.bucket, t.units);
+  };
   auto answer = co_await await_ledger<ledger::bucket_answer>(
       executor, ledger_patience(shared.settings),
       [&](std::function<void(ledger::bucket_answer)> reply) {
         ledger.take(std::move(takes), [reply = std::move(reply)](const ledger::bucket_answer& a) { reply(a); });
-      });
+      },
+      give_back_unused);
   if (!answer || !answer->ok) co_return pass.admit(tokens);  // the ledger is away: this replica's own buckets
   if (answer->taken) {
     pass.admitted_by_ledger(tokens, ledger, std::move(budget));

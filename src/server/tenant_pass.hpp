@@ -48,7 +48,7 @@ class tenant_pass {
                           std::optional<balancer::replica_ledger::bucket_spec> budget) {
     if (!tenant_) return;
     tenant_->count_admitted(clock_type::now());
-    if (!budget || tokens == 0) return;
+    if (!budget) return;
     reserved_ = tokens;
     shared_budget_ = std::move(budget);
     ledger_ = &ledger;
@@ -73,7 +73,9 @@ class tenant_pass {
   }
   // An engine took the request: what it used counts against the budget even without a usage report.
   void reached_engine() noexcept { reached_engine_ = true; }
-  // No engine will see the request: its reservation comes back now, before the client reads its answer.
+  // No engine will see the request: its reservation comes back now, before the client reads its answer (in the
+  // shared budget, sent before the answer on this replica's connection to Redis: a retry through this replica
+  // finds it there; one through another replica may come a round trip before it).
   void give_back_reservation() {
     if (!tenant_ || reserved_ == 0 || std::exchange(settled_, true)) return;
     settle(0);

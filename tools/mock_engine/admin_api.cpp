@@ -8,7 +8,7 @@
 namespace dplb::mock {
 namespace {
 
-admin_answer bad_request(std::string_view message, std::string_view param = {}) {
+admin_answer admin_bad_request(std::string_view message, std::string_view param = {}) {
   return {400, "application/json", error_body(message, "BadRequestError", 400, param)};
 }
 
@@ -30,11 +30,11 @@ std::variant<unsigned, admin_answer> index_of(std::string_view query, std::strin
   const std::string expected =
       std::string(name) + " must be an integer in [0, " + std::to_string(count - 1) + "]";
   const auto text = parameter(query, name);
-  if (!text) return bad_request("missing ?" + std::string(name) + "=<i>: " + expected, name);
+  if (!text) return admin_bad_request("missing ?" + std::string(name) + "=<i>: " + expected, name);
   unsigned index = 0;
   const auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), index);
   if (ec != std::errc() || end != text->data() + text->size() || index >= count) {
-    return bad_request(expected + ", got \"" + std::string(*text) + "\"", name);
+    return admin_bad_request(expected + ", got \"" + std::string(*text) + "\"", name);
   }
   return index;
 }
@@ -49,7 +49,7 @@ std::variant<std::optional<std::int64_t>, admin_answer> seq_of(std::string_view 
   std::int64_t seq = 0;
   const auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), seq);
   if (ec != std::errc() || end != text->data() + text->size()) {
-    return bad_request("seq must be a signed 64-bit integer, got \"" + std::string(*text) + "\"", "seq");
+    return admin_bad_request("seq must be a signed 64-bit integer, got \"" + std::string(*text) + "\"", "seq");
   }
   return std::optional<std::int64_t>(seq);
 }
@@ -132,11 +132,11 @@ std::variant<admin_command, admin_answer> parse_admin_request(std::string_view m
 
   if (command.action == set_fault) {
     auto patch = parse_fault_patch(body);
-    if (auto* error = std::get_if<std::string>(&patch)) return bad_request(*error);
+    if (auto* error = std::get_if<std::string>(&patch)) return admin_bad_request(*error);
     command.patch = std::get<fault_patch>(patch);
   } else if (command.action == set_override) {
     auto patch = parse_gauge_override_patch(body);
-    if (auto* error = std::get_if<std::string>(&patch)) return bad_request(*error);
+    if (auto* error = std::get_if<std::string>(&patch)) return admin_bad_request(*error);
     command.override_patch = std::get<gauge_override_patch>(patch);
   } else if (command.action == set_raw_metrics) {
     command.raw_metrics = std::string(body);

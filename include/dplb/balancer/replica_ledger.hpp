@@ -85,7 +85,8 @@ class replica_ledger final : public release_listener {
   // Rate limits every replica shares (a tenant's requests_per_second and tokens_per_minute): takes from every
   // bucket or from none, in one step in the ledger. `done` runs once, on the ledger's thread (or on the
   // caller's, at once, when the ledger is stopped); an answer that is not ok (Redis away or slow) leaves the
-  // limits to this replica. give_back and charge settle a reservation taken so.
+  // limits to this replica; once stop() has run, it may never be called (the caller bounds its wait). give_back
+  // and charge settle a reservation taken so.
   using bucket_take = ledger::shared_ledger::bucket_take;
   using bucket_spec = ledger::shared_ledger::bucket_spec;
   void take(std::vector<bucket_take> takes, std::function<void(const ledger::bucket_answer&)> done);
