@@ -214,6 +214,18 @@ def free_port_block(count, avoid=(), low=20000, high=30000, tries=200):
     raise RuntimeError(f"no {count} free consecutive ports in [{low}, {high})")
 
 
+def dechunk(body):
+    """The payload of an HTTP/1.1 chunked body (bytes), its chunk extensions and trailers dropped."""
+    out = bytearray()
+    while True:
+        size_line, _, body = body.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            return bytes(out)
+        out += body[:size]
+        body = body[size + 2:]
+
+
 def start_redis(log_path, attempts=3, port=None):
     """A redis-server of its own on 127.0.0.1 (no persistence, nothing written to disk): (process, its port),
     stopped by its pid like any Process. The port is drawn free; should another process take it first, another

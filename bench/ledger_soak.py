@@ -59,7 +59,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import Process, metric_sum, start_mock, start_redis
+from benchlib import Process, dechunk, metric_sum, start_mock, start_redis
 
 RANKS = 4
 REPLICAS = ("a", "b")
@@ -91,15 +91,7 @@ async def http_get(port, target, timeout=5.0):
         if not head.startswith(b"HTTP/1.1 200"):
             raise RuntimeError(f"GET {target} on {port}: {head[:40]!r}")
         if b"transfer-encoding: chunked" in head.lower():
-            out = bytearray()
-            while True:
-                size_line, _, body = body.partition(b"\r\n")
-                size = int(size_line.split(b";")[0], 16)
-                if size == 0:
-                    break
-                out += body[:size]
-                body = body[size + 2:]
-            body = bytes(out)
+            body = dechunk(body)
         return body.decode()
     return await asyncio.wait_for(go(), timeout)
 

@@ -54,6 +54,8 @@ import socket
 import sys
 import time
 
+from benchlib import dechunk  # bench/ is this script's directory, first on sys.path
+
 # ---------------------------------------------------------------------------------------------------
 # Small helpers
 
@@ -107,15 +109,7 @@ async def http_call(addr: tuple[str, int], method: str, target: str, body: bytes
             k, _, v = line.partition(b":")
             headers[k.strip().lower()] = v.strip()
         if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
-            out = bytearray()
-            while True:
-                size_line, _, rest = rest.partition(b"\r\n")
-                size = int(size_line.split(b";")[0], 16)
-                if size == 0:
-                    break
-                out += rest[:size]
-                rest = rest[size + 2:]
-            rest = bytes(out)
+            rest = dechunk(rest)
         elif b"content-length" in headers:
             rest = rest[:int(headers[b"content-length"])]
         return status, rest
