@@ -14,7 +14,9 @@
 #include <numeric>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../unit/kv/msgpack_writer.hpp"
@@ -65,14 +67,28 @@ std::string label(std::size_t rank) { return "rank=\"" + std::to_string(rank) + 
 // An engine with its events: `ranks` ports of `dp` simulated engines each, publishing on fixed ports
 // (dplb must be told them), replay sockets too.
 struct evented_engine {
-  std::uint16_t events_port;
-  std::uint16_t replay_port;
-  mock_engine engine;
+  std::uint16_t events_port = 0;
+  std::uint16_t replay_port = 0;
+  std::unique_ptr<mock_engine> started;
+  mock_engine& engine;
 
   evented_engine(std::size_t ranks, unsigned dp, std::vector<std::string> extra = {})
-      : events_port(free_port_range(static_cast<unsigned>(2 * ranks * dp))),
-        replay_port(static_cast<std::uint16_t>(events_port + ranks * dp)),
-        engine(ranks, with_events(ranks, dp, std::move(extra), events_port, replay_port)) {}
+      : started(start(ranks, dp, extra, events_port, replay_port)), engine(*started) {}
+
+  // The fixed ports are free when drawn, but another process (a parallel test's Redis or mock) may bind
+  // one before the mock does: then another range is drawn.
+  static std::unique_ptr<mock_engine> start(std::size_t ranks, unsigned dp, const std::vector<std::string>& extra,
+                                            std::uint16_t& events, std::uint16_t& replay) {
+    for (int attempt = 1;; ++attempt) {
+      events = free_port_range(static_cast<unsigned>(2 * ranks * dp));
+      replay = static_cast<std::uint16_t>(events + ranks * dp);
+      try {
+        return std::make_unique<mock_engine>(ranks, with_events(ranks, dp, extra, events, replay));
+      } catch (const std::runtime_error& e) {
+        if (attempt == 3 || std::string_view(e.what()).find("Address already in use") == std::string_view::npos) throw;
+      }
+    }
+  }
 
   static std::vector<std::string> with_events(std::size_t ranks, unsigned dp, std::vector<std::string> extra,
                                               std::uint16_t events, std::uint16_t replay) {
