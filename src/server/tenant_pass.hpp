@@ -2,12 +2,14 @@
 // Private to the session: a request's standing with its tenant, from the moment its head names the tenant to
 // its answer. It counts the request once, by the status the client got (dplb_tenant_requests_total), keeps it
 // in its tenant's queued and in-flight counts while it is either, and settles its token reservation with what
-// the engine reported using (in the shared ledger's budget when the ledger admitted it). The session keeps one for the request in progress; end() (also from the
-// destructor) undoes whatever is still counted, so that no exit path leaves a count behind.
+// the engine reported using (in the shared ledger's budget when the ledger admitted it). The session keeps one
+// for the request in progress; end() (also from the destructor) undoes whatever is still counted, so that no
+// exit path leaves a count behind.
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -50,8 +52,7 @@ class tenant_pass {
     tenant_->count_admitted(clock_type::now());
     if (!budget) return;
     reserved_ = tokens;
-    shared_budget_ = std::move(budget);
-    ledger_ = &ledger;
+    shared_budget_ = shared_budget{&ledger, std::move(*budget)};
   }
   // The prompt's tokens (estimated from the body): what a stream that reports no usage is charged besides
   // its events.
@@ -117,7 +118,6 @@ class tenant_pass {
     }
     tenant_.reset();
     shared_budget_.reset();
-    ledger_ = nullptr;
     reserved_ = prompt_ = streamed_ = 0;
     counted_ = settled_ = reached_engine_ = false;
   }
@@ -125,21 +125,26 @@ class tenant_pass {
  private:
   // The reservation corrected by what was used, in the budget it was taken from.
   void settle(std::uint64_t used) {
-    if (ledger_ == nullptr) {
+    if (!shared_budget_) {
       tenant_->settle(clock_type::now(), reserved_, used);
     } else if (used < reserved_) {
-      ledger_->give_back(*shared_budget_, reserved_ - used);
+      shared_budget_->ledger->give_back(shared_budget_->bucket, reserved_ - used);
     } else if (used > reserved_) {
-      ledger_->charge(*shared_budget_, used - reserved_);
+      shared_budget_->ledger->charge(shared_budget_->bucket, used - reserved_);
     }
   }
   void leave_slot() noexcept {
     if (std::exchange(in_flight_, false)) tenant_->add_in_flight(-1);
   }
 
+  // The budget in the shared ledger the request was admitted by (none: its tenant's own buckets).
+  struct shared_budget {
+    balancer::replica_ledger* ledger;
+    balancer::replica_ledger::bucket_spec bucket;
+  };
+
   std::shared_ptr<tenants::tenant_state> tenant_;
-  std::optional<balancer::replica_ledger::bucket_spec> shared_budget_;  // admitted by the shared buckets
-  balancer::replica_ledger* ledger_ = nullptr;                          // ... through this ledger
+  std::optional<shared_budget> shared_budget_;
   std::uint64_t reserved_ = 0;
   std::uint64_t prompt_ = 0;    // of the reservation
   std::uint64_t streamed_ = 0;  // completion tokens streamed (events), when no usage came

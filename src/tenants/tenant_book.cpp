@@ -72,9 +72,9 @@ verdict tenant_state::admit(clock::time_point now, std::uint64_t tokens) {
     }
   }
   if (token_budget_ && tokens > 0) {
+    if (auto too_large = judge_size_locked(tokens); !too_large.admitted()) return too_large;
     const auto wait = token_budget_->retry_after(now, tokens);
-    if (!wait) return {.why = verdict::refusal::larger_than_budget, .tokens = tokens, .budget = token_budget_->burst()};
-    if (wait->count() > 0) return {verdict::refusal::token_budget, retry_after_seconds(*wait)};
+    if (wait && wait->count() > 0) return {verdict::refusal::token_budget, retry_after_seconds(*wait)};
   }
   if (request_rate_) request_rate_->try_take(now, 1);
   if (token_budget_ && tokens > 0) token_budget_->try_take(now, tokens);
@@ -92,6 +92,10 @@ tenant_state::shared_limits tenant_state::limits_to_share() const {
 
 verdict tenant_state::judge_size(std::uint64_t tokens) const {
   std::lock_guard lock(mutex_);
+  return judge_size_locked(tokens);
+}
+
+verdict tenant_state::judge_size_locked(std::uint64_t tokens) const {
   if (token_budget_ && tokens > token_budget_->burst()) {
     return {.why = verdict::refusal::larger_than_budget, .tokens = tokens, .budget = token_budget_->burst()};
   }

@@ -129,6 +129,7 @@ class tenant_state {
   static constexpr int rate_window_seconds = 10;
 
  private:
+  verdict judge_size_locked(std::uint64_t tokens) const;  // mutex_ held
   void note_admitted(clock::time_point now) noexcept;
   double admitted_rate(clock::time_point now) const noexcept;
 
