@@ -39,6 +39,13 @@ redis_client_options client_options(const ledger_options& o) {
 
 std::string prefix_of(const ledger_options& o) { return "{dplb:" + o.ns + "}"; }
 
+// A double as a function argument, every digit kept (Lua's tonumber reads it back exactly).
+std::string number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  return text;
+}
+
 template <class Number>
 std::optional<Number> number_of(const redis_reply& r) {
   if (r.type == redis_reply::kind::integer) return static_cast<Number>(r.integer);
@@ -157,12 +164,6 @@ struct shared_ledger::impl : std::enable_shared_from_this<impl> {
     commands.command("register", argv, [](const redis_result&) {});
   }
 
-  static std::string number(double value) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.17g", value);
-    return text;
-  }
-
   void pick(std::span<const ledger_candidate> candidates, ledger_policy policy, std::uint32_t limit,
             request_tokens tokens, std::size_t group, std::function<void(const ledger_pick&)> done) {
     auto argv = fcall("dplb_pick_3");
@@ -270,9 +271,7 @@ std::vector<std::string> bucket_call(const std::string& prefix, std::string_view
   for (const auto& t : takes) argv.push_back(prefix + ":bucket:" + t.bucket.name);
   argv.emplace_back(op);
   for (const auto& t : takes) {
-    char rate[32];
-    std::snprintf(rate, sizeof rate, "%.17g", t.bucket.rate);
-    argv.emplace_back(rate);
+    argv.push_back(number(t.bucket.rate));
     argv.push_back(std::to_string(t.bucket.burst));
     argv.push_back(std::to_string(t.units));
   }
